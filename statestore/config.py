@@ -1,0 +1,80 @@
+"""Settings, read once from the environment (prefix STATESTORE_)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./statestore.db"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="STATESTORE_", extra="ignore", frozen=True)
+
+    database_url: str = DEFAULT_DATABASE_URL
+    database_pool_size: int = Field(default=10, ge=1, le=1000)
+    redis_url: str | None = None
+    redis_prefix: str = Field(default="ss:", min_length=1, max_length=64)
+    upstream_url: str = "https://api.anthropic.com"
+    upstream_connect_timeout: float = Field(default=10.0, gt=0)
+    # Generous: a long extended-thinking stream can be silent between events for minutes.
+    upstream_read_timeout: float = Field(default=600.0, gt=0)
+    upstream_max_connections: int = Field(default=200, ge=1)
+    max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+
+    auth_mode: Literal["passthrough", "keys"] = "passthrough"
+    # Keys the owner hash of a passthrough credential, so a leaked database cannot be used to test credentials.
+    owner_secret: SecretStr | None = None
+
+    default_ttl_seconds: int = Field(default=300, ge=1)
+    max_ttl_seconds: int = Field(default=86_400, ge=1)
+    max_thread_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    max_messages: int = Field(default=100_000, ge=1)
+    threads_enabled: bool = True
+    sessions_enabled: bool = True
+    # How long a continue holds the thread head when its request dies without releasing it.
+    lease_seconds: int = Field(default=120, ge=1)
+
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_json: bool = True
+
+    @field_validator("upstream_url")
+    @classmethod
+    def _upstream_is_http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @field_validator("database_url")
+    @classmethod
+    def _async_driver(cls, value: str) -> str:
+        # Accept the plain scheme people copy from elsewhere and pick the async driver we ship.
+        if value.startswith("postgresql://") or value.startswith("postgres://"):
+            return "postgresql+asyncpg://" + value.split("://", 1)[1]
+        if value.startswith("sqlite:///"):
+            return "sqlite+aiosqlite:///" + value.removeprefix("sqlite:///")
+        if not value.startswith(("postgresql+asyncpg://", "sqlite+aiosqlite://")):
+            raise ValueError("must be a postgresql:// or sqlite:/// URL")
+        return value
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        assert value is not None
+        if not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        return value
+
+    @model_validator(mode="after")
+    def _ttl_bounds(self) -> Settings:
+        if self.default_ttl_seconds > self.max_ttl_seconds:
+            raise ValueError("STATESTORE_DEFAULT_TTL_SECONDS must not exceed STATESTORE_MAX_TTL_SECONDS")
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")

@@ -1,0 +1,119 @@
+"""The one exception tree for everything statestore itself rejects, rendered as Anthropic error bodies (PROTOCOL §4)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import orjson
+
+
+class StatestoreError(Exception):
+    status: ClassVar[int] = 500
+    error_type: ClassVar[str] = "api_error"
+    error_code: ClassVar[str | None] = None
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {}
+
+    def body(self, request_id: str) -> bytes:
+        error: dict[str, Any] = {"type": self.error_type, "message": self.message}
+        details = dict(self.details)
+        if self.error_code is not None:
+            details = {"error_code": self.error_code, **details}
+        if details:
+            error["details"] = details
+        return orjson.dumps({"type": "error", "error": error, "request_id": request_id})
+
+
+class InvalidRequest(StatestoreError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class RequestTooLarge(StatestoreError):
+    status = 413
+    error_type = "request_too_large"
+
+
+class AuthenticationFailed(StatestoreError):
+    status = 401
+    error_type = "authentication_error"
+
+
+class PermissionDenied(StatestoreError):
+    status = 403
+    error_type = "permission_error"
+
+
+class NotFound(StatestoreError):
+    status = 404
+    error_type = "not_found_error"
+
+
+class MethodNotAllowed(StatestoreError):
+    status = 405
+    error_type = "invalid_request_error"
+
+
+class UnsupportedMediaType(StatestoreError):
+    status = 415
+    error_type = "invalid_request_error"
+
+
+class ThreadError(StatestoreError):
+    """Thread rejections: sent before any stream starts, and never retried by the SDK on its own."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-should-retry": "false"}
+
+
+class ThreadNotFound(ThreadError):
+    status = 404
+    error_type = "not_found_error"
+    error_code = "thread_not_found"
+
+
+class ThreadAlreadyContinued(ThreadError):
+    error_code = "thread_already_continued"
+
+
+class ThreadContinueInFlight(ThreadError):
+    error_code = "thread_continue_in_flight"
+
+
+class ThreadFingerprintMismatch(ThreadError):
+    error_code = "thread_fingerprint_mismatch"
+
+
+class ThreadUnsupportedRequest(ThreadError):
+    error_code = "thread_unsupported_request"
+
+
+class ServiceUnavailable(StatestoreError):
+    status = 503
+    error_type = "api_error"
+
+
+class UpstreamUnreachable(StatestoreError):
+    status = 502
+    error_type = "api_error"
+
+
+class UpstreamTimeout(StatestoreError):
+    status = 504
+    error_type = "timeout_error"
+
+
+class InternalError(StatestoreError):
+    status = 500
+    error_type = "api_error"

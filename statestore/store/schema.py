@@ -1,0 +1,134 @@
+"""The tables (SQLAlchemy Core). Times are integer milliseconds since the epoch, taken from the server's clock."""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    false,
+)
+
+metadata = MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+# One row a conversation. `system`/`tools` hold the JSON bytes as the create sent them (forwarded verbatim);
+# the *_fp columns hold a hash of their canonical JSON, compared on a continue (PROTOCOL §3).
+threads = Table(
+    "threads",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("owner", String(80), nullable=False),
+    Column("tenant_id", String(40), nullable=True),
+    Column("session_id", String(128), nullable=True),
+    Column("metadata_user_id", String(256), nullable=True),
+    Column("system", LargeBinary, nullable=True),
+    Column("tools", LargeBinary, nullable=True),
+    Column("system_fp", String(64), nullable=True),
+    Column("tools_fp", String(64), nullable=True),
+    Column("output_config_fp", String(64), nullable=True),
+    # Block cache_control markers inside the stored system and tools, which every later turn carries.
+    Column("fixed_markers", Integer, nullable=False, server_default="0"),
+    # NULL while the create that made the row has not been answered yet.
+    Column("head_message_id", String(80), nullable=True),
+    Column("head_position", Integer, nullable=False, server_default="0"),
+    Column("byte_count", BigInteger, nullable=False, server_default="0"),
+    Column("turn_count", Integer, nullable=False, server_default="0"),
+    Column("lease_token", String(40), nullable=True),
+    Column("lease_expires_ms", BigInteger, nullable=True),
+    Column("ttl_seconds", Integer, nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+    Column("expires_ms", BigInteger, nullable=False),
+    Index(None, "owner", "updated_ms"),
+    Index(None, "expires_ms"),
+    Index(None, "owner", "metadata_user_id"),
+    Index(None, "tenant_id"),
+)
+
+# One row a message, as canonical JSON bytes with earlier-turn cache_control already dropped. Replies carry the
+# response id statestore minted for them.
+thread_messages = Table(
+    "thread_messages",
+    metadata,
+    Column("thread_id", String(40), ForeignKey("threads.id", ondelete="CASCADE"), primary_key=True),
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("response_id", String(80), nullable=True),
+)
+
+# A session name bound to the owner's current thread (PROTOCOL §6).
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("owner", String(80), primary_key=True),
+    Column("name", String(128), primary_key=True),
+    Column("thread_id", String(40), ForeignKey("threads.id", ondelete="CASCADE"), nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+    Index(None, "thread_id"),
+)
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("disabled", Boolean, nullable=False, server_default=false()),
+    Column("created_ms", BigInteger, nullable=False),
+)
+
+# statestore's own API keys (keys mode): only a hash of the secret is kept.
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("tenant_id", String(40), ForeignKey("tenants.id", ondelete="CASCADE"), nullable=False),
+    Column("label", String(200), nullable=True),
+    Column("prefix", String(24), nullable=False),
+    Column("key_hash", String(64), nullable=False, unique=True),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("revoked_ms", BigInteger, nullable=True),
+    Index(None, "tenant_id"),
+)
+
+# Retention policies: scope "default", or a tenant id for that tenant's override.
+policies = Table(
+    "policies",
+    metadata,
+    Column("scope", String(40), primary_key=True),
+    Column("threads_enabled", Boolean, nullable=False),
+    Column("sessions_enabled", Boolean, nullable=False),
+    Column("default_ttl_seconds", Integer, nullable=False),
+    Column("max_ttl_seconds", Integer, nullable=False),
+    Column("max_thread_bytes", BigInteger, nullable=False),
+    Column("max_messages", Integer, nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+)
+
+# Append-only record of admin changes: who, when, what, before and after. Never message content.
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("at_ms", BigInteger, nullable=False),
+    Column("actor", String(200), nullable=False),
+    Column("action", String(100), nullable=False),
+    Column("target", String(200), nullable=True),
+    Column("before", Text, nullable=True),
+    Column("after", Text, nullable=True),
+    Index(None, "at_ms"),
+)
