@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     @classmethod
     def _async_driver(cls, value: str) -> str:
         # Accept the plain scheme people copy from elsewhere and pick the async driver we ship.
-        if value.startswith("postgresql://") or value.startswith("postgres://"):
+        if value.startswith(("postgresql://", "postgres://")):
             return "postgresql+asyncpg://" + value.split("://", 1)[1]
         if value.startswith("sqlite:///"):
             return "sqlite+aiosqlite:///" + value.removeprefix("sqlite:///")
