@@ -61,11 +61,6 @@ class MethodNotAllowed(StatestoreError):
     error_type = "invalid_request_error"
 
 
-class UnsupportedMediaType(StatestoreError):
-    status = 415
-    error_type = "invalid_request_error"
-
-
 class ThreadError(StatestoreError):
     """Thread rejections: sent before any stream starts, and never retried by the SDK on its own."""
 

@@ -1,0 +1,41 @@
+# statestore: two commands do all the set-up. `make run` serves the embedded default in front of the echo
+# backend; `make test` prepares PostgreSQL and Redis and runs lint and the suite.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PORT ?= 8080
+ECHO_PORT ?= 8090
+
+.PHONY: run test lint install services bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The embedded default: SQLite file and in-process cache, echo backend on $(ECHO_PORT). With
+# STATESTORE_DATABASE_URL / STATESTORE_REDIS_URL / STATESTORE_UPSTREAM_URL set, the same target uses those.
+run: $(STAMP)
+	@scripts/run-local.sh $(PORT) $(ECHO_PORT)
+
+services:
+	@scripts/ensure-services.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check statestore tests bench migrations
+	$(BIN)/ruff format --check statestore tests bench migrations
+	$(BIN)/mypy
+
+test: $(STAMP) lint services
+	@scripts/run-tests.sh
+
+bench: $(STAMP) services
+	$(BIN)/python -m bench $(BENCH_ARGS)
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis statestore.db statestore.db-*

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# `make run`: migrate and serve statestore. Without STATESTORE_UPSTREAM_URL it starts the built-in echo backend and
+# points statestore at it; without STATESTORE_DATABASE_URL it uses the SQLite file ./statestore.db.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+port="${1:-8080}"
+echo_port="${2:-8090}"
+bin=.venv/bin
+
+# The owner secret keys the hash that ties threads to credentials. Keep a local one for trying things out.
+if [ -z "${STATESTORE_OWNER_SECRET:-}" ]; then
+  mkdir -p .statestore
+  [ -s .statestore/owner-secret ] || "$bin/python" -c 'import secrets; print(secrets.token_urlsafe(32))' > .statestore/owner-secret
+  chmod 600 .statestore/owner-secret
+  STATESTORE_OWNER_SECRET="$(cat .statestore/owner-secret)"
+  export STATESTORE_OWNER_SECRET
+fi
+export STATESTORE_LOG_JSON="${STATESTORE_LOG_JSON:-false}"
+
+echo_pid=""
+cleanup() { [ -n "$echo_pid" ] && kill "$echo_pid" 2>/dev/null || true; }
+trap cleanup EXIT INT TERM
+
+if [ -z "${STATESTORE_UPSTREAM_URL:-}" ]; then
+  "$bin/statestore" echo-backend --port "$echo_port" &
+  echo_pid=$!
+  export STATESTORE_UPSTREAM_URL="http://127.0.0.1:$echo_port"
+  echo "echo backend on $STATESTORE_UPSTREAM_URL (replies echo your last message)"
+fi
+
+"$bin/statestore" migrate
+echo "statestore on http://127.0.0.1:$port — try the README's curl and SDK examples"
+"$bin/statestore" serve --port "$port"

@@ -1,0 +1,59 @@
+"""`/v1/messages` and its siblings: a threaded turn when the request asks for one, otherwise a relay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from statestore.api.deps import ResourcesDep
+from statestore.api.relay import relay
+from statestore.errors import InvalidRequest
+from statestore.threads.turn import read_turn
+
+router = APIRouter()
+
+
+def _path_and_query(request: Request) -> str:
+    query = request.url.query
+    return request.url.path + (f"?{query}" if query else "")
+
+
+async def _json_body(request: Request) -> tuple[bytes, dict[str, Any]]:
+    content_type = request.headers.get("content-type", "")
+    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+        raise InvalidRequest("content-type must be application/json")
+    body = await request.body()
+    try:
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidRequest("request body must be a JSON object")
+    return body, parsed
+
+
+@router.post("/v1/messages")
+async def create_message(request: Request, resources: ResourcesDep) -> Response:
+    body, parsed = await _json_body(request)
+    headers = request.headers.raw
+    turn = read_turn(parsed, headers)
+    if turn is None:
+        return await relay(resources.upstream, "POST", _path_and_query(request), headers, body)
+    return await resources.threads.handle(turn, headers, request.url.query)
+
+
+@router.post("/v1/messages/count_tokens")
+async def count_tokens(request: Request, resources: ResourcesDep) -> Response:
+    body, parsed = await _json_body(request)
+    if "thread" in parsed:
+        raise InvalidRequest("count_tokens does not take a thread field")
+    return await relay(resources.upstream, "POST", _path_and_query(request), request.headers.raw, body)
+
+
+@router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+async def relay_other(request: Request, resources: ResourcesDep) -> Response:
+    body = await request.body()
+    return await relay(resources.upstream, request.method, _path_and_query(request), request.headers.raw, body)

@@ -1,0 +1,42 @@
+"""Stateless relay: the request goes to the backend as it came, and the response comes back byte for byte, streamed
+as it arrives (PROTOCOL §1)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import anyio
+import httpx
+from starlette.responses import Response
+
+from statestore.api.responses import streaming_response
+from statestore.upstream.client import (
+    UpstreamClient,
+    UpstreamResponse,
+    request_headers_for_upstream,
+    response_headers_for_client,
+)
+
+log = logging.getLogger(__name__)
+
+
+async def relay(
+    upstream: UpstreamClient, method: str, path_and_query: str, headers: list[tuple[bytes, bytes]], body: bytes
+) -> Response:
+    response = await upstream.send(method, path_and_query, request_headers_for_upstream(headers, threaded=False), body)
+    return streaming_response(
+        response.status, _passthrough(response), response_headers_for_client(response.headers, keep_length=True)
+    )
+
+
+async def _passthrough(response: UpstreamResponse) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in response.chunks():
+            yield chunk
+    except (httpx.TransportError, httpx.TimeoutException) as exc:
+        # The status line has gone out already; ending the body early is all that is left to tell the client.
+        log.warning("the backend response broke off", extra={"error": type(exc).__name__})
+    finally:
+        with anyio.CancelScope(shield=True):
+            await response.aclose()

@@ -1,0 +1,157 @@
+"""The `statestore` command: serve, migrate, echo-backend."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+
+from pydantic import ValidationError
+
+from statestore import __version__
+from statestore.config import Settings
+
+
+def _load_settings() -> Settings:
+    try:
+        return Settings()
+    except ValidationError as exc:
+        lines = [f"  STATESTORE_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}" for err in exc.errors()]
+        sys.exit("statestore: invalid settings:\n" + "\n".join(lines))
+
+
+def check_settings(settings: Settings) -> str | None:
+    """A reason the server must not start with these settings, or None."""
+    if settings.auth_mode == "passthrough":
+        secret = settings.owner_secret.get_secret_value() if settings.owner_secret else ""
+        if len(secret) < 16:
+            return (
+                "STATESTORE_OWNER_SECRET must be set to a random string of at least 16 characters: it keys the hash "
+                "that ties each thread to its credential. Generate one with\n"
+                "  python3 -c 'import secrets; print(secrets.token_urlsafe(32))'\n"
+                "and keep it: changing it hides every existing thread from its owner."
+            )
+    return None
+
+
+async def _pending(settings: Settings) -> str | None:
+    from statestore.store.engine import create_engine
+    from statestore.store.migrate import pending_revision
+
+    engine = create_engine(settings.database_url, pool_size=1)
+    try:
+        return await pending_revision(engine)
+    finally:
+        await engine.dispose()
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from statestore.logs import configure_logging, uvicorn_log_config
+
+    settings = _load_settings()
+    if (problem := check_settings(settings)) is not None:
+        sys.exit(f"statestore: {problem}")
+    configure_logging(settings.log_level, settings.log_json)
+    try:
+        pending = asyncio.run(_pending(settings))
+    except Exception as exc:
+        sys.exit(f"statestore: cannot reach the database ({type(exc).__name__}: {exc})")
+    if pending is not None:
+        sys.exit(f"statestore: {pending}. Run `statestore migrate` first.")
+    uvicorn.run(
+        "statestore.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        loop="uvloop" if sys.platform != "win32" else "asyncio",
+        http="httptools",
+        access_log=False,
+        log_config=uvicorn_log_config(),
+        timeout_graceful_shutdown=args.graceful_timeout,
+        proxy_headers=False,
+        server_header=False,
+    )
+
+
+def cmd_migrate(args: argparse.Namespace) -> None:
+    from statestore.store.migrate import upgrade
+
+    settings = _load_settings()
+    try:
+        upgrade(settings.database_url, args.revision)
+    except Exception as exc:
+        sys.exit(f"statestore: migration failed ({type(exc).__name__}: {exc})")
+    print(f"statestore: database at {args.revision} ({_safe_url(settings.database_url)})")
+
+
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def cmd_echo_backend(args: argparse.Namespace) -> None:
+    from statestore.upstream.echo import run_echo_backend
+
+    run_echo_backend(args.host, args.port, delay_seconds=args.delay, reply_bytes=args.reply_bytes)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="statestore",
+        description="Server-side conversation state for the Claude Messages API. Settings come from STATESTORE_* "
+        "environment variables (see the README).",
+    )
+    parser.add_argument("--version", action="version", version=f"statestore {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="serve the API", description="Serve the Messages API with threads.")
+    serve.add_argument(
+        "--host", default=os.environ.get("STATESTORE_HOST", "127.0.0.1"), help="address to bind (default 127.0.0.1)"
+    )
+    serve.add_argument(
+        "--port", type=int, default=int(os.environ.get("STATESTORE_PORT", "8080")), help="port (default 8080)"
+    )
+    serve.add_argument("--workers", type=int, default=1, help="worker processes (default 1)")
+    serve.add_argument(
+        "--graceful-timeout",
+        type=int,
+        default=30,
+        help="seconds in-flight requests get to finish on shutdown (default 30)",
+    )
+    serve.set_defaults(func=cmd_serve)
+
+    migrate = commands.add_parser(
+        "migrate",
+        help="bring the database schema up to date",
+        description="Run the Alembic migrations on STATESTORE_DATABASE_URL.",
+    )
+    migrate.add_argument("--revision", default="head", help="target revision (default head)")
+    migrate.set_defaults(func=cmd_migrate)
+
+    echo = commands.add_parser(
+        "echo-backend",
+        help="run the local echo model backend",
+        description="A local stand-in for the model backend that speaks the Messages API wire format and echoes the "
+        "last user text. For trying statestore without a key or network.",
+    )
+    echo.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    echo.add_argument("--port", type=int, default=8090, help="port (default 8090)")
+    echo.add_argument("--delay", type=float, default=0.0, help="seconds to wait before each reply (default 0)")
+    echo.add_argument("--reply-bytes", type=int, default=None, help="pad each reply's text to about this size")
+    echo.set_defaults(func=cmd_echo_backend)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""Prometheus metrics, in a registry owned by the app (not the global one, so a test can build many apps).
+
+Every label has a small fixed set of values: `route` is a route template or "other", `method` one of
+the standard methods or "other", `status` a status code, and the rest are the Literal types below.
+Nothing about a request's content is ever a label.
+
+Several worker processes (`uvicorn --workers N`): set `PROMETHEUS_MULTIPROC_DIR` to an empty directory,
+writable by the server, in the environment of the process that starts the workers (prometheus_client
+reads it at import time, so it must be set before the server starts, not from the app). Each worker
+then writes its samples to files there and `render()` merges the files of all workers, whichever worker
+serves `/metrics`. Empty the directory before each start, or counters carry over from the last run.
+There are no gauges here, so nothing needs cleaning up when a worker exits.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.multiprocess import MultiProcessCollector
+
+ThreadTurnKind = Literal["create", "continue"]
+ThreadTurnOutcome = Literal["stored", "not_stored", "rejected"]
+CacheLookupResult = Literal["hit", "miss", "stale", "error"]
+UpstreamErrorKind = Literal["unreachable", "timeout"]
+# Time to the backend's response headers, by what came back: a 2xx/3xx, a 4xx, a 5xx, or no headers at all.
+UpstreamOutcome = Literal["ok", "client_error", "server_error", "unreachable", "timeout"]
+
+OTHER = "other"
+MULTIPROC_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+# 1 ms to 60 s: a cache hit is a few ms, a long non-streaming completion tens of seconds.
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_THREAD_TURN_KINDS: tuple[ThreadTurnKind, ...] = ("create", "continue")
+_THREAD_TURN_OUTCOMES: tuple[ThreadTurnOutcome, ...] = ("stored", "not_stored", "rejected")
+_CACHE_RESULTS: tuple[CacheLookupResult, ...] = ("hit", "miss", "stale", "error")
+_UPSTREAM_ERROR_KINDS: tuple[UpstreamErrorKind, ...] = ("unreachable", "timeout")
+
+
+def method_label(method: str) -> str:
+    # A client can send any token as a method; only the standard ones become label values.
+    return method if method in _METHODS else OTHER
+
+
+def upstream_outcome(status: int) -> UpstreamOutcome:
+    if status >= 500:
+        return "server_error"
+    if status >= 400:
+        return "client_error"
+    return "ok"
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.multiprocess_dir = os.environ.get(MULTIPROC_DIR_ENV) or None
+        self.http_requests_total = Counter(
+            "http_requests",
+            "HTTP requests served, by route template, method and status.",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.http_request_duration_seconds = Histogram(
+            "http_request_duration_seconds",
+            "Time from the request's arrival to the last byte of its response.",
+            ["route", "method"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream_request_duration_seconds = Histogram(
+            "upstream_request_duration_seconds",
+            "Time from sending a request to the backend to its response headers (or the failure).",
+            ["route", "outcome"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.upstream_errors_total = Counter(
+            "upstream_errors",
+            "Backend requests that got no response: unreachable or timed out.",
+            ["kind"],
+            registry=self.registry,
+        )
+        self.thread_turns_total = Counter(
+            "thread_turns",
+            "Threaded turns by kind, and whether the turn was stored, returned but not stored, or rejected.",
+            ["kind", "outcome"],
+            registry=self.registry,
+        )
+        self.cache_lookups_total = Counter(
+            "cache_lookups",
+            "Thread cache lookups by result.",
+            ["result"],
+            registry=self.registry,
+        )
+        self._initialise_fixed_series()
+
+    def _initialise_fixed_series(self) -> None:
+        # Series with fixed label sets exist from the start at 0, so rate() and alerts see the first event.
+        for kind in _THREAD_TURN_KINDS:
+            for outcome in _THREAD_TURN_OUTCOMES:
+                self.thread_turns_total.labels(kind=kind, outcome=outcome)
+        for result in _CACHE_RESULTS:
+            self.cache_lookups_total.labels(result=result)
+        for error_kind in _UPSTREAM_ERROR_KINDS:
+            self.upstream_errors_total.labels(kind=error_kind)
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        method = method_label(method)
+        self.http_requests_total.labels(route=route, method=method, status=str(status)).inc()
+        self.http_request_duration_seconds.labels(route=route, method=method).observe(seconds)
+
+    def observe_upstream(self, route: str, outcome: UpstreamOutcome, seconds: float) -> None:
+        self.upstream_request_duration_seconds.labels(route=route, outcome=outcome).observe(seconds)
+
+    def count_upstream_error(self, kind: UpstreamErrorKind) -> None:
+        self.upstream_errors_total.labels(kind=kind).inc()
+
+    def count_thread_turn(self, kind: ThreadTurnKind, outcome: ThreadTurnOutcome) -> None:
+        self.thread_turns_total.labels(kind=kind, outcome=outcome).inc()
+
+    def count_cache_lookup(self, result: CacheLookupResult) -> None:
+        self.cache_lookups_total.labels(result=result).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The `/metrics` body and its content type (the classic text format, which every Prometheus reads)."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
+        # A fresh registry per scrape: the collector reads every worker's files at collect time.
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
+        return generate_latest(merged), CONTENT_TYPE_PLAIN_0_0_4

@@ -1,0 +1,242 @@
+"""Pure-ASGI middleware: request ids, access log and metrics, last-resort error bodies, body size limit.
+
+Pure ASGI (never BaseHTTPMiddleware) so a streamed response passes through chunk by chunk, with no
+extra task and no buffering, and so `send` can be watched to the last byte.
+
+Wiring, outermost first (Starlette's `add_middleware` puts the last one added outermost):
+
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContextMiddleware, metrics=metrics)
+
+`add_middleware` places both inside Starlette's ServerErrorMiddleware and outside its
+ExceptionMiddleware, so an unhandled exception reaches RequestContextMiddleware, which answers with an
+Anthropic error body before ServerErrorMiddleware could send its plain-text or HTML 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from statestore.errors import InternalError, RequestTooLarge, StatestoreError
+from statestore.logs import new_request_id, request_id_var
+from statestore.metrics import OTHER, Metrics
+
+RouteResolver = Callable[[Scope], str]
+
+access_logger = logging.getLogger("statestore.access")
+logger = logging.getLogger(__name__)
+
+_REQUEST_ID = b"request-id"
+# nginx's code for "the client went away before we answered": counted, never sent.
+CLIENT_CLOSED_REQUEST = 499
+
+
+async def send_error(send: Send, error: StatestoreError, request_id: str) -> None:
+    """Send a complete Anthropic error response for `error`."""
+    body = error.body(request_id)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode("ascii")),
+        (_REQUEST_ID, request_id.encode("ascii")),
+    ]
+    headers.extend((name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in error.headers.items())
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def request_id_of(scope: Scope) -> str:
+    """The id RequestContextMiddleware gave this request, or a fresh one when it is not installed."""
+    state = scope.get("state")
+    request_id = state.get("request_id") if isinstance(state, Mapping) else None
+    return request_id if isinstance(request_id, str) else new_request_id()
+
+
+def route_template(scope: Scope) -> str:
+    """The template of the route that handled the request (FastAPI leaves the matched route in the scope), or
+    "other" for requests no route took. Read after the app ran, so it costs nothing per request."""
+    path_format = getattr(scope.get("route"), "path_format", None)
+    return path_format if isinstance(path_format, str) else OTHER
+
+
+def _has_request_id(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    return any(name.lower() == _REQUEST_ID for name, _ in headers)
+
+
+@dataclass(slots=True)
+class _Exchange:
+    """What RequestContextMiddleware saw of one request/response pair."""
+
+    status: int | None = None
+    bytes_out: int = 0
+    finished_at: float | None = None
+    client_disconnected: bool = False
+
+
+class RequestContextMiddleware:
+    """Request id, access log line, metrics, and an Anthropic 500 for anything unhandled."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, route_resolver: RouteResolver | None = None) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.route_resolver = route_resolver if route_resolver is not None else route_template
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        started_at = time.perf_counter()
+        request_id = new_request_id()
+        scope.setdefault("state", {})["request_id"] = request_id
+        token = request_id_var.set(request_id)
+        exchange = _Exchange()
+
+        async def watch_receive() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                exchange.client_disconnected = True
+            return message
+
+        async def watch_send(message: Message) -> None:
+            kind = message["type"]
+            if kind == "http.response.start":
+                exchange.status = int(message["status"])
+                headers = list(message.get("headers", ()))
+                # A relayed backend response carries the backend's request id; that one is the useful one.
+                if not _has_request_id(headers):
+                    headers.append((_REQUEST_ID, request_id.encode("ascii")))
+                message = {**message, "headers": headers}
+            elif kind == "http.response.body":
+                exchange.bytes_out += len(message.get("body", b""))
+                if not message.get("more_body", False):
+                    exchange.finished_at = time.perf_counter()
+            await send(message)
+
+        try:
+            await self.app(scope, watch_receive, watch_send)
+        except Exception as exc:
+            if exchange.status is not None:
+                # Too late for an error body: the server aborts the connection and the client sees a cut response.
+                logger.error("request failed after its response started", exc_info=exc)
+                raise
+            if isinstance(exc, StatestoreError):
+                error: StatestoreError = exc
+            else:
+                logger.error("unhandled exception", exc_info=exc)
+                error = InternalError("internal error")
+            await send_error(watch_send, error, request_id)
+        else:
+            if exchange.status is None and not exchange.client_disconnected:
+                # Otherwise the server would send its own plain-text 500.
+                logger.error("the app returned without sending a response")
+                await send_error(watch_send, InternalError("internal error"), request_id)
+        finally:
+            self._record(scope, self._route(scope), exchange, started_at)
+            request_id_var.reset(token)
+
+    def _route(self, scope: Scope) -> str:
+        try:
+            return self.route_resolver(scope)
+        except Exception:
+            # A broken resolver must cost a label, not the request.
+            logger.warning("route resolver failed", exc_info=True)
+            return OTHER
+
+    def _record(self, scope: Scope, route: str, exchange: _Exchange, started_at: float) -> None:
+        ended_at = exchange.finished_at if exchange.finished_at is not None else time.perf_counter()
+        duration = ended_at - started_at
+        status = exchange.status
+        if status is None:
+            status = CLIENT_CLOSED_REQUEST if exchange.client_disconnected else InternalError.status
+        method = str(scope.get("method", ""))
+        self.metrics.observe_request(route, method, status, duration)
+        client = scope.get("client")
+        access_logger.info(
+            "request",
+            extra={
+                "method": method,
+                "route": route,
+                "status": status,
+                "duration_ms": round(duration * 1000, 3),
+                "bytes_out": exchange.bytes_out,
+                # False for a response cut short (app failure or client gone): its status alone reads as success.
+                "complete": exchange.finished_at is not None,
+                "client_ip": client[0] if client else None,
+            },
+        )
+
+
+class _BodyLimitExceeded(Exception):
+    """Raised from `receive` once the body passes the limit; never leaves BodySizeLimitMiddleware."""
+
+
+class BodySizeLimitMiddleware:
+    """413 `request_too_large` for a body over `max_bytes`, declared or counted while it streams in."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_bytes:
+            # Answer before reading a byte of it.
+            await send_error(send, self._error(), request_id_of(scope))
+            return
+
+        received = 0
+        exceeded = False
+        responded_before = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, exceeded
+            if exceeded:
+                raise _BodyLimitExceeded
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    exceeded = True
+                    raise _BodyLimitExceeded
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal responded_before
+            if exceeded and not responded_before:
+                # Whatever the app made of the failed read (FastAPI turns it into a 400) gives way to the 413.
+                return
+            if message["type"] == "http.response.start":
+                responded_before = True
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            # Once the limit is passed, whatever the app raised on the way out is a consequence of it.
+            if not exceeded or responded_before:
+                raise
+        if exceeded and not responded_before:
+            await send_error(send, self._error(), request_id_of(scope))
+
+    def _error(self) -> RequestTooLarge:
+        return RequestTooLarge(f"request body exceeds {self.max_bytes} bytes")
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                # The server rejects a malformed length itself; counting still guards the body.
+                return None
+    return None

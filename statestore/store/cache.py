@@ -1,0 +1,419 @@
+"""The hot copy of each thread's history: its stored messages as one pre-joined byte string.
+
+The database is the source of truth. A cache entry says how many messages it holds, and the caller
+compares that with the thread's position in the database, so an entry that is missing, shorter or
+longer is simply rebuilt from the database. That is why every fault here degrades to a miss: losing
+the cache (or a write to it) costs a rebuild, never data.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple, Protocol
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, RedisError
+
+logger = logging.getLogger(__name__)
+
+_MIB = 1024 * 1024
+
+
+class CachedHistory(NamedTuple):
+    # The ignore: the field shadows tuple.count(), which nobody calls on this type; the name is the API.
+    count: int  # type: ignore[assignment]  # number of messages joined in `joined`
+    joined: bytes  # b",".join(message_bytes); b"" when count == 0
+
+
+class HistoryCache(Protocol):
+    """Where a thread's pre-joined history is kept between turns; every method is fault-free for callers."""
+
+    errors: int  # faults swallowed so far (exported as a metric)
+
+    async def get(self, thread_id: str) -> CachedHistory | None: ...
+
+    async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None: ...
+
+    async def append(self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> None:
+        """Append `added` if the entry holds exactly `expected_count` messages and refresh its TTL;
+        otherwise (missing or stale) drop the entry so the next read rebuilds it. Atomic."""
+        ...
+
+    async def delete(self, thread_id: str) -> None: ...
+
+    async def delete_many(self, thread_ids: Sequence[str]) -> None: ...
+
+    async def ping(self) -> bool: ...
+
+    async def aclose(self) -> None: ...
+
+    @property
+    def kind(self) -> str: ...
+
+
+def _appended(joined: bytes, added: list[bytes]) -> bytes:
+    # One join builds the result in a single allocation; `joined + b"," + ...` would copy history twice.
+    return b",".join([joined, *added]) if joined else b",".join(added)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Redis
+# ---------------------------------------------------------------------------------------------------
+
+# Both scripts run their writes with pcall and, if any fails (OOM, WRONGTYPE, a bad TTL), delete the
+# thread's keys before returning the error: a half-applied write could leave a count that matches
+# bytes it does not describe, and that would be served as valid. DEL is allowed even under OOM.
+_APPLY_OR_DROP = """
+local function apply_or_drop(steps)
+  for _, step in ipairs(steps) do
+    local reply = redis.pcall(unpack(step))
+    if type(reply) == 'table' and reply.err then
+      redis.call('DEL', KEYS[1], KEYS[2])
+      return reply
+    end
+  end
+  return 1
+end
+"""
+
+# KEYS: joined, count. ARGV: joined bytes, count, ttl ms.
+_PUT_LUA = (
+    _APPLY_OR_DROP
+    + """
+return apply_or_drop({
+  {'SET', KEYS[1], ARGV[1], 'PX', ARGV[3]},
+  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
+})
+"""
+)
+
+# KEYS: joined, count. ARGV: expected count, new count, ttl ms, bytes to append (separator included).
+# The count is compared as the decimal string we wrote; pcall turns a wrong-typed key into a mismatch.
+_APPEND_LUA = (
+    _APPLY_OR_DROP
+    + """
+if redis.pcall('GET', KEYS[2]) ~= ARGV[1] or redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 0
+end
+return apply_or_drop({
+  {'APPEND', KEYS[1], ARGV[4]},
+  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
+  {'PEXPIRE', KEYS[1], ARGV[3]},
+})
+"""
+)
+
+# Errors a cache call may raise; all of them mean "behave like a miss". OSError covers socket errors
+# that escape redis-py's wrapping and asyncio timeouts (TimeoutError is an OSError subclass).
+_FAULTS = (RedisError, RedisClusterException, OSError)
+
+_DELETE_BATCH = 256  # threads per pipeline in delete_many: bounded request size, few round trips
+_WARN_INTERVAL_S = 10.0
+_TRUE_FLAGS = {"1", "true", "yes", "on"}
+
+
+def split_cluster_flag(url: str) -> tuple[str, bool]:
+    """Strip our `cluster=1` query flag (redis-py would pass it to the connection and fail) and report it."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    flags = [value.lower() for key, value in query if key == "cluster"]
+    if not flags:
+        return url, False
+    if flags[-1] not in _TRUE_FLAGS | {"0", "false", "no", "off"}:
+        raise ValueError("the redis URL's cluster flag must be 1/true or 0/false")
+    rest = urlencode([(key, value) for key, value in query if key != "cluster"])
+    return urlunsplit(parts._replace(query=rest)), flags[-1] in _TRUE_FLAGS
+
+
+class _WarningGate:
+    """Lets one warning through per interval, so an outage logs a line every few seconds, not per request."""
+
+    def __init__(self, interval_s: float = _WARN_INTERVAL_S) -> None:
+        self._interval_s = interval_s
+        self._next_at = 0.0
+        self._suppressed = 0
+
+    def open(self) -> int | None:
+        """Return how many warnings were suppressed since the last one, or None to stay quiet."""
+        now = time.monotonic()
+        if now < self._next_at:
+            self._suppressed += 1
+            return None
+        self._next_at = now + self._interval_s
+        suppressed, self._suppressed = self._suppressed, 0
+        return suppressed
+
+
+class RedisHistoryCache:
+    """History cache in Redis (standalone, or Cluster with `?cluster=1` in the URL).
+
+    Per thread two keys under one hash tag, so Cluster keeps them in one slot and the scripts and MGET
+    stay single-slot: `<prefix>{<thread_id>}:h` (the joined bytes, APPEND-able) and `...:n` (the count).
+    No command ever spans two threads.
+    """
+
+    def __init__(self, url: str, prefix: str, *, socket_timeout: float = 0.5, max_connections: int = 64) -> None:
+        if "{" in prefix or "}" in prefix:
+            # A brace in the prefix would become the hash tag and put every thread in one slot.
+            raise ValueError("the redis key prefix must not contain '{' or '}'")
+        self._prefix = prefix
+        url, cluster = split_cluster_flag(url)
+        # Retry once, at once, only on connection errors: that covers a pooled connection that died
+        # with a Redis restart. A timeout is not retried, so a hung Redis costs a request one timeout.
+        options: dict[str, Any] = {
+            "socket_timeout": socket_timeout,
+            "socket_connect_timeout": socket_timeout,
+            "max_connections": max_connections,
+            "decode_responses": False,
+            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+        }
+        self._client: Redis | RedisCluster
+        if cluster:
+            # Cluster pools are per node and fail fast when full; size max_connections per node.
+            self._client = RedisCluster.from_url(url, **options)
+        else:
+            # A blocking pool makes a burst beyond max_connections wait briefly for a free connection
+            # instead of failing, which here would turn into needless misses and database rebuilds.
+            pool = BlockingConnectionPool.from_url(url, timeout=socket_timeout, **options)
+            self._client = Redis.from_pool(pool)
+        # register_script reloads the script on NOSCRIPT (Redis restarted or SCRIPT FLUSH) and retries.
+        self._put_script = self._client.register_script(_PUT_LUA)
+        self._append_script = self._client.register_script(_APPEND_LUA)
+        self._gate = _WarningGate()
+        self.errors = 0
+
+    @property
+    def kind(self) -> str:
+        return "redis"
+
+    def _keys(self, thread_id: str) -> tuple[str, str]:
+        tagged = f"{self._prefix}{{{thread_id}}}"
+        return f"{tagged}:h", f"{tagged}:n"
+
+    def _fault(self, operation: str, thread_id: str | None, exc: BaseException) -> None:
+        self.errors += 1
+        suppressed = self._gate.open()
+        if suppressed is not None:
+            # The exception type and text only: Redis error replies never echo stored values.
+            logger.warning(
+                "history cache %s failed for thread %s, served as a miss: %s: %s (%d similar suppressed)",
+                operation,
+                thread_id or "-",
+                type(exc).__name__,
+                str(exc)[:200],
+                suppressed,
+            )
+
+    async def get(self, thread_id: str) -> CachedHistory | None:
+        try:
+            joined, count = await self._client.mget(self._keys(thread_id))
+        except _FAULTS as exc:
+            self._fault("get", thread_id, exc)
+            return None
+        if not isinstance(joined, bytes) or not isinstance(count, bytes):
+            return None
+        try:
+            n = int(count)
+        except ValueError:
+            return None
+        # The two keys can disagree only through outside interference; do not serve that.
+        if n < 0 or (n == 0) != (joined == b""):
+            return None
+        return CachedHistory(n, joined)
+
+    async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None:
+        if ttl_ms <= 0:
+            await self.delete(thread_id)
+            return
+        try:
+            await self._put_script(keys=self._keys(thread_id), args=(history.joined, history.count, ttl_ms))
+        except _FAULTS as exc:
+            self._fault("put", thread_id, exc)
+
+    async def append(self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> None:
+        if ttl_ms <= 0:
+            await self.delete(thread_id)
+            return
+        # The script appends only when the entry holds `expected_count` messages, so the separator
+        # can be decided here: an entry of zero messages is b"" and takes no leading comma.
+        tail = b",".join(added)
+        if expected_count > 0 and added:
+            tail = b"," + tail
+        keys = self._keys(thread_id)
+        try:
+            await self._append_script(keys=keys, args=(expected_count, expected_count + len(added), ttl_ms, tail))
+        except _FAULTS as exc:
+            self._fault("append", thread_id, exc)
+            # The script is atomic, so the entry is either untouched (shorter, seen as stale) or fully
+            # appended; after a timeout we cannot tell which, so drop it rather than rely on every
+            # reader's count check. Not after a connection error: that DEL would fail the same way.
+            if not isinstance(exc, RedisConnectionError):
+                await self.delete(thread_id)
+
+    async def delete(self, thread_id: str) -> None:
+        try:
+            await self._client.delete(*self._keys(thread_id))
+        except _FAULTS as exc:
+            self._fault("delete", thread_id, exc)
+
+    async def delete_many(self, thread_ids: Sequence[str]) -> None:
+        for start in range(0, len(thread_ids), _DELETE_BATCH):
+            # Not a transaction: Cluster pipelines cannot span slots transactionally, and each DEL
+            # stands alone. One DEL per thread keeps every command inside a single slot.
+            pipe = self._client.pipeline(transaction=False)
+            for thread_id in thread_ids[start : start + _DELETE_BATCH]:
+                pipe.delete(*self._keys(thread_id))
+            try:
+                await pipe.execute()
+            except _FAULTS as exc:
+                # Stop at the first failed batch: Redis is likely down and the rest would fail slowly.
+                # Entries left behind expire with their TTL and the database no longer serves them.
+                self._fault("delete_many", None, exc)
+                return
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._client.ping())
+        except _FAULTS as exc:
+            self._fault("ping", None, exc)
+            return False
+
+    async def aclose(self) -> None:
+        try:
+            await self._client.aclose()
+        except _FAULTS as exc:
+            self._fault("close", None, exc)
+
+
+# ---------------------------------------------------------------------------------------------------
+# In-process
+# ---------------------------------------------------------------------------------------------------
+
+# Rough per-entry cost of the dict slot, the tuple and the key string, charged against the budget
+# so that a great many tiny entries are bounded too.
+_ENTRY_OVERHEAD = 128
+_SWEEP_INTERVAL_MS = 60_000
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class _Entry(NamedTuple):
+    messages: int
+    joined: bytes
+    expires_at_ms: int
+
+
+class MemoryHistoryCache:
+    """In-process history cache for the embedded default (no Redis): an LRU bounded by total bytes.
+
+    Not thread-safe and needs no locks: it is used from one event loop and no method awaits, so each
+    call runs to completion without interleaving. Expired entries are misses; they are dropped when
+    touched, and a sweep at most once a minute drops the untouched ones.
+    """
+
+    def __init__(self, max_bytes: int = 256 * _MIB, *, clock: Callable[[], int] = _monotonic_ms) -> None:
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._bytes = 0
+        self._next_sweep_ms = clock() + _SWEEP_INTERVAL_MS
+        self.errors = 0  # never incremented; present so metrics can read any cache alike
+
+    @property
+    def kind(self) -> str:
+        return "memory"
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _live(self, thread_id: str, now: int) -> _Entry | None:
+        entry = self._entries.get(thread_id)
+        if entry is None:
+            return None
+        if entry.expires_at_ms <= now:
+            self._remove(thread_id)
+            return None
+        return entry
+
+    def _remove(self, thread_id: str) -> None:
+        entry = self._entries.pop(thread_id, None)
+        if entry is not None:
+            self._bytes -= len(entry.joined) + _ENTRY_OVERHEAD
+
+    def _store(self, thread_id: str, entry: _Entry, now: int) -> None:
+        self._remove(thread_id)
+        size = len(entry.joined) + _ENTRY_OVERHEAD
+        if size > self._max_bytes:
+            return  # would evict everything else and still not fit
+        if now >= self._next_sweep_ms:
+            self._sweep(now)
+        self._entries[thread_id] = entry
+        self._bytes += size
+        while self._bytes > self._max_bytes:
+            oldest = next(iter(self._entries))
+            self._remove(oldest)
+
+    def _sweep(self, now: int) -> None:
+        self._next_sweep_ms = now + _SWEEP_INTERVAL_MS
+        for thread_id in [key for key, entry in self._entries.items() if entry.expires_at_ms <= now]:
+            self._remove(thread_id)
+
+    async def get(self, thread_id: str) -> CachedHistory | None:
+        entry = self._live(thread_id, self._clock())
+        if entry is None:
+            return None
+        self._entries.move_to_end(thread_id)
+        return CachedHistory(entry.messages, entry.joined)
+
+    async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None:
+        if ttl_ms <= 0:
+            self._remove(thread_id)
+            return
+        now = self._clock()
+        self._store(thread_id, _Entry(history.count, history.joined, now + ttl_ms), now)
+
+    async def append(self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> None:
+        now = self._clock()
+        entry = self._live(thread_id, now)
+        if entry is None:
+            return
+        if entry.messages != expected_count or ttl_ms <= 0:
+            self._remove(thread_id)
+            return
+        joined = _appended(entry.joined, added)
+        self._store(thread_id, _Entry(entry.messages + len(added), joined, now + ttl_ms), now)
+
+    async def delete(self, thread_id: str) -> None:
+        self._remove(thread_id)
+
+    async def delete_many(self, thread_ids: Sequence[str]) -> None:
+        for thread_id in thread_ids:
+            self._remove(thread_id)
+
+    async def ping(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+
+def create_cache(redis_url: str | None, prefix: str) -> HistoryCache:
+    """Redis when configured, otherwise the in-process cache of the embedded default."""
+    if redis_url:
+        return RedisHistoryCache(redis_url, prefix)
+    return MemoryHistoryCache()

@@ -1,0 +1,83 @@
+"""The async engine: one a process, built here for PostgreSQL (asyncpg) or the embedded SQLite (aiosqlite)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from statestore.config import Settings
+
+DEFAULT_POOL_SIZE = 10
+
+# How long a SQLite connection waits for another connection's write lock before "database is locked".
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+
+# Per-connection settings (journal_mode is stored in the file, repeating it is harmless and covers new files).
+# WAL lets readers run while one connection writes. synchronous=FULL because a turn the client has seen the end of
+# must survive a power loss too (invariant 1). SQLite leaves foreign keys off unless asked, and the schema relies on
+# ON DELETE CASCADE.
+_SQLITE_PRAGMAS = (
+    "PRAGMA foreign_keys=ON",
+    "PRAGMA journal_mode=WAL",
+    "PRAGMA synchronous=FULL",
+    f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}",
+)
+
+
+def normalise_database_url(url: str) -> str:
+    """The async-driver form of a database URL (``postgresql://`` → ``postgresql+asyncpg://``, …)."""
+    # The very rule Settings applies, so the CLI, alembic on the command line and the server agree.
+    return Settings._async_driver(url)
+
+
+def create_engine(settings_or_url: Settings | str, *, pool_size: int | None = None) -> AsyncEngine:
+    """Build the engine. ``pool_size`` defaults to ``Settings.database_pool_size`` (or 10 for a bare URL)."""
+    if isinstance(settings_or_url, Settings):
+        url = settings_or_url.database_url
+        size = pool_size or settings_or_url.database_pool_size
+    else:
+        url = normalise_database_url(settings_or_url)
+        size = pool_size or DEFAULT_POOL_SIZE
+    if url.startswith("sqlite"):
+        return _sqlite_engine(url, size)
+    return _postgres_engine(url, size)
+
+
+def _postgres_engine(url: str, pool_size: int) -> AsyncEngine:
+    return create_async_engine(
+        url,
+        pool_size=pool_size,
+        # No overflow: pool_size is then a hard cap on connections per process, which is what an operator sizes
+        # PostgreSQL's max_connections against.
+        max_overflow=0,
+        # A pre-ping is a round trip on every checkout of the hot path; recycling old connections covers most
+        # server-side idle disconnects instead, and a dead connection fails one request and is discarded.
+        pool_pre_ping=False,
+        pool_recycle=1800,
+        connect_args={"server_settings": {"application_name": "statestore"}},
+    )
+
+
+def _sqlite_engine(url: str, pool_size: int) -> AsyncEngine:
+    # An in-memory database lives on a single shared connection (SQLAlchemy picks StaticPool), which takes no size.
+    options: dict[str, Any] = {} if _is_in_memory(url) else {"pool_size": pool_size}
+    engine = create_async_engine(url, **options)
+    event.listen(engine.sync_engine, "connect", _apply_sqlite_pragmas)
+    return engine
+
+
+def _apply_sqlite_pragmas(dbapi_connection: Any, _connection_record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        for pragma in _SQLITE_PRAGMAS:
+            cursor.execute(pragma)
+    finally:
+        cursor.close()
+
+
+def _is_in_memory(url: str) -> bool:
+    parsed = make_url(url)
+    return parsed.database in (None, "", ":memory:") or parsed.query.get("mode") == "memory"

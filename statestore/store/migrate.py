@@ -1,0 +1,97 @@
+"""Schema migrations: run the Alembic revisions in ``migrations/``, and tell whether a database is at their head."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+import statestore
+from statestore.store.engine import normalise_database_url
+
+MIGRATIONS_DIR_ENV = "STATESTORE_MIGRATIONS_DIR"
+
+# Marks a Config whose URL the caller chose, so env.py does not swap in STATESTORE_DATABASE_URL: a test migrating
+# its own scratch database must never migrate the one the environment points at.
+EXPLICIT_URL_ATTRIBUTE = "statestore.explicit_url"
+
+
+def migrations_dir() -> Path:
+    override = os.environ.get(MIGRATIONS_DIR_ENV)
+    path = Path(override) if override else Path(statestore.__file__).resolve().parent.parent / "migrations"
+    if not (path / "env.py").is_file():
+        # The folder sits beside the package in the repository, not inside it: a wheel install has no copy.
+        raise FileNotFoundError(f"no Alembic migrations at {path}; set {MIGRATIONS_DIR_ENV} to the migrations folder")
+    return path
+
+
+def alembic_config(database_url: str) -> Config:
+    """An Alembic config for ``database_url``, independent of any alembic.ini (and of its logging setup)."""
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    # Config is a ConfigParser, which would read a '%' of a percent-encoded password as interpolation.
+    config.set_main_option("sqlalchemy.url", normalise_database_url(database_url).replace("%", "%%"))
+    config.attributes[EXPLICIT_URL_ATTRIBUTE] = True
+    return config
+
+
+def upgrade(database_url: str, revision: str = "head") -> None:
+    _outside_event_loop(lambda: command.upgrade(alembic_config(database_url), revision))
+
+
+def downgrade(database_url: str, revision: str) -> None:
+    _outside_event_loop(lambda: command.downgrade(alembic_config(database_url), revision))
+
+
+async def pending_revision(engine: AsyncEngine) -> str | None:
+    """None when the database is at the code's head revision, else what is wrong, for a startup refusal."""
+    script = _script_directory()
+    expected = set(script.get_heads())
+    async with engine.connect() as connection:
+        current = set(await connection.run_sync(_current_heads))
+    if current == expected:
+        return None
+    # Callers add their own remedy ("run `statestore migrate`"), so these only describe.
+    if not current:
+        return "database has no statestore schema"
+    described = f"database is at revision {_revisions(current)}, code expects {_revisions(expected)}"
+    known = {revision.revision for revision in script.walk_revisions()}
+    if not current <= known:
+        return described + " (a revision this code does not know: migrated by a newer statestore?)"
+    return described
+
+
+def _script_directory() -> ScriptDirectory:
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    return ScriptDirectory.from_config(config)
+
+
+def _current_heads(connection: Connection) -> tuple[str, ...]:
+    return MigrationContext.configure(connection).get_current_heads()
+
+
+def _revisions(revisions: set[str]) -> str:
+    return ", ".join(sorted(revisions))
+
+
+def _outside_event_loop(work: Callable[[], None]) -> None:
+    # env.py drives the async engine with asyncio.run(), which refuses to start inside a running loop; an async
+    # caller (a lifespan, a test) gets a thread of its own. That blocks its loop for the duration, so async code
+    # should prefer `await asyncio.to_thread(upgrade, url)`.
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        work()
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="statestore-migrate") as pool:
+        pool.submit(work).result()

@@ -1,0 +1,312 @@
+"""All SQL for threads, sessions and their messages (SQLAlchemy Core, one round trip where the hot path needs it).
+
+The authority for "who may continue" is the conditional update in `acquire_*`: the expected head, no live lease,
+not expired. The (thread_id, position) primary key of thread_messages is the last line of defence against a
+double append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from statestore.store.schema import sessions, thread_messages, threads
+
+ContinueRefusal = Literal["not_found", "already_continued", "in_flight"]
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedThread:
+    """A thread whose head this request holds the lease on."""
+
+    id: str
+    session_id: str | None
+    system: bytes | None
+    tools: bytes | None
+    system_fp: str | None
+    tools_fp: str | None
+    output_config_fp: str | None
+    fixed_markers: int
+    head_position: int
+    byte_count: int
+    ttl_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class NewThread:
+    id: str
+    owner: str
+    tenant_id: str | None
+    session_id: str | None
+    metadata_user_id: str | None
+    system: bytes | None
+    tools: bytes | None
+    system_fp: str | None
+    tools_fp: str | None
+    output_config_fp: str | None
+    fixed_markers: int
+    ttl_seconds: int
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCommit:
+    thread_id: str
+    lease_token: str
+    start_position: int
+    rows: list[tuple[bytes, str | None]]  # message bytes, and the response id on the reply
+    head_message_id: str
+    expires_ms: int
+    ttl_seconds: int
+    now_ms: int
+    metadata_user_id: str | None
+
+
+_LEASED_COLUMNS = (
+    threads.c.id,
+    threads.c.session_id,
+    threads.c.system,
+    threads.c.tools,
+    threads.c.system_fp,
+    threads.c.tools_fp,
+    threads.c.output_config_fp,
+    threads.c.fixed_markers,
+    threads.c.head_position,
+    threads.c.byte_count,
+    threads.c.ttl_seconds,
+)
+
+
+def _leased(row: Row[tuple[object, ...]]) -> LeasedThread:
+    m = row._mapping
+    return LeasedThread(
+        id=m["id"],
+        session_id=m["session_id"],
+        system=m["system"],
+        tools=m["tools"],
+        system_fp=m["system_fp"],
+        tools_fp=m["tools_fp"],
+        output_config_fp=m["output_config_fp"],
+        fixed_markers=m["fixed_markers"],
+        head_position=m["head_position"],
+        byte_count=m["byte_count"],
+        ttl_seconds=m["ttl_seconds"],
+    )
+
+
+def _lease_is_free(now_ms: int) -> ColumnElement[bool]:
+    return or_(threads.c.lease_token.is_(None), threads.c.lease_expires_ms <= now_ms)
+
+
+class ThreadRepository:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+        self._is_postgres = engine.dialect.name == "postgresql"
+
+    async def acquire_by_response(
+        self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
+    ) -> LeasedThread | None:
+        stmt = (
+            update(threads)
+            .where(
+                threads.c.id == thread_id,
+                threads.c.owner == owner,
+                threads.c.head_message_id == response_id,
+                threads.c.expires_ms > now_ms,
+                _lease_is_free(now_ms),
+            )
+            .values(lease_token=token, lease_expires_ms=lease_until_ms)
+            .returning(*_LEASED_COLUMNS)
+        )
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(stmt)).first()
+        return _leased(row) if row is not None else None
+
+    async def why_not_continuable(
+        self, *, owner: str, thread_id: str, response_id: str, now_ms: int
+    ) -> ContinueRefusal:
+        """Why `acquire_by_response` found nothing: only on the error path, so it may take a second query."""
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(threads.c.head_message_id, threads.c.lease_token, threads.c.lease_expires_ms).where(
+                        threads.c.id == thread_id, threads.c.owner == owner, threads.c.expires_ms > now_ms
+                    )
+                )
+            ).first()
+            if row is None or row.head_message_id is None:
+                return "not_found"
+            if row.head_message_id == response_id:
+                return "in_flight"
+            earlier = (
+                await conn.execute(
+                    select(thread_messages.c.position).where(
+                        thread_messages.c.thread_id == thread_id, thread_messages.c.response_id == response_id
+                    )
+                )
+            ).first()
+        return "already_continued" if earlier is not None else "not_found"
+
+    async def acquire_by_session(
+        self, *, owner: str, session: str, token: str, now_ms: int, lease_until_ms: int
+    ) -> LeasedThread | None:
+        bound = select(sessions.c.thread_id).where(sessions.c.owner == owner, sessions.c.name == session)
+        stmt = (
+            update(threads)
+            .where(
+                threads.c.id == bound.scalar_subquery(),
+                threads.c.owner == owner,
+                threads.c.head_message_id.is_not(None),
+                threads.c.expires_ms > now_ms,
+                _lease_is_free(now_ms),
+            )
+            .values(lease_token=token, lease_expires_ms=lease_until_ms)
+            .returning(*_LEASED_COLUMNS)
+        )
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(stmt)).first()
+        return _leased(row) if row is not None else None
+
+    async def session_is_busy(self, *, owner: str, session: str, now_ms: int) -> bool:
+        """Whether the session's thread is live but leased (or still being created) by another request."""
+        stmt = select(threads.c.id).where(
+            threads.c.id
+            == select(sessions.c.thread_id)
+            .where(sessions.c.owner == owner, sessions.c.name == session)
+            .scalar_subquery(),
+            threads.c.expires_ms > now_ms,
+            ~_lease_is_free(now_ms),
+        )
+        async with self.engine.connect() as conn:
+            return (await conn.execute(stmt)).first() is not None
+
+    async def begin_create(self, thread: NewThread, *, token: str, now_ms: int, lease_until_ms: int) -> bool:
+        """Insert the thread row, leased and without a head until its first reply commits, and bind the session name
+        to it when the name's current thread is gone. False when a live thread holds the name."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                insert(threads).values(
+                    id=thread.id,
+                    owner=thread.owner,
+                    tenant_id=thread.tenant_id,
+                    session_id=thread.session_id,
+                    metadata_user_id=thread.metadata_user_id,
+                    system=thread.system,
+                    tools=thread.tools,
+                    system_fp=thread.system_fp,
+                    tools_fp=thread.tools_fp,
+                    output_config_fp=thread.output_config_fp,
+                    fixed_markers=thread.fixed_markers,
+                    head_message_id=None,
+                    head_position=0,
+                    byte_count=0,
+                    turn_count=0,
+                    lease_token=token,
+                    lease_expires_ms=lease_until_ms,
+                    ttl_seconds=thread.ttl_seconds,
+                    created_ms=now_ms,
+                    updated_ms=now_ms,
+                    # A create that never answers is purged like an expired thread once its lease runs out.
+                    expires_ms=lease_until_ms,
+                )
+            )
+            if thread.session_id is not None and not await self._bind_session(conn, thread, now_ms):
+                await conn.rollback()
+                return False
+        return True
+
+    async def _bind_session(self, conn: AsyncConnection, thread: NewThread, now_ms: int) -> bool:
+        current_is_live = exists().where(threads.c.id == sessions.c.thread_id, threads.c.expires_ms > now_ms)
+        values = {"owner": thread.owner, "name": thread.session_id, "thread_id": thread.id, "updated_ms": now_ms}
+        dialect_insert = postgresql.insert if self._is_postgres else sqlite.insert
+        stmt = dialect_insert(sessions).values(**values)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[sessions.c.owner, sessions.c.name],
+            set_={"thread_id": stmt.excluded.thread_id, "updated_ms": stmt.excluded.updated_ms},
+            where=~current_is_live,
+        )
+        result = await conn.execute(stmt)
+        return result.rowcount == 1
+
+    async def commit_turn(self, commit: TurnCommit) -> bool:
+        """Append the turn's messages and move the head, in one transaction, if this request still holds the lease."""
+        added_bytes = sum(len(body) for body, _ in commit.rows)
+        async with self.engine.begin() as conn:
+            moved = await conn.execute(
+                update(threads)
+                .where(threads.c.id == commit.thread_id, threads.c.lease_token == commit.lease_token)
+                .values(
+                    head_message_id=commit.head_message_id,
+                    head_position=threads.c.head_position + len(commit.rows),
+                    byte_count=threads.c.byte_count + added_bytes,
+                    turn_count=threads.c.turn_count + 1,
+                    lease_token=None,
+                    lease_expires_ms=None,
+                    ttl_seconds=commit.ttl_seconds,
+                    updated_ms=commit.now_ms,
+                    expires_ms=commit.expires_ms,
+                    metadata_user_id=func.coalesce(threads.c.metadata_user_id, commit.metadata_user_id),
+                )
+            )
+            if moved.rowcount != 1:
+                await conn.rollback()
+                return False
+            await conn.execute(
+                insert(thread_messages),
+                [
+                    {
+                        "thread_id": commit.thread_id,
+                        "position": commit.start_position + offset,
+                        "body": body,
+                        "response_id": response_id,
+                    }
+                    for offset, (body, response_id) in enumerate(commit.rows)
+                ],
+            )
+        return True
+
+    async def release(self, *, thread_id: str, token: str) -> None:
+        """Give the head back after a continue that stored nothing, so the same id can be continued again."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                update(threads)
+                .where(threads.c.id == thread_id, threads.c.lease_token == token)
+                .values(lease_token=None, lease_expires_ms=None)
+            )
+
+    async def abandon_create(self, *, thread_id: str, token: str) -> None:
+        """Drop a thread whose create stored nothing (its session binding goes with it)."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                delete(threads).where(
+                    threads.c.id == thread_id, threads.c.lease_token == token, threads.c.head_message_id.is_(None)
+                )
+            )
+
+    async def load_history(self, thread_id: str) -> list[bytes]:
+        stmt = (
+            select(thread_messages.c.body)
+            .where(thread_messages.c.thread_id == thread_id)
+            .order_by(thread_messages.c.position)
+        )
+        async with self.engine.connect() as conn:
+            return [bytes(body) for body in (await conn.execute(stmt)).scalars()]
+
+    async def session_thread(self, *, owner: str, session: str, now_ms: int) -> str | None:
+        stmt = select(threads.c.id).where(
+            and_(
+                threads.c.id
+                == select(sessions.c.thread_id)
+                .where(sessions.c.owner == owner, sessions.c.name == session)
+                .scalar_subquery(),
+                threads.c.head_message_id.is_not(None),
+                threads.c.expires_ms > now_ms,
+            )
+        )
+        async with self.engine.connect() as conn:
+            return (await conn.execute(stmt)).scalar_one_or_none()

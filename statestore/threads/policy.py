@@ -1,0 +1,39 @@
+"""Retention policy: what an owner may store and for how long (PROTOCOL §5, §8)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from statestore.config import Settings
+from statestore.errors import InvalidRequest
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    threads_enabled: bool
+    sessions_enabled: bool
+    default_ttl_seconds: int
+    max_ttl_seconds: int
+    max_thread_bytes: int
+    max_messages: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Policy:
+        return cls(
+            threads_enabled=settings.threads_enabled,
+            sessions_enabled=settings.sessions_enabled,
+            default_ttl_seconds=settings.default_ttl_seconds,
+            max_ttl_seconds=settings.max_ttl_seconds,
+            max_thread_bytes=settings.max_thread_bytes,
+            max_messages=settings.max_messages,
+        )
+
+    def ttl_for(self, requested: bytes | None, current: int | None) -> int:
+        """The TTL a turn gets: the `statestore-ttl` header clamped to the maximum, else the thread's own, else the
+        default; a thread whose TTL was lowered by policy gets the lower one on its next use."""
+        if requested is not None:
+            text = requested.decode("latin-1").strip()
+            if not text.isascii() or not text.isdigit() or int(text) < 1:
+                raise InvalidRequest("statestore-ttl must be a whole number of seconds, at least 1")
+            return min(int(text), self.max_ttl_seconds)
+        return min(current if current is not None else self.default_ttl_seconds, self.max_ttl_seconds)

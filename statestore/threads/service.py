@@ -1,0 +1,457 @@
+"""The threaded turn: take the head, rebuild the request, forward it, and commit the reply before its end reaches the
+client (PROTOCOL §2 to §6). A turn is all or nothing: any failure gives the head back and stores nothing."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import anyio
+import httpx
+import orjson
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.responses import Response
+
+from statestore.api.responses import bytes_response, streaming_response
+from statestore.auth import PassthroughOwners
+from statestore.errors import (
+    InternalError,
+    InvalidRequest,
+    RequestTooLarge,
+    ServiceUnavailable,
+    StatestoreError,
+    ThreadAlreadyContinued,
+    ThreadContinueInFlight,
+    ThreadFingerprintMismatch,
+    ThreadNotFound,
+    ThreadUnsupportedRequest,
+)
+from statestore.metrics import Metrics
+from statestore.store.cache import CachedHistory, HistoryCache
+from statestore.store.repository import LeasedThread, NewThread, ThreadRepository, TurnCommit
+from statestore.threads import assembly
+from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
+from statestore.threads.policy import Policy
+from statestore.threads.turn import ThreadTurn
+from statestore.upstream.client import UpstreamClient, request_headers_for_upstream, response_headers_for_client
+from statestore.upstream.sse import ReplyAccumulator, SSEParser
+
+log = logging.getLogger(__name__)
+
+MAX_CACHE_MARKERS = 3
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(slots=True)
+class PreparedTurn:
+    """A turn holding the thread head: what to forward, and what to store if the reply completes."""
+
+    thread_id: str
+    lease_token: str
+    creating: bool
+    start_position: int
+    new_rows: list[bytes]
+    response_id: str
+    ttl_seconds: int
+    expires_ms: int
+    session: str | None
+    metadata_user_id: str | None
+    upstream_body: bytes
+    history_count: int
+    anthropic_beta: str
+    outcome: str = field(default="not_stored")
+
+
+def _storable(message: dict[str, Any]) -> bool:
+    """Refusals and replies a fallback model wrote are returned but not stored (PROTOCOL §2)."""
+    if message.get("stop_reason") == "refusal":
+        return False
+    usage = message.get("usage")
+    iterations = usage.get("iterations") if isinstance(usage, dict) else None
+    return not (
+        isinstance(iterations, list)
+        and any(isinstance(it, dict) and it.get("type") == "fallback_message" for it in iterations)
+    )
+
+
+def _rfc3339(ms: int) -> bytes:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z").encode()
+
+
+class ThreadService:
+    def __init__(
+        self,
+        *,
+        repository: ThreadRepository,
+        cache: HistoryCache,
+        upstream: UpstreamClient,
+        owners: PassthroughOwners,
+        policy: Policy,
+        lease_seconds: int,
+        metrics: Metrics,
+        clock: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.metrics = metrics
+        self.repository = repository
+        self.cache = cache
+        self.upstream = upstream
+        self.owners = owners
+        self.policy = policy
+        self.lease_ms = lease_seconds * 1000
+        self.clock = clock
+
+    async def handle(self, turn: ThreadTurn, headers: list[tuple[bytes, bytes]], query: str) -> Response:
+        owner = self.owners.owner_of(headers)
+        policy = self.policy
+        if not policy.threads_enabled:
+            raise ThreadUnsupportedRequest("threads are turned off for this owner", unsupported=[])
+        if turn.session is not None and not policy.sessions_enabled:
+            raise ThreadUnsupportedRequest("sessions are turned off for this owner", unsupported=[])
+        kind: Literal["create", "continue"] = "continue" if turn.mode == "continue" else "create"
+        try:
+            prepared = await self._prepare(turn, owner, policy)
+        except StatestoreError:
+            self.metrics.count_thread_turn(kind, "rejected")
+            raise
+        except SQLAlchemyError as exc:
+            self.metrics.count_thread_turn(kind, "rejected")
+            log.warning("database unavailable for a threaded turn", extra={"error": type(exc).__name__})
+            raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
+        try:
+            return await self._forward(prepared, turn, headers, query)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._give_back(prepared)
+            raise
+
+    # -- taking the head ---------------------------------------------------------------------------------------
+
+    async def _prepare(self, turn: ThreadTurn, owner: str, policy: Policy) -> PreparedTurn:
+        now = self.clock()
+        token = new_lease_token()
+        if turn.mode == "continue":
+            assert turn.previous_message_id is not None
+            thread_id = thread_of_response(turn.previous_message_id)
+            if thread_id is None:
+                raise ThreadNotFound("no thread has a response with this id")
+            leased = await self.repository.acquire_by_response(
+                owner=owner,
+                thread_id=thread_id,
+                response_id=turn.previous_message_id,
+                token=token,
+                now_ms=now,
+                lease_until_ms=now + self.lease_ms,
+            )
+            if leased is None:
+                reason = await self.repository.why_not_continuable(
+                    owner=owner, thread_id=thread_id, response_id=turn.previous_message_id, now_ms=now
+                )
+                raise _refusal(reason)
+            return await self._continue(leased, token, turn, policy, now)
+        if turn.mode == "session":
+            assert turn.session is not None
+            leased = await self.repository.acquire_by_session(
+                owner=owner, session=turn.session, token=token, now_ms=now, lease_until_ms=now + self.lease_ms
+            )
+            if leased is not None:
+                return await self._continue(leased, token, turn, policy, now)
+            if await self.repository.session_is_busy(owner=owner, session=turn.session, now_ms=now):
+                raise ThreadContinueInFlight("another request is continuing this session right now")
+        return await self._create(owner, token, turn, policy, now)
+
+    async def _create(self, owner: str, token: str, turn: ThreadTurn, policy: Policy, now: int) -> PreparedTurn:
+        system = turn.system if turn.has_system else None
+        tools = turn.tools if turn.has_tools else None
+        fixed_markers = assembly.count_cache_markers(system) + assembly.count_tool_markers(tools)
+        _check_markers(fixed_markers + assembly.count_cache_markers(turn.messages))
+        system_bytes = assembly.encode(system) if turn.has_system else None
+        tools_bytes = assembly.encode(tools) if turn.has_tools else None
+        new_rows = [assembly.stored_message(m) for m in turn.messages]
+        fixed_bytes = len(system_bytes or b"") + len(tools_bytes or b"")
+        _check_limits(policy, messages=len(new_rows) + 1, size=fixed_bytes + sum(map(len, new_rows)))
+        ttl = policy.ttl_for(turn.ttl_header, None)
+        thread = NewThread(
+            id=new_thread_id(),
+            owner=owner,
+            tenant_id=None,
+            session_id=turn.session,
+            metadata_user_id=turn.metadata_user_id,
+            system=system_bytes,
+            tools=tools_bytes,
+            system_fp=assembly.fingerprint(system),
+            tools_fp=assembly.fingerprint(tools),
+            output_config_fp=assembly.fingerprint(turn.fields.get("output_config")),
+            fixed_markers=fixed_markers,
+            ttl_seconds=ttl,
+        )
+        if not await self.repository.begin_create(thread, token=token, now_ms=now, lease_until_ms=now + self.lease_ms):
+            raise ThreadContinueInFlight("another request is continuing this session right now")
+        body = assembly.build_body(
+            turn.fields,
+            system=system_bytes,
+            tools=tools_bytes,
+            history=b"",
+            new_messages=[assembly.encode(m) for m in turn.messages],
+        )
+        return PreparedTurn(
+            thread_id=thread.id,
+            lease_token=token,
+            creating=True,
+            start_position=0,
+            new_rows=new_rows,
+            response_id=new_response_id(thread.id),
+            ttl_seconds=ttl,
+            expires_ms=now + ttl * 1000,
+            session=turn.session,
+            metadata_user_id=turn.metadata_user_id,
+            upstream_body=body,
+            history_count=0,
+            anthropic_beta=turn.anthropic_beta,
+        )
+
+    async def _continue(
+        self, leased: LeasedThread, token: str, turn: ThreadTurn, policy: Policy, now: int
+    ) -> PreparedTurn:
+        try:
+            _check_fixed_fields(leased, turn)
+            _check_markers(leased.fixed_markers + assembly.count_cache_markers(turn.messages))
+            new_rows = [assembly.stored_message(m) for m in turn.messages]
+            _check_limits(
+                policy,
+                messages=leased.head_position + len(new_rows) + 1,
+                size=leased.byte_count + sum(map(len, new_rows)),
+            )
+            ttl = policy.ttl_for(turn.ttl_header, leased.ttl_seconds)
+            history = await self._history(leased, ttl_ms=ttl * 1000)
+            body = assembly.build_body(
+                turn.fields,
+                system=leased.system,
+                tools=leased.tools,
+                history=history,
+                new_messages=[assembly.encode(m) for m in turn.messages],
+            )
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._release_quietly(leased.id, token)
+            raise
+        return PreparedTurn(
+            thread_id=leased.id,
+            lease_token=token,
+            creating=False,
+            start_position=leased.head_position,
+            new_rows=new_rows,
+            response_id=new_response_id(leased.id),
+            ttl_seconds=ttl,
+            expires_ms=now + ttl * 1000,
+            session=turn.session,
+            metadata_user_id=turn.metadata_user_id,
+            upstream_body=body,
+            history_count=leased.head_position,
+            anthropic_beta=turn.anthropic_beta,
+        )
+
+    async def _history(self, leased: LeasedThread, *, ttl_ms: int) -> bytes:
+        """The stored messages, pre-joined: from the cache when it holds exactly the thread's messages, else rebuilt
+        from the database (and the cache refilled)."""
+        cached = await self.cache.get(leased.id)
+        if cached is not None and cached.count == leased.head_position:
+            self.metrics.count_cache_lookup("hit")
+            return cached.joined
+        self.metrics.count_cache_lookup("miss" if cached is None else "stale")
+        rows = await self.repository.load_history(leased.id)
+        if len(rows) != leased.head_position:
+            log.error(
+                "thread rows disagree with its head position",
+                extra={"thread_id": leased.id, "rows": len(rows), "head_position": leased.head_position},
+            )
+            raise InternalError("the stored thread is inconsistent")
+        joined = assembly.join_history(rows)
+        await self.cache.put(leased.id, CachedHistory(len(rows), joined), ttl_ms)
+        return joined
+
+    # -- forwarding and committing -----------------------------------------------------------------------------
+
+    def _thread_headers(self, prepared: PreparedTurn) -> list[tuple[bytes, bytes]]:
+        headers = [
+            (b"statestore-thread-id", prepared.thread_id.encode()),
+            (b"statestore-expires-at", _rfc3339(prepared.expires_ms)),
+        ]
+        if prepared.session is not None:
+            headers.append((b"statestore-session-id", prepared.session.encode()))
+        return headers
+
+    async def _forward(
+        self, prepared: PreparedTurn, turn: ThreadTurn, headers: list[tuple[bytes, bytes]], query: str
+    ) -> Response:
+        upstream_headers = request_headers_for_upstream(headers, threaded=True)
+        path = "/v1/messages" + (f"?{query}" if query else "")
+        response = await self.upstream.send("POST", path, upstream_headers, prepared.upstream_body)
+        content_type = response.header(b"content-type") or b""
+        if response.status != 200 or not content_type.startswith(b"text/event-stream"):
+            try:
+                body = await response.read()
+            finally:
+                await response.aclose()
+            if response.status != 200:
+                await self._give_back(prepared)
+                return bytes_response(
+                    response.status, body, response_headers_for_client(response.headers, keep_length=False)
+                )
+            return await self._complete_json(prepared, response.headers, body)
+        return streaming_response(
+            200,
+            self._relay_stream(prepared, response),
+            response_headers_for_client(response.headers, keep_length=False) + self._thread_headers(prepared),
+        )
+
+    async def _complete_json(
+        self, prepared: PreparedTurn, upstream_headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Response:
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            message = None
+        if not isinstance(message, dict) or message.get("type") != "message":
+            # Not a Message: relay it as it came, store nothing.
+            await self._give_back(prepared)
+            return bytes_response(200, body, response_headers_for_client(upstream_headers, keep_length=False))
+        message["id"] = prepared.response_id
+        if _storable(message):
+            await self._commit(prepared, assembly.stored_reply(message.get("content", [])))
+        else:
+            await self._give_back(prepared)
+        return bytes_response(
+            200,
+            orjson.dumps(message),
+            response_headers_for_client(upstream_headers, keep_length=False) + self._thread_headers(prepared),
+        )
+
+    async def _relay_stream(self, prepared: PreparedTurn, response: Any) -> AsyncIterator[bytes]:
+        parser = SSEParser()
+        reply = ReplyAccumulator(prepared.response_id, anthropic_beta=prepared.anthropic_beta)
+        done = False
+        try:
+            async for chunk in response.chunks():
+                out: list[bytes] = []
+                for event in parser.feed(chunk):
+                    if event.event == "message_stop":
+                        # The end of the reply leaves only after the turn is durable.
+                        captured = reply.message_started and not reply.error_seen and reply.failure is None
+                        if not captured or not _storable(reply.message):
+                            with anyio.CancelScope(shield=True):
+                                await self._give_back(prepared)
+                        else:
+                            with anyio.CancelScope(shield=True):
+                                await self._commit(prepared, assembly.stored_reply(reply.message.get("content", [])))
+                        done = True
+                    out.append(reply.add(event))
+                if out:
+                    yield b"".join(out)
+        except (httpx.TransportError, httpx.TimeoutException) as exc:
+            log.warning("the backend stream broke off", extra={"error": type(exc).__name__})
+        except StatestoreError as exc:
+            log.warning("turn not committed", extra={"error": type(exc).__name__})
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+                if not done:
+                    await self._give_back(prepared)
+
+    async def _commit(self, prepared: PreparedTurn, reply_row: bytes) -> None:
+        rows: list[tuple[bytes, str | None]] = [(body, None) for body in prepared.new_rows]
+        rows.append((reply_row, prepared.response_id))
+        commit = TurnCommit(
+            thread_id=prepared.thread_id,
+            lease_token=prepared.lease_token,
+            start_position=prepared.start_position,
+            rows=rows,
+            head_message_id=prepared.response_id,
+            expires_ms=prepared.expires_ms,
+            ttl_seconds=prepared.ttl_seconds,
+            now_ms=self.clock(),
+            metadata_user_id=prepared.metadata_user_id,
+        )
+        try:
+            committed = await self.repository.commit_turn(commit)
+        except SQLAlchemyError as exc:
+            log.warning("could not commit a turn", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__})
+            raise ServiceUnavailable("the thread store is unavailable; the turn was not stored") from exc
+        if not committed:
+            raise ThreadContinueInFlight("the lease on this thread ran out before the reply completed")
+        prepared.outcome = "stored"
+        self.metrics.count_thread_turn("create" if prepared.creating else "continue", "stored")
+        ttl_ms = prepared.ttl_seconds * 1000
+        added = [body for body, _ in rows]
+        if prepared.creating:
+            await self.cache.put(prepared.thread_id, CachedHistory(len(added), assembly.join_history(added)), ttl_ms)
+        else:
+            await self.cache.append(prepared.thread_id, prepared.history_count, added, ttl_ms)
+
+    async def _give_back(self, prepared: PreparedTurn) -> None:
+        if prepared.outcome in {"stored", "given_back"}:
+            return
+        prepared.outcome = "given_back"
+        self.metrics.count_thread_turn("create" if prepared.creating else "continue", "not_stored")
+        try:
+            if prepared.creating:
+                await self.repository.abandon_create(thread_id=prepared.thread_id, token=prepared.lease_token)
+            else:
+                await self.repository.release(thread_id=prepared.thread_id, token=prepared.lease_token)
+        except SQLAlchemyError as exc:
+            # The lease still runs out by itself; the thread stays continuable after that.
+            log.warning(
+                "could not release a lease", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__}
+            )
+
+    async def _release_quietly(self, thread_id: str, token: str) -> None:
+        try:
+            await self.repository.release(thread_id=thread_id, token=token)
+        except SQLAlchemyError as exc:
+            log.warning("could not release a lease", extra={"thread_id": thread_id, "error": type(exc).__name__})
+
+
+def _refusal(reason: str) -> StatestoreError:
+    if reason == "already_continued":
+        return ThreadAlreadyContinued("this response id is not the thread's latest response; continue from the latest")
+    if reason == "in_flight":
+        return ThreadContinueInFlight("another request is continuing from this response id right now")
+    return ThreadNotFound("no live thread has a response with this id")
+
+
+def _check_markers(count: int) -> None:
+    if count > MAX_CACHE_MARKERS:
+        raise ThreadUnsupportedRequest(
+            f"a thread request may carry at most {MAX_CACHE_MARKERS} block cache_control markers, stored ones "
+            f"included; this one has {count}",
+            unsupported=["cache_control"],
+        )
+
+
+def _check_limits(policy: Policy, *, messages: int, size: int) -> None:
+    if messages > policy.max_messages:
+        raise InvalidRequest(f"the thread would exceed its limit of {policy.max_messages} messages")
+    if size > policy.max_thread_bytes:
+        raise RequestTooLarge(f"the thread would exceed its limit of {policy.max_thread_bytes} bytes")
+
+
+def _check_fixed_fields(leased: LeasedThread, turn: ThreadTurn) -> None:
+    differing = []
+    if turn.has_system and assembly.fingerprint(turn.system) != leased.system_fp:
+        differing.append("system")
+    if turn.has_tools and assembly.fingerprint(turn.tools) != leased.tools_fp:
+        differing.append("tools")
+    if assembly.fingerprint(turn.fields.get("output_config")) != leased.output_config_fp:
+        differing.append("output_config")
+    if differing:
+        raise ThreadFingerprintMismatch(
+            "these fields differ from the ones the thread was created with: "
+            + ", ".join(differing)
+            + "; send the stored values, or replay the conversation with a new thread to change them"
+        )

@@ -1,0 +1,344 @@
+"""History cache: both implementations against the same contract, Redis ones on a real server.
+
+Redis is shared with other tests and people, so each test works under its own `sstest:<uuid>:` prefix
+and deletes its keys afterwards. An unreachable Redis fails these tests; it never skips them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pytest
+from redis.asyncio import Redis
+from redis.crc import key_slot
+
+from statestore.store.cache import (
+    CachedHistory,
+    HistoryCache,
+    MemoryHistoryCache,
+    RedisHistoryCache,
+    create_cache,
+    split_cluster_flag,
+)
+
+REDIS_URL = os.environ.get("STATESTORE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+TTL_MS = 60_000
+M1, M2, M3 = b'{"role":"user","content":"a"}', b'{"role":"assistant","content":"b"}', b'{"role":"user","content":"c"}'
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now_ms = 1_000_000
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+
+@dataclass
+class Harness:
+    cache: HistoryCache
+    clock: FakeClock
+    raw: Redis | None  # a plain client on the same Redis, to look behind the cache's back
+    prefix: str
+
+    async def remaining_ttl_ms(self, thread_id: str) -> list[int]:
+        if self.raw is None:
+            assert isinstance(self.cache, MemoryHistoryCache)
+            entry = self.cache._entries[thread_id]
+            return [entry.expires_at_ms - self.clock()]
+        return [await self.raw.pttl(f"{self.prefix}{{{thread_id}}}:{kind}") for kind in ("h", "n")]
+
+
+@pytest.fixture
+async def raw_redis() -> AsyncIterator[Redis]:
+    client = Redis.from_url(REDIS_URL)
+    await client.ping()  # raises if Redis is unreachable: a failure, not a skip
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def prefix(raw_redis: Redis) -> AsyncIterator[str]:
+    prefix = f"sstest:{uuid.uuid4().hex}:"
+    yield prefix
+    keys = [key async for key in raw_redis.scan_iter(match=f"{prefix}*", count=1000)]
+    if keys:
+        await raw_redis.delete(*keys)
+
+
+@pytest.fixture(params=["redis", "memory"])
+async def harness(request: pytest.FixtureRequest, raw_redis: Redis, prefix: str) -> AsyncIterator[Harness]:
+    clock = FakeClock()
+    cache: HistoryCache
+    if request.param == "redis":
+        cache = RedisHistoryCache(REDIS_URL, prefix)
+        yield Harness(cache, clock, raw_redis, prefix)
+        assert cache.errors == 0
+    else:
+        cache = MemoryHistoryCache(clock=clock)
+        yield Harness(cache, clock, None, prefix)
+    await cache.aclose()
+
+
+def thread() -> str:
+    return f"thr_{uuid.uuid4().hex}"
+
+
+async def test_put_get_round_trip(harness: Harness) -> None:
+    cache, tid = harness.cache, thread()
+    assert await cache.get(tid) is None
+    await cache.put(tid, CachedHistory(2, M1 + b"," + M2), TTL_MS)
+    assert await cache.get(tid) == CachedHistory(2, M1 + b"," + M2)
+    await cache.put(tid, CachedHistory(0, b""), TTL_MS)
+    assert await cache.get(tid) == CachedHistory(0, b"")
+    assert await cache.ping()
+
+
+async def test_append_with_matching_count(harness: Harness) -> None:
+    cache, tid = harness.cache, thread()
+    await cache.put(tid, CachedHistory(0, b""), TTL_MS)
+    await cache.append(tid, 0, [M1], TTL_MS)
+    assert await cache.get(tid) == CachedHistory(1, M1)
+    await cache.append(tid, 1, [M2, M3], TTL_MS)
+    assert await cache.get(tid) == CachedHistory(3, b",".join([M1, M2, M3]))
+    await cache.append(tid, 3, [], TTL_MS)
+    assert await cache.get(tid) == CachedHistory(3, b",".join([M1, M2, M3]))
+
+
+async def test_append_with_stale_count_deletes(harness: Harness) -> None:
+    cache, tid = harness.cache, thread()
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    await cache.append(tid, 2, [M3], TTL_MS)
+    assert await cache.get(tid) is None
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    await cache.append(tid, 0, [M3], TTL_MS)
+    assert await cache.get(tid) is None
+
+
+async def test_append_to_missing_entry_stays_missing(harness: Harness) -> None:
+    cache, tid = harness.cache, thread()
+    await cache.append(tid, 0, [M1], TTL_MS)
+    assert await cache.get(tid) is None
+    if harness.raw is not None:
+        assert await harness.raw.exists(f"{harness.prefix}{{{tid}}}:h", f"{harness.prefix}{{{tid}}}:n") == 0
+
+
+async def test_ttl_applied_and_refreshed(harness: Harness) -> None:
+    cache, tid = harness.cache, thread()
+    await cache.put(tid, CachedHistory(1, M1), 5_000)
+    assert all(4_000 < ttl <= 5_000 for ttl in await harness.remaining_ttl_ms(tid))
+    await cache.append(tid, 1, [M2], 20_000)
+    assert all(19_000 < ttl <= 20_000 for ttl in await harness.remaining_ttl_ms(tid))
+    await cache.put(tid, CachedHistory(1, M1), 0)  # a non-positive TTL stores nothing
+    assert await cache.get(tid) is None
+
+
+async def test_memory_entry_expires_with_clock() -> None:
+    clock = FakeClock()
+    cache = MemoryHistoryCache(clock=clock)
+    await cache.put("thr_a", CachedHistory(1, M1), 1_000)
+    clock.now_ms += 999
+    assert await cache.get("thr_a") == CachedHistory(1, M1)
+    clock.now_ms += 1
+    assert await cache.get("thr_a") is None
+    assert len(cache) == 0 and cache.size_bytes == 0
+    await cache.put("thr_a", CachedHistory(1, M1), 1_000)
+    clock.now_ms += 1_000
+    await cache.append("thr_a", 1, [M2], 1_000)  # expired: a miss, not an append
+    assert await cache.get("thr_a") is None
+
+
+async def test_memory_sweep_drops_untouched_expired_entries() -> None:
+    clock = FakeClock()
+    cache = MemoryHistoryCache(clock=clock)
+    await cache.put("thr_old", CachedHistory(1, M1), 1_000)
+    clock.now_ms += 61_000
+    await cache.put("thr_new", CachedHistory(1, M2), 1_000)
+    assert len(cache) == 1
+
+
+async def test_delete_and_delete_many(harness: Harness) -> None:
+    cache = harness.cache
+    ids = [thread() for _ in range(600)]  # more than one delete_many batch
+    for tid in ids:
+        await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    await cache.delete(ids[0])
+    assert await cache.get(ids[0]) is None
+    assert await cache.get(ids[1]) == CachedHistory(1, M1)
+    await cache.delete_many(ids[1:])
+    await cache.delete_many([])
+    for tid in ids:
+        assert await cache.get(tid) is None
+    if harness.raw is not None:
+        assert [key async for key in harness.raw.scan_iter(match=f"{harness.prefix}*")] == []
+
+
+async def test_keys_of_one_thread_share_a_slot(raw_redis: Redis, prefix: str) -> None:
+    cache = RedisHistoryCache(REDIS_URL, prefix)
+    tid = thread()
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    keys = sorted([key async for key in raw_redis.scan_iter(match=f"{prefix}*")])
+    assert keys == [f"{prefix}{{{tid}}}:h".encode(), f"{prefix}{{{tid}}}:n".encode()]
+    assert key_slot(keys[0]) == key_slot(keys[1]) == key_slot(tid.encode())
+    await cache.aclose()
+
+
+def test_prefix_with_brace_is_refused() -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        RedisHistoryCache(REDIS_URL, "ss{x}:")
+
+
+async def test_memory_lru_eviction_by_bytes() -> None:
+    cache = MemoryHistoryCache(max_bytes=3 * (1_000 + 128))  # room for three 1000-byte entries
+    blob = b"x" * 1_000
+    for name in ("a", "b", "c"):
+        await cache.put(name, CachedHistory(1, blob), TTL_MS)
+    assert await cache.get("a") is not None  # now most recently used: "b" goes first
+    await cache.put("d", CachedHistory(1, blob), TTL_MS)
+    assert await cache.get("b") is None
+    assert all([await cache.get(name) is not None for name in ("a", "c", "d")])
+    assert cache.size_bytes <= 3 * (1_000 + 128)
+    await cache.append("a", 1, [blob], TTL_MS)  # growing "a" pushes out the least recent
+    assert await cache.get("a") == CachedHistory(2, blob + b"," + blob)
+    assert await cache.get("c") is None
+    await cache.put("huge", CachedHistory(1, b"y" * 10_000), TTL_MS)  # larger than the budget
+    assert await cache.get("huge") is None
+    assert await cache.get("a") is not None
+
+
+async def test_unreachable_redis_behaves_like_a_miss(prefix: str) -> None:
+    cache = RedisHistoryCache("redis://127.0.0.1:1/0", prefix, socket_timeout=0.2)
+    tid = thread()
+    assert await cache.get(tid) is None
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    await cache.append(tid, 1, [M2], TTL_MS)
+    await cache.delete(tid)
+    await cache.delete_many([tid, thread()])
+    assert await cache.ping() is False
+    assert cache.errors == 6
+    await cache.aclose()
+
+
+async def test_outage_logs_one_warning_per_burst_without_content(prefix: str, caplog: pytest.LogCaptureFixture) -> None:
+    cache = RedisHistoryCache("redis://127.0.0.1:1/0", prefix)
+    tid = thread()
+    with caplog.at_level(logging.WARNING, logger="statestore.store.cache"):
+        for _ in range(5):
+            await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+            await cache.append(tid, 1, [M2], TTL_MS)
+    assert cache.errors == 10
+    assert len(caplog.records) == 1
+    assert tid in caplog.text
+    assert "content" not in caplog.text  # the message bytes (M1, M2) never reach the log
+    await cache.aclose()
+
+
+async def test_hung_redis_times_out_to_a_miss(prefix: str) -> None:
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    cache = RedisHistoryCache(f"redis://127.0.0.1:{port}/0", prefix, socket_timeout=0.1)
+    started = time.monotonic()
+    assert await cache.get(thread()) is None
+    await cache.append(thread(), 1, [M2], TTL_MS)  # times out, then its best-effort DEL times out too
+    assert cache.errors == 3
+    assert time.monotonic() - started < 2
+    await cache.aclose()
+    server.close()
+
+
+async def test_cluster_mode_against_a_standalone_redis_degrades_to_misses(prefix: str) -> None:
+    cache = RedisHistoryCache(f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}cluster=1", prefix)
+    assert cache._client.__class__.__name__ == "RedisCluster"
+    assert await cache.get(thread()) is None
+    await cache.put(thread(), CachedHistory(1, M1), TTL_MS)
+    assert await cache.ping() is False
+    assert cache.errors == 3
+    await cache.aclose()
+
+
+async def test_burst_beyond_the_pool_waits_for_a_connection(prefix: str) -> None:
+    cache = RedisHistoryCache(REDIS_URL, prefix, max_connections=2)
+    tid = thread()
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    results = await asyncio.gather(*[cache.get(tid) for _ in range(50)])
+    assert results == [CachedHistory(1, M1)] * 50
+    assert cache.errors == 0
+    await cache.aclose()
+
+
+async def test_failed_write_inside_script_drops_the_entry(raw_redis: Redis, prefix: str) -> None:
+    cache = RedisHistoryCache(REDIS_URL, prefix)
+    tid = thread()
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    # A wrong-typed bytes key makes APPEND fail after the count check passed: the script must not
+    # leave the count describing bytes it did not write.
+    await raw_redis.delete(f"{prefix}{{{tid}}}:h")
+    await raw_redis.rpush(f"{prefix}{{{tid}}}:h", b"junk")
+    await cache.append(tid, 1, [M2], TTL_MS)
+    assert cache.errors == 1
+    assert await raw_redis.exists(f"{prefix}{{{tid}}}:h", f"{prefix}{{{tid}}}:n") == 0
+    assert await cache.get(tid) is None
+    await cache.aclose()
+
+
+async def test_inconsistent_keys_are_a_miss(raw_redis: Redis, prefix: str) -> None:
+    cache = RedisHistoryCache(REDIS_URL, prefix)
+    tid = thread()
+    await raw_redis.set(f"{prefix}{{{tid}}}:h", M1, px=TTL_MS)
+    assert await cache.get(tid) is None  # no count
+    await raw_redis.set(f"{prefix}{{{tid}}}:n", b"0", px=TTL_MS)
+    assert await cache.get(tid) is None  # count 0 with bytes
+    await raw_redis.set(f"{prefix}{{{tid}}}:n", b"nope", px=TTL_MS)
+    assert await cache.get(tid) is None
+    await cache.aclose()
+
+
+async def test_noscript_recovery(raw_redis: Redis, prefix: str) -> None:
+    cache = RedisHistoryCache(REDIS_URL, prefix)
+    tid = thread()
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    await raw_redis.script_flush()
+    await cache.append(tid, 1, [M2], TTL_MS)
+    await raw_redis.script_flush()
+    await cache.put(tid, CachedHistory(2, M1 + b"," + M2), TTL_MS)
+    await cache.append(tid, 2, [M3], TTL_MS)
+    assert await cache.get(tid) == CachedHistory(3, b",".join([M1, M2, M3]))
+    assert cache.errors == 0
+    await cache.aclose()
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("redis://h:6379/0", ("redis://h:6379/0", False)),
+        ("redis://h:6379/0?cluster=1", ("redis://h:6379/0", True)),
+        ("redis://u:p%40ss@h/0?socket_keepalive=1&cluster=true", ("redis://u:p%40ss@h/0?socket_keepalive=1", True)),
+        ("redis://h/0?cluster=0", ("redis://h/0", False)),
+    ],
+)
+def test_cluster_flag(url: str, expected: tuple[str, bool]) -> None:
+    assert split_cluster_flag(url) == expected
+
+
+def test_cluster_flag_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="cluster"):
+        split_cluster_flag("redis://h/0?cluster=maybe")
+
+
+@pytest.mark.parametrize(("url", "kind"), [(None, "memory"), ("", "memory"), (REDIS_URL, "redis")])
+async def test_create_cache(url: str | None, kind: str) -> None:
+    factory: Callable[[str | None, str], HistoryCache] = create_cache
+    cache = factory(url, "sstest:unused:")
+    assert cache.kind == kind
+    await cache.aclose()
