@@ -109,6 +109,12 @@ class UpstreamTimeout(StatestoreError):
     error_type = "timeout_error"
 
 
+class StreamBrokenOff(Exception):
+    """A response that already started cannot be completed (the backend's stream broke off, or the turn could not be
+    committed): raising it makes the server cut the client's connection, which is how a client learns a stream is
+    incomplete."""
+
+
 class InternalError(StatestoreError):
     status = 500
     error_type = "api_error"

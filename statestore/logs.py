@@ -22,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from statestore.errors import StatestoreError
+from statestore.errors import StatestoreError, StreamBrokenOff
 
 request_id_var: ContextVar[str | None] = ContextVar("statestore_request_id", default=None)
 
@@ -168,8 +168,14 @@ def logging_config(level: str, json: bool) -> dict[str, Any]:
         "disable_existing_loggers": False,
         # uvicorn writes `use_colors` into formatters named "default" and "access" when given --use-colors.
         "formatters": {"default": {"()": formatter}, "access": {"()": formatter}},
+        "filters": {"cut_streams": {"()": "statestore.logs.DropCutStreamTracebacks"}},
         "handlers": {
-            "stderr": {"class": "logging.StreamHandler", "formatter": "default", "stream": "ext://sys.stderr"}
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "default",
+                "stream": "ext://sys.stderr",
+                "filters": ["cut_streams"],
+            }
         },
         "root": {"level": level.upper(), "handlers": ["stderr"]},
         # No handlers of their own: they propagate to root, so uvicorn's lines get our format too.
@@ -178,6 +184,15 @@ def logging_config(level: str, json: bool) -> dict[str, Any]:
             **{name: {"level": "WARNING", "handlers": [], "propagate": True} for name in _QUIETED_LOGGERS},
         },
     }
+
+
+class DropCutStreamTracebacks(logging.Filter):
+    """The server logs "Exception in ASGI application" with a traceback for every connection it cuts; a stream cut
+    on purpose (StreamBrokenOff) is already logged once as a warning with the request id."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not isinstance(exc, StreamBrokenOff)
 
 
 _configured: tuple[str, bool] | None = None

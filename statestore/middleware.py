@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from statestore.errors import InternalError, RequestTooLarge, StatestoreError
+from statestore.errors import InternalError, RequestTooLarge, StatestoreError, StreamBrokenOff
 from statestore.logs import new_request_id, request_id_var
 from statestore.metrics import OTHER, Metrics
 
@@ -122,7 +122,10 @@ class RequestContextMiddleware:
         except Exception as exc:
             if exchange.status is not None:
                 # Too late for an error body: the server aborts the connection and the client sees a cut response.
-                logger.error("request failed after its response started", exc_info=exc)
+                if isinstance(exc, StreamBrokenOff):
+                    logger.warning("response cut short", extra={"reason": str(exc)})
+                else:
+                    logger.error("request failed after its response started", exc_info=exc)
                 raise
             if isinstance(exc, StatestoreError):
                 error: StatestoreError = exc

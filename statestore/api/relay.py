@@ -11,6 +11,7 @@ import httpx
 from starlette.responses import Response
 
 from statestore.api.responses import streaming_response
+from statestore.errors import StreamBrokenOff
 from statestore.upstream.client import (
     UpstreamClient,
     UpstreamResponse,
@@ -35,8 +36,8 @@ async def _passthrough(response: UpstreamResponse) -> AsyncIterator[bytes]:
         async for chunk in response.chunks():
             yield chunk
     except (httpx.TransportError, httpx.TimeoutException) as exc:
-        # The status line has gone out already; ending the body early is all that is left to tell the client.
-        log.warning("the backend response broke off", extra={"error": type(exc).__name__})
+        # The status line has gone out already: cutting the connection is how the client learns of it.
+        raise StreamBrokenOff(f"the backend response broke off ({type(exc).__name__})") from exc
     finally:
         with anyio.CancelScope(shield=True):
             await response.aclose()

@@ -13,8 +13,8 @@ from typing import Literal
 from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
-from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.store.schema import sessions, thread_messages, threads
 

@@ -24,6 +24,7 @@ from statestore.errors import (
     RequestTooLarge,
     ServiceUnavailable,
     StatestoreError,
+    StreamBrokenOff,
     ThreadAlreadyContinued,
     ThreadContinueInFlight,
     ThreadFingerprintMismatch,
@@ -355,9 +356,9 @@ class ThreadService:
                 if out:
                     yield b"".join(out)
         except (httpx.TransportError, httpx.TimeoutException) as exc:
-            log.warning("the backend stream broke off", extra={"error": type(exc).__name__})
+            raise StreamBrokenOff(f"the backend stream broke off ({type(exc).__name__}); nothing stored") from exc
         except StatestoreError as exc:
-            log.warning("turn not committed", extra={"error": type(exc).__name__})
+            raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); message_stop withheld") from exc
         finally:
             with anyio.CancelScope(shield=True):
                 await response.aclose()

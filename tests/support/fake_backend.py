@@ -1,0 +1,459 @@
+"""A scriptable fake model backend for tests, run as a real server in its own process.
+
+    python -m tests.support.fake_backend --port 0          # prints "listening on http://127.0.0.1:PORT"
+    python -m tests.support.fake_backend --port 0 --echo   # the plain echo backend, no control API
+
+Unscripted, it answers like the echo backend (statestore.upstream.echo). It records every request outside
+`/_control/` (method, path, query, headers, raw body bytes) so a test in another process can assert exactly what
+a backend received. Control API (JSON):
+
+    GET  /_control/health    -> {"ok": true}
+    GET  /_control/requests  -> {"requests": [{"method", "path", "raw_path", "query", "headers": [[name, value]...],
+                                               "body_b64"}...]}   (latin-1 strings; header names lowercased)
+    POST /_control/reset     -> {"ok": true}           forget recorded requests and queued actions
+    POST /_control/script    {"actions": [action...]} -> {"queued": <pending count>}   (400 if an action is invalid)
+    GET  /_control/script    -> {"pending": <count>}
+
+Queued actions are consumed one per `POST /v1/messages`, in order. An action is an object:
+
+    {"kind": "echo"}                                  the default reply (useful with the shaping fields below)
+    {"kind": "message", "message": {...}}             this Message; missing fields are filled in: id (random),
+                                                      type, role, model (the request's), stop_reason ("end_turn"),
+                                                      stop_sequence (null), usage (input_tokens: the echo estimate
+                                                      of the request; output_tokens: ceil(len(JSON of content) / 4)).
+                                                      content and any other field are passed through as given.
+    {"kind": "error", "status": 529, "error": {"type": "overloaded_error", "message": "Overloaded"},
+     "headers": {"retry-after": "1"}}                  an HTTP error in the API's shape (status defaults from type)
+    {"kind": "raw", "status": 200, "headers": {...}, "chunks": ["...", ...]}   these body bytes (latin-1), one
+                                                      chunk per write, for replies no real backend would send
+    {"kind": "close"}                                 close the connection without any response
+
+and, on any action, "delay_seconds": s (sleep before answering). Shaping for "echo"/"message":
+
+    "cut_after_events": k       stream: send k SSE events, then close the connection (no message_stop and no
+                                end of the chunked body); JSON: send half of the body, then close
+    "cut_after_bytes": n        JSON: send n bytes of the body, then close
+    "stall_after_events": k, "stall_seconds": s   stream: send k events, sleep, then send the rest;
+                                JSON: send the headers, sleep, then the body
+    "error_after_events": k, "error": {"type", "message"}   stream: send k events, then an `error` event, and end
+                                the body cleanly; JSON: answer with that HTTP error instead
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import os
+import select
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import httpx
+import orjson
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from statestore.upstream import echo, wire
+
+_KINDS = frozenset({"echo", "message", "error", "raw", "close"})
+_NUMBERS = ("delay_seconds", "cut_after_events", "cut_after_bytes", "stall_after_events", "stall_seconds")
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _validate_action(action: object) -> str | None:
+    if not isinstance(action, dict):
+        return "an action must be an object"
+    kind = action.get("kind")
+    if kind not in _KINDS:
+        return f"unknown kind {kind!r}; expected one of {sorted(_KINDS)}"
+    for field in _NUMBERS:
+        value = action.get(field)
+        if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):
+            return f"{field} must be a non-negative number"
+    if kind == "message" and not isinstance(action.get("message"), dict):
+        return "a message action needs a message object"
+    if kind == "message" and not isinstance(action["message"].get("content"), list):
+        return "message.content must be a list of content blocks"
+    if (kind == "error" or "error_after_events" in action) and not isinstance(action.get("error"), dict):
+        return "an error needs an error object with type and message"
+    if kind == "raw" and not all(isinstance(chunk, str) for chunk in action.get("chunks", [])):
+        return "raw chunks must be strings"
+    return None
+
+
+def _complete_message(given: Mapping[str, Any], request: Mapping[str, Any]) -> wire.JSONObject:
+    model = request.get("model") if isinstance(request.get("model"), str) else echo.MODEL_ID
+    content: Sequence[Any] = given["content"]
+    output_bytes = len(orjson.dumps(content))
+    input_tokens = echo.estimate_input_tokens(request) if isinstance(request, dict) else 0
+    defaults = wire.message(
+        model=str(model),
+        content=[],
+        stop_reason="end_turn",
+        usage=wire.usage(input_tokens, max(1, echo.estimate_tokens(output_bytes))),
+    )
+    return {**defaults, **given}
+
+
+async def _drop_connection(send: Send) -> None:
+    """Close the connection now, whatever was or was not sent: ASGI itself has no way to say so.
+
+    uvicorn's `send` is a method of its request cycle, which holds the transport. close() (not abort()) so the
+    bytes already written reach the client before the FIN.
+    """
+    cycle = getattr(send, "__self__", None)
+    transport = getattr(cycle, "transport", None)
+    if transport is None:
+        raise ConnectionAbortedError("fake backend: cannot reach the transport to drop the connection")
+    transport.close()
+    # Let uvicorn see the disconnect, so it neither answers 500 nor logs an incomplete response.
+    for _ in range(50):
+        if getattr(cycle, "disconnected", True):
+            return
+        await asyncio.sleep(0.002)
+
+
+def _header_pairs(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+
+
+class FakeBackendApp:
+    def __init__(self, echo_app: ASGIApp) -> None:
+        self._echo = echo_app
+        self._requests: list[wire.JSONObject] = []
+        self._script: deque[wire.JSONObject] = deque()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self._echo(scope, receive, send)
+            return
+        if scope["path"].startswith("/_control/"):
+            await self._control(scope, receive, send)
+            return
+        body = await echo.read_body(receive, limit=1 << 40) or b""
+        self._record(scope, body)
+        if scope["method"] == "POST" and scope["path"] == "/v1/messages" and self._script:
+            await self._play(self._script.popleft(), body, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self._echo(scope, replay, send)
+
+    def _record(self, scope: Scope, body: bytes) -> None:
+        self._requests.append(
+            {
+                "method": scope["method"],
+                "path": scope["path"],
+                "raw_path": (scope.get("raw_path") or scope["path"].encode()).decode("latin-1"),
+                "query": scope["query_string"].decode("latin-1"),
+                "headers": [[name.decode("latin-1"), value.decode("latin-1")] for name, value in scope["headers"]],
+                "body_b64": base64.b64encode(body).decode(),
+            }
+        )
+
+    async def _control(self, scope: Scope, receive: Receive, send: Send) -> None:
+        request_id = wire.new_request_id()
+        route = (scope["method"], scope["path"])
+        if route == ("GET", "/_control/health"):
+            reply: object = {"ok": True}
+        elif route == ("GET", "/_control/requests"):
+            reply = {"requests": self._requests}
+        elif route == ("POST", "/_control/reset"):
+            self._requests.clear()
+            self._script.clear()
+            reply = {"ok": True}
+        elif route == ("GET", "/_control/script"):
+            reply = {"pending": len(self._script)}
+        elif route == ("POST", "/_control/script"):
+            request = await echo.parse_request(receive, send, request_id)
+            if request is None:
+                return
+            actions = request.get("actions")
+            problems = [_validate_action(a) for a in actions] if isinstance(actions, list) else ["actions: a list"]
+            problem = next((p for p in problems if p is not None), None)
+            if problem is not None:
+                await echo.send_error(send, "invalid_request_error", problem, request_id)
+                return
+            self._script.extend(actions or ())
+            reply = {"queued": len(self._script)}
+        else:
+            await echo.send_error(send, "not_found_error", f"no control route {route}", request_id)
+            return
+        await echo.send_json(send, 200, orjson.dumps(reply), request_id)
+
+    async def _play(self, action: wire.JSONObject, body: bytes, send: Send) -> None:
+        request_id = wire.new_request_id()
+        if action.get("delay_seconds"):
+            await asyncio.sleep(float(action["delay_seconds"]))
+        kind = action["kind"]
+        if kind == "close":
+            await _drop_connection(send)
+            return
+        if kind == "error":
+            await self._send_error(send, action, request_id)
+            return
+        if kind == "raw":
+            headers = _header_pairs({"request-id": request_id, **action.get("headers", {})})
+            await send({"type": "http.response.start", "status": int(action.get("status", 200)), "headers": headers})
+            for chunk in action.get("chunks", []):
+                await send({"type": "http.response.body", "body": chunk.encode("latin-1"), "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            request = None
+        problem = echo.validate_messages_request(request)
+        if problem is not None or not isinstance(request, dict):
+            await echo.send_error(send, "invalid_request_error", problem or "invalid request", request_id)
+            return
+        reply = _complete_message(action["message"], request) if kind == "message" else echo.echo_reply(request)
+        if request.get("stream") is True:
+            await self._play_stream(action, wire.message_events(reply), send, request_id)
+        else:
+            await self._play_json(action, orjson.dumps(reply), send, request_id)
+
+    async def _send_error(self, send: Send, action: wire.JSONObject, request_id: str) -> None:
+        error: Mapping[str, Any] = action["error"]
+        error_type = str(error.get("type", "api_error"))
+        status = int(action.get("status") or wire.ERROR_STATUS.get(error_type, 500))
+        extra: dict[str, str] = dict(action.get("headers", {}))
+        # A scripted request-id stands in for the generated one, so tests can follow it through a relay.
+        request_id = extra.pop("request-id", request_id)
+        body = wire.error_body(error_type, str(error.get("message", "")), request_id)
+        await echo.send_json(send, status, body, request_id, _header_pairs(extra))
+
+    async def _play_json(self, action: wire.JSONObject, body: bytes, send: Send, request_id: str) -> None:
+        if "error_after_events" in action:
+            await self._send_error(send, action, request_id)
+            return
+        cut = action.get("cut_after_bytes")
+        if cut is None and action.get("cut_after_events") is not None:
+            cut = len(body) // 2
+        headers = [(b"content-type", wire.JSON_CONTENT_TYPE), (b"request-id", request_id.encode())]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if action.get("stall_seconds"):
+            await asyncio.sleep(float(action["stall_seconds"]))
+        if cut is not None:
+            await send({"type": "http.response.body", "body": body[: int(cut)], "more_body": True})
+            await _drop_connection(send)
+            return
+        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+    async def _play_stream(self, action: wire.JSONObject, events: Sequence[bytes], send: Send, request_id: str) -> None:
+        cut = action.get("cut_after_events")
+        stall = action.get("stall_after_events")
+        fail = action.get("error_after_events")
+        await echo.send_sse_start(send, request_id)
+        for index, event in enumerate(events):
+            if index == cut:
+                await _drop_connection(send)
+                return
+            if index == fail:
+                error = action["error"]
+                failure = wire.error_event(str(error.get("type")), str(error.get("message", "")), request_id)
+                await send({"type": "http.response.body", "body": failure, "more_body": True})
+                break
+            if index == stall:
+                await asyncio.sleep(float(action.get("stall_seconds", 0)))
+            await send({"type": "http.response.body", "body": event, "more_body": True})
+        else:
+            if cut is not None:  # at or past the last event: everything arrives but the end of the body
+                await _drop_connection(send)
+                return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+def create_fake_backend_app() -> ASGIApp:
+    return FakeBackendApp(echo.create_echo_app())
+
+
+# ---------------------------------------------------------------- the test-side handle
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    raw_path: str
+    query: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        """The first value of a header (names are compared case-insensitively)."""
+        wanted = name.lower()
+        return next((value for key, value in self.headers if key == wanted), None)
+
+    def json(self) -> Any:
+        return orjson.loads(self.body)
+
+
+def error_action(
+    status: int, error_type: str, message: str, *, headers: Mapping[str, str] | None = None
+) -> wire.JSONObject:
+    return {"kind": "error", "status": status, "error": {"type": error_type, "message": message}, **_opt(headers)}
+
+
+def message_action(content: Sequence[Mapping[str, Any]], **fields: Any) -> wire.JSONObject:
+    """A scripted reply: `fields` are Message fields (stop_reason, usage, model, id, ...) or shaping fields."""
+    shaping = {key: fields.pop(key) for key in list(fields) if key in (*_NUMBERS, "error_after_events", "error")}
+    return {"kind": "message", "message": {"content": list(content), **fields}, **shaping}
+
+
+def _opt(headers: Mapping[str, str] | None) -> wire.JSONObject:
+    return {"headers": dict(headers)} if headers else {}
+
+
+class BackendProcess:
+    """A backend server in a child process on a free port; a context manager. Knows nothing of the control API."""
+
+    # Polled until the server answers.
+    health_path = "/v1/models"
+
+    def __init__(self, *args: str, startup_timeout: float = 15.0) -> None:
+        self._args = args
+        self._startup_timeout = startup_timeout
+        self._process: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        command = [sys.executable, "-m", "tests.support.fake_backend", "--port", "0", *self._args]
+        self._process = subprocess.Popen(command, stdout=subprocess.PIPE, cwd=_REPO_ROOT, env=env)
+        assert self._process.stdout is not None
+        deadline = time.monotonic() + self._startup_timeout
+        ready, _, _ = select.select([self._process.stdout], [], [], self._startup_timeout)
+        line = self._process.stdout.readline().decode() if ready else ""
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"backend process did not start: {line!r}")
+        self.url = line.removeprefix("listening on ").strip()
+        while True:
+            try:
+                httpx.get(self.url + self.health_path, timeout=1.0)
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise
+                time.sleep(0.02)
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+    def __enter__(self) -> BackendProcess:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+class FakeBackend(BackendProcess):
+    """The scriptable fake backend in a child process: `with FakeBackend() as backend: backend.url ...`."""
+
+    health_path = "/_control/health"
+
+    def __init__(self, *, startup_timeout: float = 15.0) -> None:
+        super().__init__(startup_timeout=startup_timeout)
+        self._client: httpx.Client | None = None
+
+    def __enter__(self) -> FakeBackend:
+        self.start()
+        return self
+
+    def _control(self) -> httpx.Client:
+        if self._client is None:
+            self._client = httpx.Client(base_url=self.url, timeout=10.0)
+        return self._client
+
+    def script(self, *actions: Mapping[str, Any]) -> None:
+        """Queue actions (see the module docstring) for the next `POST /v1/messages` calls, in order."""
+        response = self._control().post("/_control/script", content=orjson.dumps({"actions": list(actions)}))
+        if response.status_code != 200:
+            raise ValueError(f"fake backend refused the script: {response.text}")
+
+    def pending(self) -> int:
+        return int(self._control().get("/_control/script").json()["pending"])
+
+    def requests(self) -> list[RecordedRequest]:
+        recorded = self._control().get("/_control/requests").json()["requests"]
+        return [
+            RecordedRequest(
+                method=item["method"],
+                path=item["path"],
+                raw_path=item["raw_path"],
+                query=item["query"],
+                headers=tuple((name, value) for name, value in item["headers"]),
+                body=base64.b64decode(item["body_b64"]),
+            )
+            for item in recorded
+        ]
+
+    def reset(self) -> None:
+        self._control().post("/_control/reset").raise_for_status()
+
+    def stop(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        super().stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Fake (or echo) Messages API backend for tests.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--echo", action="store_true", help="serve the plain echo backend, without the control API")
+    parser.add_argument("--delay-seconds", type=float, default=0.0)
+    parser.add_argument("--reply-bytes", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.echo:
+        app = echo.create_echo_app(delay_seconds=args.delay_seconds, reply_bytes=args.reply_bytes)
+    else:
+        app = create_fake_backend_app()
+    # Bound here, not by uvicorn, so the port is known (and reported) before serving, with no race for it.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(1024)
+    print(f"listening on http://{args.host}:{sock.getsockname()[1]}", flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        echo.serve_asgi(app, sock=sock)
+
+
+if __name__ == "__main__":
+    main()
