@@ -1,0 +1,1 @@
+"""Benchmarks for statestore: `make bench` (see bench/README.md)."""
