@@ -22,20 +22,6 @@ def _load_settings() -> Settings:
         sys.exit("statestore: invalid settings:\n" + "\n".join(lines))
 
 
-def check_settings(settings: Settings) -> str | None:
-    """A reason the server must not start with these settings, or None."""
-    if settings.auth_mode == "passthrough":
-        secret = settings.owner_secret.get_secret_value() if settings.owner_secret else ""
-        if len(secret) < 16:
-            return (
-                "STATESTORE_OWNER_SECRET must be set to a random string of at least 16 characters: it keys the hash "
-                "that ties each thread to its credential. Generate one with\n"
-                "  python3 -c 'import secrets; print(secrets.token_urlsafe(32))'\n"
-                "and keep it: changing it hides every existing thread from its owner."
-            )
-    return None
-
-
 async def _pending(settings: Settings) -> str | None:
     from statestore.store.engine import create_engine
     from statestore.store.migrate import pending_revision
@@ -53,7 +39,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from statestore.logs import configure_logging, uvicorn_log_config
 
     settings = _load_settings()
-    if (problem := check_settings(settings)) is not None:
+    from statestore.app import settings_problem
+
+    if (problem := settings_problem(settings)) is not None:
         sys.exit(f"statestore: {problem}")
     configure_logging(settings.log_level, settings.log_json)
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -37,6 +38,20 @@ class Settings(BaseSettings):
     # How long a continue holds the thread head when its request dies without releasing it.
     lease_seconds: int = Field(default=120, ge=1)
 
+    # keys mode: the backend credential statestore sends, globally or per tenant name (JSON object).
+    upstream_api_key: SecretStr | None = None
+    tenant_upstream_keys: dict[str, SecretStr] = Field(default_factory=dict)
+    # How long a statestore API key lookup is remembered; a revocation through this process applies at once.
+    key_cache_seconds: float = Field(default=5.0, ge=0)
+    # Admin API bearer tokens, "name:token" entries separated by commas; the name is the audit log's actor.
+    admin_tokens: SecretStr | None = None
+    policy_cache_seconds: float = Field(default=5.0, ge=0)
+
+    purge_interval_seconds: float = Field(default=60.0, gt=0)
+    purge_batch_size: int = Field(default=500, ge=1, le=100_000)
+    # Tests only: a file holding seconds to add to the wall clock, read on every clock call.
+    clock_offset_file: Path | None = None
+
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_json: bool = True
 
@@ -70,10 +85,22 @@ class Settings(BaseSettings):
         return value
 
     @model_validator(mode="after")
-    def _ttl_bounds(self) -> Settings:
+    def _consistent(self) -> Settings:
         if self.default_ttl_seconds > self.max_ttl_seconds:
             raise ValueError("STATESTORE_DEFAULT_TTL_SECONDS must not exceed STATESTORE_MAX_TTL_SECONDS")
+        short = [name for token, name in self.admin_token_table().items() if len(token) < 16]
+        if short:
+            raise ValueError(f"STATESTORE_ADMIN_TOKENS: tokens must be at least 16 characters ({', '.join(short)})")
         return self
+
+    def admin_token_table(self) -> dict[str, str]:
+        """Admin token → its name. Entries are "name:token"; a bare token is named "admin"."""
+        table: dict[str, str] = {}
+        raw = self.admin_tokens.get_secret_value() if self.admin_tokens else ""
+        for entry in filter(None, (part.strip() for part in raw.split(","))):
+            name, _, token = entry.rpartition(":")
+            table[token] = name or "admin"
+        return table
 
     @property
     def is_sqlite(self) -> bool:

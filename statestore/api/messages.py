@@ -41,8 +41,10 @@ async def create_message(request: Request, resources: ResourcesDep) -> Response:
     headers = request.headers.raw
     turn = read_turn(parsed, headers)
     if turn is None:
-        return await relay(resources.upstream, "POST", _path_and_query(request), headers, body)
-    return await resources.threads.handle(turn, headers, request.url.query)
+        credential = await resources.relay_credential(headers)
+        return await relay(resources.upstream, "POST", _path_and_query(request), headers, body, credential=credential)
+    principal = await resources.authenticator.authenticate(headers)
+    return await resources.threads.handle(turn, principal, headers, request.url.query)
 
 
 @router.post("/v1/messages/count_tokens")
@@ -50,10 +52,22 @@ async def count_tokens(request: Request, resources: ResourcesDep) -> Response:
     body, parsed = await _json_body(request)
     if "thread" in parsed:
         raise InvalidRequest("count_tokens does not take a thread field")
-    return await relay(resources.upstream, "POST", _path_and_query(request), request.headers.raw, body)
+    headers = request.headers.raw
+    credential = await resources.relay_credential(headers)
+    return await relay(resources.upstream, "POST", _path_and_query(request), headers, body, credential=credential)
 
 
-@router.api_route("/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+# Included last: every /v1 path no other route claims goes to the backend unchanged.
+fallback_router = APIRouter()
+
+
+@fallback_router.api_route(
+    "/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False
+)
 async def relay_other(request: Request, resources: ResourcesDep) -> Response:
     body = await request.body()
-    return await relay(resources.upstream, request.method, _path_and_query(request), request.headers.raw, body)
+    headers = request.headers.raw
+    credential = await resources.relay_credential(headers)
+    return await relay(
+        resources.upstream, request.method, _path_and_query(request), headers, body, credential=credential
+    )

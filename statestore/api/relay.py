@@ -23,9 +23,17 @@ log = logging.getLogger(__name__)
 
 
 async def relay(
-    upstream: UpstreamClient, method: str, path_and_query: str, headers: list[tuple[bytes, bytes]], body: bytes
+    upstream: UpstreamClient,
+    method: str,
+    path_and_query: str,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    *,
+    credential: tuple[bytes, bytes] | None,
 ) -> Response:
-    response = await upstream.send(method, path_and_query, request_headers_for_upstream(headers, threaded=False), body)
+    response = await upstream.send(
+        method, path_and_query, request_headers_for_upstream(headers, threaded=False, credential=credential), body
+    )
     return streaming_response(
         response.status, _passthrough(response), response_headers_for_client(response.headers, keep_length=True)
     )

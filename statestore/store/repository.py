@@ -12,7 +12,7 @@ from typing import Literal
 
 from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Row
+from sqlalchemy.engine import Row, RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -310,3 +310,171 @@ class ThreadRepository:
         )
         async with self.engine.connect() as conn:
             return (await conn.execute(stmt)).scalar_one_or_none()
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadInfo:
+    id: str
+    session_id: str | None
+    created_ms: int
+    updated_ms: int
+    expires_ms: int
+    message_count: int
+    turn_count: int
+    byte_count: int
+    head_message_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadExport:
+    system: bytes | None
+    tools: bytes | None
+    messages: list[bytes]
+
+
+_INFO_COLUMNS = (
+    threads.c.id,
+    threads.c.session_id,
+    threads.c.created_ms,
+    threads.c.updated_ms,
+    threads.c.expires_ms,
+    threads.c.head_position,
+    threads.c.turn_count,
+    threads.c.byte_count,
+    threads.c.head_message_id,
+)
+
+
+def _info(m: RowMapping) -> ThreadInfo:
+    return ThreadInfo(
+        id=m["id"],
+        session_id=m["session_id"],
+        created_ms=m["created_ms"],
+        updated_ms=m["updated_ms"],
+        expires_ms=m["expires_ms"],
+        message_count=m["head_position"],
+        turn_count=m["turn_count"],
+        byte_count=m["byte_count"],
+        head_message_id=m["head_message_id"],
+    )
+
+
+def _live(owner: str, now_ms: int) -> ColumnElement[bool]:
+    return and_(threads.c.owner == owner, threads.c.expires_ms > now_ms, threads.c.head_message_id.is_not(None))
+
+
+class ThreadQueries:
+    """The owner's view of its threads (PROTOCOL §7) and the deletions of retention: purge and erasure."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def list_threads(
+        self, owner: str, *, now_ms: int, limit: int, after: str | None, session_id: str | None
+    ) -> tuple[list[ThreadInfo], bool] | None:
+        """A page of live threads, newest first, and whether more follow. None when `after` names no live thread."""
+        stmt = select(*_INFO_COLUMNS).where(_live(owner, now_ms))
+        if session_id is not None:
+            stmt = stmt.where(threads.c.session_id == session_id)
+        async with self.engine.connect() as conn:
+            if after is not None:
+                cursor = (
+                    await conn.execute(select(threads.c.updated_ms).where(threads.c.id == after, _live(owner, now_ms)))
+                ).first()
+                if cursor is None:
+                    return None
+                stmt = stmt.where(
+                    or_(
+                        threads.c.updated_ms < cursor.updated_ms,
+                        and_(threads.c.updated_ms == cursor.updated_ms, threads.c.id < after),
+                    )
+                )
+            stmt = stmt.order_by(threads.c.updated_ms.desc(), threads.c.id.desc()).limit(limit + 1)
+            rows = (await conn.execute(stmt)).all()
+        return [_info(row._mapping) for row in rows[:limit]], len(rows) > limit
+
+    async def thread_info(self, owner: str, thread_id: str, *, now_ms: int) -> ThreadInfo | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(select(*_INFO_COLUMNS).where(threads.c.id == thread_id, _live(owner, now_ms)))
+            ).first()
+        return _info(row._mapping) if row is not None else None
+
+    async def export(self, owner: str, thread_id: str, *, now_ms: int) -> ThreadExport | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(threads.c.system, threads.c.tools, threads.c.head_position).where(
+                        threads.c.id == thread_id, _live(owner, now_ms)
+                    )
+                )
+            ).first()
+            if row is None:
+                return None
+            bodies = (
+                await conn.execute(
+                    select(thread_messages.c.body)
+                    .where(thread_messages.c.thread_id == thread_id, thread_messages.c.position < row.head_position)
+                    .order_by(thread_messages.c.position)
+                )
+            ).scalars()
+            return ThreadExport(system=row.system, tools=row.tools, messages=[bytes(body) for body in bodies])
+
+    async def session_thread(self, owner: str, session: str, *, now_ms: int) -> ThreadInfo | None:
+        bound = select(sessions.c.thread_id).where(sessions.c.owner == owner, sessions.c.name == session)
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(*_INFO_COLUMNS).where(threads.c.id == bound.scalar_subquery(), _live(owner, now_ms))
+                )
+            ).first()
+        return _info(row._mapping) if row is not None else None
+
+    async def delete_thread(self, owner: str, thread_id: str, *, now_ms: int) -> bool:
+        """Erase one thread (its messages and session binding go by cascade). False when the owner has no live thread
+        by that id; an expired one is deleted all the same."""
+        async with self.engine.begin() as conn:
+            live = (
+                await conn.execute(select(threads.c.id).where(threads.c.id == thread_id, _live(owner, now_ms)))
+            ).first()
+            await conn.execute(delete(threads).where(threads.c.id == thread_id, threads.c.owner == owner))
+        return live is not None
+
+    async def purge_expired(self, *, now_ms: int, batch_size: int) -> list[str]:
+        """Delete one batch of expired threads that no request holds; returns their ids. Short transactions, and
+        concurrent purgers in other processes skip each other's rows."""
+        doomed = (
+            select(threads.c.id)
+            .where(
+                threads.c.expires_ms <= now_ms,
+                or_(threads.c.lease_token.is_(None), threads.c.lease_expires_ms <= now_ms),
+            )
+            .order_by(threads.c.expires_ms)
+            .limit(batch_size)
+            .with_for_update(skip_locked=True)
+        )
+        async with self.engine.begin() as conn:
+            ids = [row[0] for row in (await conn.execute(doomed)).all()]
+            if ids:
+                await conn.execute(delete(threads).where(threads.c.id.in_(ids)))
+        return ids
+
+    async def erase_batch(
+        self, *, batch_size: int, tenant_id: str | None = None, user_id: str | None = None, owner: str | None = None
+    ) -> list[str]:
+        """Delete one batch of the threads matching every given criterion, live or not; returns their ids."""
+        criteria = []
+        if tenant_id is not None:
+            criteria.append(threads.c.tenant_id == tenant_id)
+        if user_id is not None:
+            criteria.append(threads.c.metadata_user_id == user_id)
+        if owner is not None:
+            criteria.append(threads.c.owner == owner)
+        if not criteria:
+            raise ValueError("erasure needs at least one criterion")
+        chosen = select(threads.c.id).where(*criteria).limit(batch_size).with_for_update(skip_locked=True)
+        async with self.engine.begin() as conn:
+            ids = [row[0] for row in (await conn.execute(chosen)).all()]
+            if ids:
+                await conn.execute(delete(threads).where(threads.c.id.in_(ids)))
+        return ids

@@ -132,3 +132,11 @@ audit_log = Table(
     Column("after", Text, nullable=True),
     Index(None, "at_ms"),
 )
+
+# Running totals that outlive the rows they count (threads purged, threads erased).
+counters = Table(
+    "counters",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", BigInteger, nullable=False),
+)

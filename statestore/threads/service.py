@@ -17,7 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from starlette.responses import Response
 
 from statestore.api.responses import bytes_response, streaming_response
-from statestore.auth import PassthroughOwners
+from statestore.auth import Principal
 from statestore.errors import (
     InternalError,
     InvalidRequest,
@@ -37,6 +37,7 @@ from statestore.store.repository import LeasedThread, NewThread, ThreadRepositor
 from statestore.threads import assembly
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
 from statestore.threads.policy import Policy
+from statestore.threads.policy_store import PolicyStore
 from statestore.threads.turn import ThreadTurn
 from statestore.upstream.client import UpstreamClient, request_headers_for_upstream, response_headers_for_client
 from statestore.upstream.sse import ReplyAccumulator, SSEParser
@@ -93,8 +94,7 @@ class ThreadService:
         repository: ThreadRepository,
         cache: HistoryCache,
         upstream: UpstreamClient,
-        owners: PassthroughOwners,
-        policy: Policy,
+        policies: PolicyStore,
         lease_seconds: int,
         metrics: Metrics,
         clock: Callable[[], int] = wall_clock_ms,
@@ -103,21 +103,24 @@ class ThreadService:
         self.repository = repository
         self.cache = cache
         self.upstream = upstream
-        self.owners = owners
-        self.policy = policy
+        self.policies = policies
         self.lease_ms = lease_seconds * 1000
         self.clock = clock
 
-    async def handle(self, turn: ThreadTurn, headers: list[tuple[bytes, bytes]], query: str) -> Response:
-        owner = self.owners.owner_of(headers)
-        policy = self.policy
+    async def handle(
+        self, turn: ThreadTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str
+    ) -> Response:
+        try:
+            policy = await self.policies.for_tenant(principal.tenant_id)
+        except SQLAlchemyError as exc:
+            raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
         if not policy.threads_enabled:
             raise ThreadUnsupportedRequest("threads are turned off for this owner", unsupported=[])
         if turn.session is not None and not policy.sessions_enabled:
             raise ThreadUnsupportedRequest("sessions are turned off for this owner", unsupported=[])
         kind: Literal["create", "continue"] = "continue" if turn.mode == "continue" else "create"
         try:
-            prepared = await self._prepare(turn, owner, policy)
+            prepared = await self._prepare(turn, principal, policy)
         except StatestoreError:
             self.metrics.count_thread_turn(kind, "rejected")
             raise
@@ -126,7 +129,7 @@ class ThreadService:
             log.warning("database unavailable for a threaded turn", extra={"error": type(exc).__name__})
             raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
         try:
-            return await self._forward(prepared, turn, headers, query)
+            return await self._forward(prepared, principal, headers, query)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self._give_back(prepared)
@@ -134,7 +137,8 @@ class ThreadService:
 
     # -- taking the head ---------------------------------------------------------------------------------------
 
-    async def _prepare(self, turn: ThreadTurn, owner: str, policy: Policy) -> PreparedTurn:
+    async def _prepare(self, turn: ThreadTurn, principal: Principal, policy: Policy) -> PreparedTurn:
+        owner = principal.owner
         now = self.clock()
         token = new_lease_token()
         if turn.mode == "continue":
@@ -165,9 +169,11 @@ class ThreadService:
                 return await self._continue(leased, token, turn, policy, now)
             if await self.repository.session_is_busy(owner=owner, session=turn.session, now_ms=now):
                 raise ThreadContinueInFlight("another request is continuing this session right now")
-        return await self._create(owner, token, turn, policy, now)
+        return await self._create(principal, token, turn, policy, now)
 
-    async def _create(self, owner: str, token: str, turn: ThreadTurn, policy: Policy, now: int) -> PreparedTurn:
+    async def _create(
+        self, principal: Principal, token: str, turn: ThreadTurn, policy: Policy, now: int
+    ) -> PreparedTurn:
         system = turn.system if turn.has_system else None
         tools = turn.tools if turn.has_tools else None
         fixed_markers = assembly.count_cache_markers(system) + assembly.count_tool_markers(tools)
@@ -180,8 +186,8 @@ class ThreadService:
         ttl = policy.ttl_for(turn.ttl_header, None)
         thread = NewThread(
             id=new_thread_id(),
-            owner=owner,
-            tenant_id=None,
+            owner=principal.owner,
+            tenant_id=principal.tenant_id,
             session_id=turn.session,
             metadata_user_id=turn.metadata_user_id,
             system=system_bytes,
@@ -289,9 +295,11 @@ class ThreadService:
         return headers
 
     async def _forward(
-        self, prepared: PreparedTurn, turn: ThreadTurn, headers: list[tuple[bytes, bytes]], query: str
+        self, prepared: PreparedTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str
     ) -> Response:
-        upstream_headers = request_headers_for_upstream(headers, threaded=True)
+        upstream_headers = request_headers_for_upstream(
+            headers, threaded=True, credential=principal.upstream_credential
+        )
         path = "/v1/messages" + (f"?{query}" if query else "")
         response = await self.upstream.send("POST", path, upstream_headers, prepared.upstream_body)
         content_type = response.header(b"content-type") or b""

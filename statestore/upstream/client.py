@@ -34,20 +34,23 @@ _HOP_BY_HOP = frozenset(
 )
 # Recomputed by whoever writes the body next.
 _BODY_FRAMING = frozenset({b"content-length", b"host"})
+_CREDENTIALS = frozenset({b"x-api-key", b"authorization"})
 # The server adds its own.
 _SERVER_OWNED = frozenset({b"date"})
 
 
 def request_headers_for_upstream(
-    headers: Iterable[tuple[bytes, bytes]], *, threaded: bool
+    headers: Iterable[tuple[bytes, bytes]], *, threaded: bool, credential: tuple[bytes, bytes] | None = None
 ) -> list[tuple[bytes, bytes]]:
     """The client's headers as the backend should see them: credentials and `anthropic-*` kept, hop-by-hop headers,
     `statestore-*` and the threads beta removed. A threaded turn asks for an uncompressed reply because statestore
-    reads it."""
+    reads it. With a `credential` (keys mode) the client's credential headers are replaced by it."""
     out: list[tuple[bytes, bytes]] = []
     for raw_name, value in headers:
         name = raw_name.lower()
         if name in _HOP_BY_HOP or name in _BODY_FRAMING or name.startswith(b"statestore-"):
+            continue
+        if credential is not None and name in _CREDENTIALS:
             continue
         if name == b"anthropic-beta":
             betas = [b.strip() for b in value.split(b",") if b.strip() and b.strip() != THREADS_BETA.encode()]
@@ -59,6 +62,8 @@ def request_headers_for_upstream(
         out.append((name, value))
     if threaded:
         out.append((b"accept-encoding", b"identity"))
+    if credential is not None:
+        out.append(credential)
     return out
 
 

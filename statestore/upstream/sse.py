@@ -193,8 +193,8 @@ class ReplyAccumulator:
         "_stopped",
         "_tool_json",
         "_trailing_strings",
+        "_failure",
         "error_seen",
-        "failure",
     )
 
     def __init__(self, message_id: str, *, anthropic_beta: str = "") -> None:
@@ -211,7 +211,7 @@ class ReplyAccumulator:
         self._dirty_json: set[int] = set()
         self._stopped = False
         self.error_seen = False
-        self.failure: str | None = None
+        self._failure: str | None = None
 
     @property
     def message_started(self) -> bool:
@@ -223,10 +223,15 @@ class ReplyAccumulator:
         return self._stopped
 
     @property
+    def failure(self) -> str | None:
+        """Why the reply could not be captured (a fixed phrase, never content), or None."""
+        if self._message is not None:
+            self._flush()  # the tool input JSON is only parsed now
+        return self._failure
+
+    @property
     def complete(self) -> bool:
         """The whole reply arrived and was captured: started, stopped, no `error` event, nothing malformed."""
-        if self._message is not None:
-            self._flush()
         return self._message is not None and self._stopped and not self.error_seen and self.failure is None
 
     @property
@@ -402,8 +407,8 @@ class ReplyAccumulator:
         self._dirty_json.clear()
 
     def _fail(self, reason: str) -> None:
-        if self.failure is None:
-            self.failure = reason
+        if self._failure is None:
+            self._failure = reason
 
 
 def _loads(data: bytes, *, skip_int_check: bool) -> Any:

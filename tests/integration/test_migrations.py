@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from alembic import command
+from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
 from statestore.store import migrate
@@ -229,6 +230,10 @@ def test_alembic_command_line_uses_the_environment_url(tmp_path: Path) -> None:
     assert not (tmp_path / "statestore.db").exists()
 
 
+# The newest revision the code ships; the test revisions below stack on it.
+CODE_HEAD = ScriptDirectory.from_config(migrate.alembic_config("sqlite+aiosqlite://")).get_current_head() or ""
+
+
 # A later revision that rebuilds the parent table the way batch mode does on SQLite (copy, DROP, rename).
 REBUILD_THREADS = textwrap.dedent(
     '''
@@ -238,7 +243,7 @@ REBUILD_THREADS = textwrap.dedent(
     from alembic import op
 
     revision = "9001"
-    down_revision = "0001"
+    down_revision = "HEAD"
     branch_labels = None
     depends_on = None
 
@@ -261,10 +266,10 @@ async def test_sqlite_table_rebuild_keeps_child_rows(
     # With foreign keys on during a migration, the DROP of the rebuild would cascade-delete every message.
     migrations = tmp_path / "migrations"
     shutil.copytree(migrate.migrations_dir(), migrations, ignore=shutil.ignore_patterns("__pycache__"))
-    (migrations / "versions" / "9001_rebuild_threads.py").write_text(REBUILD_THREADS)
+    (migrations / "versions" / "9001_rebuild_threads.py").write_text(REBUILD_THREADS.replace("HEAD", CODE_HEAD))
     monkeypatch.setenv(migrate.MIGRATIONS_DIR_ENV, str(migrations))
 
-    await asyncio.to_thread(migrate.upgrade, fresh_sqlite_url, "0001")
+    await asyncio.to_thread(migrate.upgrade, fresh_sqlite_url, CODE_HEAD)
     engine = create_engine(fresh_sqlite_url)
     try:
         async with engine.begin() as connection:
@@ -274,7 +279,7 @@ async def test_sqlite_table_rebuild_keeps_child_rows(
             await connection.execute(thread_messages.insert().values(thread_id="thr_1", position=0, body=b"{}"))
 
         await asyncio.to_thread(migrate.upgrade, fresh_sqlite_url)
-        await asyncio.to_thread(migrate.downgrade, fresh_sqlite_url, "0001")
+        await asyncio.to_thread(migrate.downgrade, fresh_sqlite_url, CODE_HEAD)
 
         async with engine.connect() as connection:
             assert await connection.scalar(sa.select(sa.func.count()).select_from(thread_messages)) == 1
@@ -291,7 +296,7 @@ FAILING_REVISION = textwrap.dedent(
     from alembic import op
 
     revision = "9002"
-    down_revision = "0001"
+    down_revision = "HEAD"
     branch_labels = None
     depends_on = None
 
@@ -313,16 +318,16 @@ async def test_a_failed_revision_leaves_nothing_behind(
     # PostgreSQL has transactional DDL; on SQLite env.py issues the BEGIN the driver would not.
     migrations = tmp_path / "migrations"
     shutil.copytree(migrate.migrations_dir(), migrations, ignore=shutil.ignore_patterns("__pycache__"))
-    (migrations / "versions" / "9002_failing.py").write_text(FAILING_REVISION)
+    (migrations / "versions" / "9002_failing.py").write_text(FAILING_REVISION.replace("HEAD", CODE_HEAD))
     monkeypatch.setenv(migrate.MIGRATIONS_DIR_ENV, str(migrations))
 
-    await asyncio.to_thread(migrate.upgrade, fresh_url, "0001")
+    await asyncio.to_thread(migrate.upgrade, fresh_url, CODE_HEAD)
     with pytest.raises(RuntimeError, match="revision failed"):
         await asyncio.to_thread(migrate.upgrade, fresh_url)
     assert "half_done" not in await table_names(fresh_url)
     engine = create_engine(fresh_url)
     try:
         async with engine.connect() as connection:
-            assert await connection.scalar(sa.text("SELECT version_num FROM alembic_version")) == "0001"
+            assert await connection.scalar(sa.text("SELECT version_num FROM alembic_version")) == CODE_HEAD
     finally:
         await engine.dispose()

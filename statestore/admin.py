@@ -1,0 +1,183 @@
+"""Administration: the operations behind `/admin/v1` and `statestore admin`, one implementation for both (§8).
+Each change is audited: who, when, what, before and after; never message content."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from statestore.auth import Authenticator, hash_key, new_api_key
+from statestore.clock import Clock
+from statestore.errors import InvalidRequest, NotFound, StatestoreError
+from statestore.retention import Retention
+from statestore.store.admin_repository import DEFAULT_SCOPE, AdminRepository, ApiKey, AuditEntry, Tenant
+from statestore.threads.policy import Policy
+from statestore.threads.policy_store import PolicyStore
+
+POLICY_FIELDS = tuple(Policy.__dataclass_fields__)
+
+
+class Conflict(StatestoreError):
+    status = 409
+    error_type = "invalid_request_error"
+
+
+@dataclass(frozen=True, slots=True)
+class CreatedKey:
+    key: ApiKey
+    secret: str
+
+
+def validate_policy(values: dict[str, Any]) -> Policy:
+    """A policy from untrusted input, every field required and checked, with messages that say what to change."""
+    unknown = sorted(set(values) - set(POLICY_FIELDS))
+    if unknown:
+        raise InvalidRequest(f"unknown policy fields: {', '.join(unknown)}")
+    missing = [name for name in POLICY_FIELDS if name not in values]
+    if missing:
+        raise InvalidRequest(f"missing policy fields: {', '.join(missing)}")
+    for name in ("threads_enabled", "sessions_enabled"):
+        if not isinstance(values[name], bool):
+            raise InvalidRequest(f"{name} must be true or false")
+    for name in ("default_ttl_seconds", "max_ttl_seconds", "max_thread_bytes", "max_messages"):
+        value = values[name]
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidRequest(f"{name} must be a whole number of at least 1")
+    if values["default_ttl_seconds"] > values["max_ttl_seconds"]:
+        raise InvalidRequest("default_ttl_seconds must not exceed max_ttl_seconds")
+    if values["max_ttl_seconds"] > 366 * 86_400:
+        raise InvalidRequest("max_ttl_seconds must be at most 31622400 (366 days)")
+    if values["max_messages"] < 2:
+        raise InvalidRequest("max_messages must be at least 2 (a turn and its reply)")
+    return Policy(**values)
+
+
+class AdminService:
+    def __init__(
+        self,
+        *,
+        repository: AdminRepository,
+        policies: PolicyStore,
+        retention: Retention,
+        authenticator: Authenticator | None,
+        clock: Clock,
+    ) -> None:
+        self.repository = repository
+        self.policies = policies
+        self.retention = retention
+        self.authenticator = authenticator
+        self.clock = clock
+
+    # -- tenants and keys ----------------------------------------------------------------------------------------
+
+    async def create_tenant(self, name: str, *, actor: str) -> Tenant:
+        name = name.strip()
+        if not name or len(name) > 200 or name == DEFAULT_SCOPE:
+            raise InvalidRequest("a tenant name is 1-200 characters and not 'default'")
+        tenant = Tenant(id="ten_" + secrets.token_hex(10), name=name, disabled=False, created_ms=self.clock())
+        if not await self.repository.create_tenant(tenant, actor=actor):
+            raise Conflict(f"a tenant named {name!r} already exists")
+        return tenant
+
+    async def tenants(self) -> list[Tenant]:
+        return await self.repository.list_tenants()
+
+    async def tenant(self, id_or_name: str) -> Tenant:
+        tenant = await self.repository.find_tenant(id_or_name)
+        if tenant is None:
+            raise NotFound(f"no tenant {id_or_name!r}")
+        return tenant
+
+    async def set_tenant_disabled(self, id_or_name: str, disabled: bool, *, actor: str) -> Tenant:
+        tenant = await self.tenant(id_or_name)
+        changed = await self.repository.set_tenant_disabled(tenant, disabled, actor=actor, now_ms=self.clock())
+        self._forget_credentials()
+        return changed
+
+    async def create_key(self, tenant_ref: str, *, label: str | None, actor: str) -> CreatedKey:
+        tenant = await self.tenant(tenant_ref)
+        if label is not None and len(label) > 200:
+            raise InvalidRequest("a key label is at most 200 characters")
+        secret, prefix = new_api_key()
+        key = ApiKey(
+            id="key_" + secrets.token_hex(10),
+            tenant_id=tenant.id,
+            label=label,
+            prefix=prefix,
+            created_ms=self.clock(),
+            revoked_ms=None,
+        )
+        await self.repository.create_key(key, hash_key(secret), actor=actor)
+        return CreatedKey(key=key, secret=secret)
+
+    async def keys(self, tenant_ref: str) -> list[ApiKey]:
+        tenant = await self.tenant(tenant_ref)
+        return await self.repository.list_keys(tenant.id)
+
+    async def revoke_key(self, key_id: str, *, actor: str) -> ApiKey:
+        key = await self.repository.find_key(key_id)
+        if key is None:
+            raise NotFound(f"no API key {key_id!r}")
+        revoked = await self.repository.revoke_key(key, actor=actor, now_ms=self.clock())
+        self._forget_credentials()
+        return revoked
+
+    def _forget_credentials(self) -> None:
+        if self.authenticator is not None:
+            self.authenticator.forget()
+
+    # -- policies ------------------------------------------------------------------------------------------------
+
+    async def _scope(self, scope: str) -> str:
+        return DEFAULT_SCOPE if scope == DEFAULT_SCOPE else (await self.tenant(scope)).id
+
+    async def policy(self, scope: str) -> tuple[Policy, str]:
+        """The policy in force for a scope and where it comes from: "tenant", "default" or "settings"."""
+        scope_id = await self._scope(scope)
+        if scope_id != DEFAULT_SCOPE:
+            own = await self.repository.get_policy(scope_id)
+            if own is not None:
+                return own, "tenant"
+        stored = await self.repository.get_policy(DEFAULT_SCOPE)
+        return (stored, "default") if stored is not None else (self.policies.fallback, "settings")
+
+    async def put_policy(self, scope: str, values: dict[str, Any], *, actor: str) -> Policy:
+        policy = validate_policy(values)
+        scope_id = await self._scope(scope)
+        before = await self.repository.get_policy(scope_id)
+        await self.repository.put_policy(scope_id, policy, before=before, actor=actor, now_ms=self.clock())
+        self.policies.forget()
+        return policy
+
+    async def delete_policy(self, scope: str, *, actor: str) -> None:
+        scope_id = await self._scope(scope)
+        before = await self.repository.get_policy(scope_id)
+        if before is None:
+            raise NotFound(f"{scope!r} has no policy of its own")
+        await self.repository.delete_policy(scope_id, before=before, actor=actor, now_ms=self.clock())
+        self.policies.forget()
+
+    # -- audit, retention, stats ---------------------------------------------------------------------------------
+
+    async def audit(self, *, limit: int, before_id: int | None) -> list[AuditEntry]:
+        if not 1 <= limit <= 1000:
+            raise InvalidRequest("limit must be between 1 and 1000")
+        return await self.repository.audit_entries(limit=limit, before_id=before_id)
+
+    async def purge(self, *, actor: str) -> int:
+        return await self.retention.purge(actor=actor)
+
+    async def erase(self, *, actor: str, tenant: str | None, user_id: str | None) -> int:
+        if tenant is None and user_id is None:
+            raise InvalidRequest("erasure needs a tenant, a user_id, or both")
+        tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
+        return await self.retention.erase(actor=actor, tenant_id=tenant_id, user_id=user_id)
+
+    async def stats(self, tenant: str | None = None) -> dict[str, int]:
+        tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
+        return await self.repository.stats(now_ms=self.clock(), tenant_id=tenant_id)
+
+
+def as_dict(value: Tenant | ApiKey | AuditEntry | Policy) -> dict[str, Any]:
+    return asdict(value)

@@ -1,0 +1,151 @@
+"""`/admin/v1`: tenants, API keys, retention policies, audit, purge, erasure, stats (PROTOCOL §8).
+
+Guarded by the admin tokens of STATESTORE_ADMIN_TOKENS (`Authorization: Bearer`); a tenant credential is refused."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from statestore.admin import AdminService, as_dict
+from statestore.api.deps import ResourcesDep
+from statestore.errors import AuthenticationFailed, PermissionDenied
+from statestore.threads.policy import Policy
+
+router = APIRouter(prefix="/admin/v1", tags=["admin"])
+
+
+def admin_actor(request: Request, resources: ResourcesDep) -> str:
+    if not resources.admin_tokens.configured:
+        raise PermissionDenied("the admin API is off: set STATESTORE_ADMIN_TOKENS to enable it")
+    actor = resources.admin_tokens.actor(request.headers.raw)
+    if actor is None:
+        raise AuthenticationFailed("an admin token is required (Authorization: Bearer)")
+    return actor
+
+
+def admin_service(resources: ResourcesDep) -> AdminService:
+    return resources.admin
+
+
+Actor = Annotated[str, Depends(admin_actor)]
+Admin = Annotated[AdminService, Depends(admin_service)]
+
+
+class TenantIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=200)
+
+
+class KeyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str | None = Field(default=None, max_length=200)
+
+
+class PolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    threads_enabled: bool
+    sessions_enabled: bool
+    default_ttl_seconds: int
+    max_ttl_seconds: int
+    max_thread_bytes: int
+    max_messages: int
+
+
+class EraseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    tenant: str | None = None
+    user_id: str | None = Field(default=None, min_length=1, max_length=256)
+
+
+def _policy_view(scope: str, policy: Policy, source: str) -> dict[str, Any]:
+    return {"scope": scope, "source": source, "policy": as_dict(policy)}
+
+
+@router.get("/tenants")
+async def list_tenants(actor: Actor, admin: Admin) -> dict[str, Any]:
+    return {"data": [as_dict(t) for t in await admin.tenants()]}
+
+
+@router.post("/tenants", status_code=201)
+async def create_tenant(body: TenantIn, actor: Actor, admin: Admin) -> dict[str, Any]:
+    return as_dict(await admin.create_tenant(body.name, actor=actor))
+
+
+@router.get("/tenants/{tenant}")
+async def get_tenant(tenant: str, actor: Actor, admin: Admin) -> dict[str, Any]:
+    return as_dict(await admin.tenant(tenant))
+
+
+@router.post("/tenants/{tenant}/disable")
+async def disable_tenant(tenant: str, actor: Actor, admin: Admin) -> dict[str, Any]:
+    return as_dict(await admin.set_tenant_disabled(tenant, True, actor=actor))
+
+
+@router.post("/tenants/{tenant}/enable")
+async def enable_tenant(tenant: str, actor: Actor, admin: Admin) -> dict[str, Any]:
+    return as_dict(await admin.set_tenant_disabled(tenant, False, actor=actor))
+
+
+@router.get("/tenants/{tenant}/keys")
+async def list_keys(tenant: str, actor: Actor, admin: Admin) -> dict[str, Any]:
+    return {"data": [as_dict(k) for k in await admin.keys(tenant)]}
+
+
+@router.post("/tenants/{tenant}/keys", status_code=201)
+async def create_key(tenant: str, body: KeyIn, actor: Actor, admin: Admin) -> dict[str, Any]:
+    created = await admin.create_key(tenant, label=body.label, actor=actor)
+    # The only time the secret is shown.
+    return {**as_dict(created.key), "secret": created.secret}
+
+
+@router.delete("/keys/{key_id}")
+async def revoke_key(key_id: str, actor: Actor, admin: Admin) -> dict[str, Any]:
+    return as_dict(await admin.revoke_key(key_id, actor=actor))
+
+
+@router.get("/policies/{scope}")
+async def get_policy(scope: str, actor: Actor, admin: Admin) -> dict[str, Any]:
+    policy, source = await admin.policy(scope)
+    return _policy_view(scope, policy, source)
+
+
+@router.put("/policies/{scope}")
+async def put_policy(scope: str, body: PolicyIn, actor: Actor, admin: Admin) -> dict[str, Any]:
+    policy = await admin.put_policy(scope, body.model_dump(), actor=actor)
+    return _policy_view(scope, policy, "default" if scope == "default" else "tenant")
+
+
+@router.delete("/policies/{scope}")
+async def delete_policy(scope: str, actor: Actor, admin: Admin) -> dict[str, Any]:
+    await admin.delete_policy(scope, actor=actor)
+    policy, source = await admin.policy(scope)
+    return _policy_view(scope, policy, source)
+
+
+@router.get("/audit")
+async def audit(
+    actor: Actor,
+    admin: Admin,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    before: Annotated[int | None, Query(ge=1)] = None,
+) -> dict[str, Any]:
+    entries = await admin.audit(limit=limit, before_id=before)
+    return {"data": [as_dict(e) for e in entries], "has_more": len(entries) == limit}
+
+
+@router.post("/purge")
+async def purge(actor: Actor, admin: Admin) -> dict[str, int]:
+    return {"purged_threads": await admin.purge(actor=actor)}
+
+
+@router.post("/erase")
+async def erase(body: EraseIn, actor: Actor, admin: Admin) -> dict[str, int]:
+    return {"erased_threads": await admin.erase(actor=actor, tenant=body.tenant, user_id=body.user_id)}
+
+
+@router.get("/stats")
+async def stats(actor: Actor, admin: Admin, tenant: str | None = None) -> dict[str, int]:
+    return await admin.stats(tenant)

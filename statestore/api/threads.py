@@ -1,0 +1,113 @@
+"""The owner's thread API (PROTOCOL §7): list, inspect, export, delete; sessions. Same credentials as
+`/v1/messages`; another owner's thread is 404, never 403."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Depends, Query, Request
+from starlette.responses import Response
+
+from statestore.api.deps import ResourcesDep
+from statestore.auth import Principal
+from statestore.errors import InvalidRequest, NotFound
+from statestore.store.repository import ThreadInfo
+from statestore.threads.ids import is_thread_id
+
+router = APIRouter(tags=["threads"])
+_SESSION_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+async def principal(request: Request, resources: ResourcesDep) -> Principal:
+    return await resources.authenticator.authenticate(request.headers.raw)
+
+
+Caller = Annotated[Principal, Depends(principal)]
+
+
+def _time(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _thread(info: ThreadInfo) -> dict[str, Any]:
+    return {
+        "id": info.id,
+        "type": "thread",
+        "created_at": _time(info.created_ms),
+        "last_used_at": _time(info.updated_ms),
+        "expires_at": _time(info.expires_ms),
+        "message_count": info.message_count,
+        "turn_count": info.turn_count,
+        "bytes": info.byte_count,
+        "session_id": info.session_id,
+        "head_message_id": info.head_message_id,
+    }
+
+
+def _not_found(thread_id: str) -> NotFound:
+    return NotFound(f"no live thread {thread_id!r}")
+
+
+@router.get("/v1/threads")
+async def list_threads(
+    caller: Caller,
+    resources: ResourcesDep,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 20,
+    after: str | None = None,
+    session_id: str | None = None,
+) -> dict[str, Any]:
+    page = await resources.queries.list_threads(
+        caller.owner, now_ms=resources.clock(), limit=limit, after=after, session_id=session_id
+    )
+    if page is None:
+        raise InvalidRequest("after: no live thread with this id")
+    items, has_more = page
+    return {
+        "data": [_thread(info) for info in items],
+        "has_more": has_more,
+        "first_id": items[0].id if items else None,
+        "last_id": items[-1].id if items else None,
+    }
+
+
+@router.get("/v1/threads/{thread_id}")
+async def get_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
+    info = await resources.queries.thread_info(caller.owner, thread_id, now_ms=resources.clock())
+    if info is None:
+        raise _not_found(thread_id)
+    return _thread(info)
+
+
+@router.get("/v1/threads/{thread_id}/messages")
+async def export_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> Response:
+    exported = await resources.queries.export(caller.owner, thread_id, now_ms=resources.clock())
+    if exported is None:
+        raise _not_found(thread_id)
+    # Stored bytes spliced as they are: the export is the request a client would send to replay the thread.
+    parts = [b'{"thread_id":', orjson.dumps(thread_id)]
+    if exported.system is not None:
+        parts += [b',"system":', exported.system]
+    if exported.tools is not None:
+        parts += [b',"tools":', exported.tools]
+    parts += [b',"messages":[', b",".join(exported.messages), b"]}"]
+    return Response(b"".join(parts), media_type="application/json")
+
+
+@router.delete("/v1/threads/{thread_id}")
+async def delete_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
+    if not is_thread_id(thread_id) or not await resources.retention.delete_thread(caller.owner, thread_id):
+        raise _not_found(thread_id)
+    return {"id": thread_id, "type": "thread_deleted"}
+
+
+@router.get("/v1/sessions/{session_id}")
+async def get_session(session_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
+    if not _SESSION_NAME.fullmatch(session_id):
+        raise InvalidRequest("a session id is 1-128 characters of A-Z, a-z, 0-9, '.', '_', ':', '-'")
+    info = await resources.queries.session_thread(caller.owner, session_id, now_ms=resources.clock())
+    if info is None:
+        raise NotFound(f"no live thread for session {session_id!r}")
+    return {"id": session_id, "type": "session", "thread": _thread(info)}
