@@ -133,11 +133,20 @@ def build_parser() -> argparse.ArgumentParser:
     echo.add_argument("--delay", type=float, default=0.0, help="seconds to wait before each reply (default 0)")
     echo.add_argument("--reply-bytes", type=int, default=None, help="pad each reply's text to about this size")
     echo.set_defaults(func=cmd_echo_backend)
+
+    from statestore.admin_cli import add_commands
+
+    add_commands(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if getattr(args, "operation", None) is not None:
+        from statestore.admin_cli import run
+
+        run(_load_settings(), args)
+        return
     args.func(args)
 
 

@@ -187,13 +187,13 @@ class ReplyAccumulator:
     __slots__ = (
         "_content",
         "_dirty_json",
+        "_failure",
         "_message",
         "_message_id",
         "_parts",
         "_stopped",
         "_tool_json",
         "_trailing_strings",
-        "_failure",
         "error_seen",
     )
 

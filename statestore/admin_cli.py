@@ -1,0 +1,267 @@
+"""`statestore admin …` and `statestore purge`: the admin operations from a shell, calling the same AdminService as
+`/admin/v1`. Output is for people; `--json` prints the API's JSON for scripts."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+
+from statestore.admin import AdminService, as_dict
+from statestore.clock import clock_from
+from statestore.config import Settings
+from statestore.errors import StatestoreError
+from statestore.retention import Retention
+from statestore.store.admin_repository import AdminRepository
+from statestore.store.cache import create_cache
+from statestore.store.engine import create_engine
+from statestore.store.repository import ThreadQueries
+from statestore.threads.policy import Policy
+from statestore.threads.policy_store import PolicyStore
+
+Operation = Callable[[AdminService, argparse.Namespace], Awaitable[Any]]
+
+
+@asynccontextmanager
+async def admin_service(settings: Settings) -> AsyncIterator[AdminService]:
+    engine = create_engine(settings.database_url, pool_size=2)
+    cache = create_cache(settings.redis_url, settings.redis_prefix)
+    clock = clock_from(settings.clock_offset_file)
+    repository = AdminRepository(engine)
+    try:
+        yield AdminService(
+            repository=repository,
+            policies=PolicyStore(repository, fallback=Policy.from_settings(settings), cache_seconds=0),
+            retention=Retention(
+                queries=ThreadQueries(engine),
+                admin=repository,
+                cache=cache,
+                clock=clock,
+                batch_size=settings.purge_batch_size,
+            ),
+            authenticator=None,
+            clock=clock,
+        )
+    finally:
+        await cache.aclose()
+        await engine.dispose()
+
+
+def _actor(args: argparse.Namespace) -> str:
+    return str(args.actor or f"cli:{getpass.getuser()}")
+
+
+def _time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _table(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[str(row.get(c, "")) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+# -- operations: each returns (json value, human text) -------------------------------------------------------
+
+
+async def tenants_list(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    rows = [as_dict(t) for t in await admin.tenants()]
+    shown = [{**r, "created": _time(r["created_ms"])} for r in rows]
+    return {"data": rows}, _table(shown, ["id", "name", "disabled", "created"])
+
+
+async def tenants_create(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    tenant = await admin.create_tenant(args.name, actor=_actor(args))
+    return as_dict(tenant), f"created tenant {tenant.name} ({tenant.id})"
+
+
+async def tenants_show(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    tenant = await admin.tenant(args.tenant)
+    stats = await admin.stats(tenant.id)
+    text = f"{tenant.name} ({tenant.id}){' DISABLED' if tenant.disabled else ''}, created {_time(tenant.created_ms)}\n"
+    text += "\n".join(f"  {k}: {v}" for k, v in stats.items())
+    return {**as_dict(tenant), "stats": stats}, text
+
+
+async def tenants_disable(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    tenant = await admin.set_tenant_disabled(args.tenant, True, actor=_actor(args))
+    return as_dict(tenant), f"disabled {tenant.name}: its keys are refused until it is enabled again"
+
+
+async def tenants_enable(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    tenant = await admin.set_tenant_disabled(args.tenant, False, actor=_actor(args))
+    return as_dict(tenant), f"enabled {tenant.name}"
+
+
+async def keys_list(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    rows = [as_dict(k) for k in await admin.keys(args.tenant)]
+    shown = [{**r, "created": _time(r["created_ms"]), "revoked": _time(r["revoked_ms"])} for r in rows]
+    return {"data": rows}, _table(shown, ["id", "prefix", "label", "created", "revoked"])
+
+
+async def keys_create(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    created = await admin.create_key(args.tenant, label=args.label, actor=_actor(args))
+    text = (
+        f"created key {created.key.id} for tenant {created.key.tenant_id}\n\n  {created.secret}\n\n"
+        "This is the only time the key is shown: store it now."
+    )
+    return {**as_dict(created.key), "secret": created.secret}, text
+
+
+async def keys_revoke(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    key = await admin.revoke_key(args.key_id, actor=_actor(args))
+    return as_dict(key), f"revoked {key.id} ({key.prefix}…)"
+
+
+async def policy_show(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    policy, source = await admin.policy(args.scope)
+    values = as_dict(policy)
+    text = f"policy for {args.scope} (from {source}):\n" + "\n".join(f"  {k}: {v}" for k, v in values.items())
+    return {"scope": args.scope, "source": source, "policy": values}, text
+
+
+async def policy_set(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    current, _ = await admin.policy(args.scope)
+    values = as_dict(current)
+    for name in values:
+        given = getattr(args, name)
+        if given is not None:
+            values[name] = given
+    policy = await admin.put_policy(args.scope, values, actor=_actor(args))
+    text = f"policy for {args.scope} set:\n" + "\n".join(f"  {k}: {v}" for k, v in as_dict(policy).items())
+    return {"scope": args.scope, "policy": as_dict(policy)}, text
+
+
+async def policy_delete(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    await admin.delete_policy(args.scope, actor=_actor(args))
+    return {"scope": args.scope, "deleted": True}, f"{args.scope} now follows the default policy"
+
+
+async def audit(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    rows = [as_dict(e) for e in await admin.audit(limit=args.limit, before_id=None)]
+    shown = [{**r, "when": _time(r["at_ms"])} for r in rows]
+    return {"data": rows}, _table(shown, ["id", "when", "actor", "action", "target"])
+
+
+async def erase(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    count = await admin.erase(actor=_actor(args), tenant=args.tenant, user_id=args.user_id)
+    return {"erased_threads": count}, f"erased {count} threads (database rows and cache entries)"
+
+
+async def stats(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    values = await admin.stats(args.tenant)
+    return values, "\n".join(f"{k}: {v}" for k, v in values.items())
+
+
+async def purge(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    count = await admin.purge(actor=_actor(args))
+    return {"purged_threads": count}, f"purged {count} expired threads"
+
+
+def run(settings: Settings, args: argparse.Namespace) -> None:
+    operation: Callable[[AdminService, argparse.Namespace], Awaitable[tuple[Any, str]]] = args.operation
+
+    async def main() -> tuple[Any, str]:
+        async with admin_service(settings) as admin:
+            return await operation(admin, args)
+
+    try:
+        value, text = asyncio.run(main())
+    except StatestoreError as exc:
+        sys.exit(f"statestore: {exc.message}")
+    if args.json:
+        sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        print(text)
+
+
+def add_commands(commands: Any) -> None:
+    """Register `admin …` and `purge` on the top-level subparsers."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print JSON instead of text")
+    common.add_argument("--actor", help="name recorded in the audit log (default cli:<login>)")
+
+    purge_cmd = commands.add_parser(
+        "purge",
+        parents=[common],
+        help="delete expired threads now",
+        description="Delete every expired thread's rows and cache entries now (the server also does this every "
+        "STATESTORE_PURGE_INTERVAL_SECONDS).",
+    )
+    purge_cmd.set_defaults(func=None, operation=purge)
+
+    admin = commands.add_parser(
+        "admin",
+        help="tenants, API keys, retention policies, audit, erasure",
+        description="Administer statestore directly on its database (the same operations as /admin/v1).",
+    )
+    groups = admin.add_subparsers(dest="group", required=True, metavar="GROUP")
+
+    tenants = groups.add_parser("tenants", help="tenants").add_subparsers(dest="action", required=True)
+    tenants.add_parser("list", parents=[common], help="list tenants").set_defaults(operation=tenants_list)
+    p = tenants.add_parser("create", parents=[common], help="create a tenant")
+    p.add_argument("name")
+    p.set_defaults(operation=tenants_create)
+    for name, op, text in (
+        ("show", tenants_show, "show a tenant and its usage"),
+        ("disable", tenants_disable, "refuse a tenant's keys"),
+        ("enable", tenants_enable, "accept a tenant's keys again"),
+    ):
+        p = tenants.add_parser(name, parents=[common], help=text)
+        p.add_argument("tenant", help="tenant id or name")
+        p.set_defaults(operation=op)
+
+    keys = groups.add_parser("keys", help="statestore API keys (keys mode)").add_subparsers(
+        dest="action", required=True
+    )
+    p = keys.add_parser("list", parents=[common], help="list a tenant's keys (never the secrets)")
+    p.add_argument("tenant", help="tenant id or name")
+    p.set_defaults(operation=keys_list)
+    p = keys.add_parser("create", parents=[common], help="create a key; the secret is shown once")
+    p.add_argument("tenant", help="tenant id or name")
+    p.add_argument("--label", help="a note to recognise the key by")
+    p.set_defaults(operation=keys_create)
+    p = keys.add_parser("revoke", parents=[common], help="revoke a key")
+    p.add_argument("key_id")
+    p.set_defaults(operation=keys_revoke)
+
+    policy = groups.add_parser("policy", help="retention policies").add_subparsers(dest="action", required=True)
+    p = policy.add_parser("show", parents=[common], help="the policy in force for 'default' or a tenant")
+    p.add_argument("scope", help="'default' or a tenant id or name")
+    p.set_defaults(operation=policy_show)
+    p = policy.add_parser("set", parents=[common], help="change fields of a policy (others keep their values)")
+    p.add_argument("scope", help="'default' or a tenant id or name")
+    for flag in ("threads-enabled", "sessions-enabled"):
+        p.add_argument(f"--{flag}", type=lambda v: v.lower() in ("1", "true", "yes", "on"), metavar="true|false")
+    for flag in ("default-ttl-seconds", "max-ttl-seconds", "max-thread-bytes", "max-messages"):
+        p.add_argument(f"--{flag}", type=int, metavar="N")
+    p.set_defaults(operation=policy_set)
+    p = policy.add_parser("delete", parents=[common], help="drop a tenant's override (it follows the default)")
+    p.add_argument("scope")
+    p.set_defaults(operation=policy_delete)
+
+    p = groups.add_parser("audit", parents=[common], help="recent admin changes, newest first")
+    p.add_argument("--limit", type=int, default=50)
+    p.set_defaults(operation=audit)
+    p = groups.add_parser("erase", parents=[common], help="erase every thread of a tenant and/or a metadata.user_id")
+    p.add_argument("--tenant", help="tenant id or name")
+    p.add_argument("--user-id", help="the metadata.user_id the threads were created with")
+    p.set_defaults(operation=erase)
+    p = groups.add_parser("stats", parents=[common], help="live threads, bytes, purged and erased totals")
+    p.add_argument("--tenant", help="tenant id or name")
+    p.set_defaults(operation=stats)
+    p = groups.add_parser("purge", parents=[common], help="delete expired threads now (same as `statestore purge`)")
+    p.set_defaults(operation=purge)
