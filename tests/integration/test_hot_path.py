@@ -1,0 +1,116 @@
+"""Regression guard for the hot path (DESIGN: performance principles): a continue never parses or re-serialises the
+stored history. Every JSON decode and encode inside statestore is counted by size during a continue of a long
+thread; what is parsed must be the new turn and the reply, whatever the history's size."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from statestore.app import create_app
+from statestore.config import Settings
+from statestore.store.migrate import upgrade
+from tests.support.fake_backend import BackendProcess
+
+THREADS_BETA = "message-threads-2026-08-12"
+HEADERS = {"content-type": "application/json", "x-api-key": "k-hot-path", "anthropic-beta": THREADS_BETA}
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.decoded: list[int] = []
+        self.encoded: list[int] = []
+
+
+@pytest.fixture(scope="module")
+def echo_backend() -> Iterator[BackendProcess]:
+    with BackendProcess("--echo") as backend:
+        yield backend
+
+
+@pytest.fixture
+async def app_client(tmp_path: Any, echo_backend: BackendProcess) -> AsyncIterator[httpx.AsyncClient]:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'hot.db'}"
+    upgrade(url)
+    app = create_app(
+        Settings(database_url=url, upstream_url=echo_backend.url, owner_secret="hot-path-secret-0123456789")
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://statestore") as client,
+    ):
+        yield client
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> Counter:
+    counter = Counter()
+    real_loads, real_dumps, real_json_loads = orjson.loads, orjson.dumps, json.loads
+
+    def loads(data: Any) -> Any:
+        counter.decoded.append(len(data))
+        return real_loads(data)
+
+    def dumps(value: Any, *args: Any, **kwargs: Any) -> bytes:
+        out = real_dumps(value, *args, **kwargs)
+        counter.encoded.append(len(out))
+        return out
+
+    def json_loads(data: Any, *args: Any, **kwargs: Any) -> Any:
+        counter.decoded.append(len(data))
+        return real_json_loads(data, *args, **kwargs)
+
+    monkeypatch.setattr(orjson, "loads", loads)
+    monkeypatch.setattr(orjson, "dumps", dumps)
+    monkeypatch.setattr(json, "loads", json_loads)
+    return counter
+
+
+def _turn(text: str) -> dict[str, Any]:
+    return {"role": "user", "content": [{"type": "text", "text": text}]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_continue_parses_only_the_new_turn_and_the_reply(
+    app_client: httpx.AsyncClient, counted: Counter, stream: bool
+) -> None:
+    # A long history: 400 messages of ~2 KB each (~800 KB), created in one request.
+    history: list[dict[str, Any]] = []
+    for i in range(200):
+        history.append(_turn(f"question {i} " + "x" * 2000))
+        history.append({"role": "assistant", "content": [{"type": "text", "text": f"answer {i} " + "y" * 2000}]})
+    history.append(_turn("the last question"))
+    created = await app_client.post(
+        "/v1/messages",
+        headers=HEADERS,
+        content=orjson.dumps({"model": "m", "max_tokens": 50, "messages": history, "thread": {"type": "create"}}),
+    )
+    assert created.status_code == 200, created.text
+    history_bytes = sum(len(orjson.dumps(m)) for m in history)
+    assert history_bytes > 800_000
+
+    counted.decoded.clear()
+    counted.encoded.clear()
+    body = orjson.dumps(
+        {
+            "model": "m",
+            "max_tokens": 50,
+            "stream": stream,
+            "messages": [_turn("a new question")],
+            "thread": {"type": "continue", "previous_message_id": created.json()["id"]},
+        }
+    )
+    continued = await app_client.post("/v1/messages", headers=HEADERS, content=body)
+    assert continued.status_code == 200, continued.text
+    if stream:
+        assert b"event: message_stop" in continued.content
+
+    # What was parsed and written is the turn and the reply: a few KB, nowhere near the 800 KB history.
+    assert sum(counted.decoded) < 20_000, counted.decoded
+    assert max(counted.encoded) < 20_000, counted.encoded
+    assert len(body) in counted.decoded  # the request itself was parsed once
