@@ -19,6 +19,8 @@ async def healthz() -> Response:
 
 @router.get("/readyz")
 async def readyz(resources: ResourcesDep) -> Response:
+    """503 when the database is unreachable (threaded turns cannot be served). A Redis outage only makes
+    statestore slower (the history is read from the database), so it reports "degraded" and stays in rotation."""
     try:
         async with resources.engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
@@ -26,14 +28,9 @@ async def readyz(resources: ResourcesDep) -> Response:
     except Exception:  # any failure means not ready; the reason is in the server log, not here
         database = "unavailable"
     cache = "ok" if await resources.cache.ping() else "unavailable"
-    ready = database == "ok" and cache == "ok"
-    body = {
-        "status": "ready" if ready else "not_ready",
-        "database": database,
-        "cache": cache,
-        "cache_kind": resources.cache.kind,
-    }
-    return Response(orjson.dumps(body), status_code=200 if ready else 503, media_type="application/json")
+    status = "not_ready" if database != "ok" else "ready" if cache == "ok" else "degraded"
+    body = {"status": status, "database": database, "cache": cache, "cache_kind": resources.cache.kind}
+    return Response(orjson.dumps(body), status_code=503 if database != "ok" else 200, media_type="application/json")
 
 
 @router.get("/metrics")
