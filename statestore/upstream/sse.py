@@ -13,6 +13,9 @@ re-encodes `message_start` with the id statestore minted. Typical use by the rel
                 ...commit reply.reply_param() if reply.complete (and policy allows)...
             await send(out)
     parser.close()  # a cut stream leaves an incomplete event behind: it is dropped, never forwarded
+
+(`event.event == "message_stop"` tells the same before `add()`; everything before it has been captured by then.)
+The captured message may hold integers beyond 64 bits, as the SDK's would: `orjson.dumps` refuses those.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class SSEEvent(NamedTuple):
 _EVENT_END = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r|\n)")
 _NOT_EOL = re.compile(rb"[^\r\n]")
 _CR = 13
+_EOL_BYTES = (10, _CR)
 
 
 class SSEParser:
@@ -104,13 +108,13 @@ class SSEParser:
         body = -1
         while pos < size:
             body = pos
-            if data[pos] == 10 or data[pos] == _CR:  # stray blank lines ride along in the next event's raw
+            if data[pos] in _EOL_BYTES:  # stray blank lines ride along in the next event's raw
                 first = _NOT_EOL.search(data, pos)
                 if first is None:
                     body = -1
                     break
                 body = first.start()
-            start = max(body, scan)
+            start = body if body > scan else scan
             if self._crs:
                 match = _EVENT_END.search(data, start)
                 if match is None:
@@ -118,22 +122,35 @@ class SSEParser:
                 end = match.end()
                 if end == size and data[end - 1] == _CR and not at_eof:
                     break  # that CR may be the first half of a CRLF that belongs to this event
-                lines = data[body : match.start()].splitlines()
+                event = _event(data[body : match.start()].splitlines(), data[pos:end])
             else:
                 found = data.find(b"\n\n", start)
                 if found < 0:
                     break
                 end = found + 2
-                lines = data[body:found].split(b"\n")
-            events.append(_event(lines, data[pos:end]))
+                event = _lf_event(data[body:found], data[pos:end])
+            events.append(event)
             pos = end
             body = -1
+        if pos == size:  # the usual case: the chunk ended with an event
+            if self._size:
+                self._parts, self._size, self._body, self._tail = [], 0, -1, b""
+            return events
         rest = data[pos:] if pos else data
-        self._parts = [rest] if rest else []
+        self._parts = [rest]
         self._size = len(rest)
         self._body = body - pos if body >= 0 else -1
         self._tail = rest[max(self._body, self._size - 3) :] if body >= 0 else b""
         return events
+
+
+def _lf_event(block: bytes, raw: bytes) -> SSEEvent:
+    # Every event of the Messages API is `event: <name>\ndata: <json>`: take that shape without splitting lines.
+    if block.startswith(b"event: "):
+        newline = block.find(b"\n")
+        if block.startswith(b"data: ", newline + 1) and block.find(b"\n", newline + 1) < 0:
+            return SSEEvent(block[7:newline].decode("utf-8", "replace"), block[newline + 7 :], raw)
+    return _event(block.split(b"\n"), raw)
 
 
 def _event(lines: list[bytes], raw: bytes) -> SSEEvent:
@@ -276,13 +293,17 @@ class ReplyAccumulator:
         if not event.data:
             return event.raw
         try:
-            payload = _loads(event.data, skip_int_check=name == "content_block_delta")
+            # Deltas carry no long numbers (their payload is strings); other events might, rarely enough to check.
+            payload = orjson.loads(event.data) if name == "content_block_delta" else _loads(event.data)
             kind = payload["type"]
-            if kind == "message_start":
+            if kind == "content_block_delta":  # nearly every event
+                if self._message is not None:
+                    self._delta(payload)
+            elif kind == "message_start":
                 return self._start(name, payload)
-            if self._message is not None:
+            elif self._message is not None:
                 self._apply(kind, payload)
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as exc:
             self._fail(f"malformed {name} event ({type(exc).__name__})")
         return event.raw
 
@@ -301,10 +322,7 @@ class ReplyAccumulator:
         return out
 
     def _apply(self, kind: str, payload: dict[str, Any]) -> None:
-        if kind == "content_block_delta":
-            index = self._position(payload["index"])
-            self._delta(self._content[index], index, payload["delta"])
-        elif kind == "content_block_start":
+        if kind == "content_block_start":
             block = payload["content_block"]
             self._content.append(block)
             if block.get("type") == "fallback":
@@ -322,7 +340,11 @@ class ReplyAccumulator:
         position: int = range(len(self._content))[index]
         return position
 
-    def _delta(self, block: dict[str, Any], index: int, delta: dict[str, Any]) -> None:
+    def _delta(self, payload: dict[str, Any]) -> None:
+        content = self._content
+        index: int = range(len(content))[payload["index"]]  # as in _position
+        block = content[index]
+        delta = payload["delta"]
         kind = delta.get("type")
         block_type = block.get("type")
         if kind == "text_delta":
@@ -411,9 +433,8 @@ class ReplyAccumulator:
             self._failure = reason
 
 
-def _loads(data: bytes, *, skip_int_check: bool) -> Any:
-    # Deltas carry no long numbers (their payload is strings); other events might, rarely enough to check.
-    if skip_int_check or not _LONG_DIGITS.search(data):
+def _loads(data: bytes) -> Any:
+    if not _LONG_DIGITS.search(data):
         return orjson.loads(data)
     return json.loads(data)  # as the SDK parses events: long integers stay exact
 
