@@ -78,7 +78,8 @@ class StatestoreServer:
             raise RuntimeError(f"statestore did not start:\n{self.log()}") from None
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
