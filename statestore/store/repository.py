@@ -65,6 +65,9 @@ class TurnCommit:
     ttl_seconds: int
     now_ms: int
     metadata_user_id: str | None
+    # (owner, session name) to bind to this thread in the commit's transaction, whatever thread holds the name now:
+    # an explicit create with a session header (PROTOCOL §6).
+    rebind_session: tuple[str, str] | None = None
 
 
 _LEASED_COLUMNS = (
@@ -185,9 +188,11 @@ class ThreadRepository:
         async with self.engine.connect() as conn:
             return (await conn.execute(stmt)).first() is not None
 
-    async def begin_create(self, thread: NewThread, *, token: str, now_ms: int, lease_until_ms: int) -> bool:
-        """Insert the thread row, leased and without a head until its first reply commits, and bind the session name
-        to it when the name's current thread is gone. False when a live thread holds the name."""
+    async def begin_create(
+        self, thread: NewThread, *, token: str, now_ms: int, lease_until_ms: int, bind_session: bool = True
+    ) -> bool:
+        """Insert the thread row, leased and without a head until its first reply commits, and (with `bind_session`)
+        bind the session name to it when the name's current thread is gone. False when a live thread holds the name."""
         async with self.engine.begin() as conn:
             await conn.execute(
                 insert(threads).values(
@@ -215,7 +220,7 @@ class ThreadRepository:
                     expires_ms=lease_until_ms,
                 )
             )
-            if thread.session_id is not None and not await self._bind_session(conn, thread, now_ms):
+            if bind_session and thread.session_id is not None and not await self._bind_session(conn, thread, now_ms):
                 await conn.rollback()
                 return False
         return True
@@ -268,7 +273,22 @@ class ThreadRepository:
                     for offset, (body, response_id) in enumerate(commit.rows)
                 ],
             )
+            if commit.rebind_session is not None:
+                await self._rebind_session(conn, commit.rebind_session, commit.thread_id, commit.now_ms)
         return True
+
+    async def _rebind_session(
+        self, conn: AsyncConnection, session: tuple[str, str], thread_id: str, now_ms: int
+    ) -> None:
+        owner, name = session
+        dialect_insert = postgresql.insert if self._is_postgres else sqlite.insert
+        stmt = dialect_insert(sessions).values(owner=owner, name=name, thread_id=thread_id, updated_ms=now_ms)
+        await conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[sessions.c.owner, sessions.c.name],
+                set_={"thread_id": stmt.excluded.thread_id, "updated_ms": stmt.excluded.updated_ms},
+            )
+        )
 
     async def release(self, *, thread_id: str, token: str) -> None:
         """Give the head back after a continue that stored nothing, so the same id can be continued again."""

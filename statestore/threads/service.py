@@ -69,6 +69,8 @@ class PreparedTurn:
     history_count: int
     anthropic_beta: str
     outcome: str = field(default="not_stored")
+    # An explicit create that names a session: (owner, name), bound to this thread when its reply commits (PROTOCOL §6).
+    rebind_session: tuple[str, str] | None = None
 
 
 def _storable(message: dict[str, Any]) -> bool:
@@ -198,7 +200,12 @@ class ThreadService:
             fixed_markers=fixed_markers,
             ttl_seconds=ttl,
         )
-        if not await self.repository.begin_create(thread, token=token, now_ms=now, lease_until_ms=now + self.lease_ms):
+        # A `thread` field wins over the session header: an explicit create takes the name even from a live thread,
+        # but only once its reply commits, so a create that fails leaves the name where it was (PROTOCOL §6).
+        explicit = turn.mode == "create"
+        if not await self.repository.begin_create(
+            thread, token=token, now_ms=now, lease_until_ms=now + self.lease_ms, bind_session=not explicit
+        ):
             raise ThreadContinueInFlight("another request is continuing this session right now")
         body = assembly.build_body(
             turn.fields,
@@ -221,6 +228,7 @@ class ThreadService:
             upstream_body=body,
             history_count=0,
             anthropic_beta=turn.anthropic_beta,
+            rebind_session=(principal.owner, turn.session) if explicit and turn.session is not None else None,
         )
 
     async def _continue(
@@ -332,15 +340,14 @@ class ThreadService:
             await self._give_back(prepared)
             return bytes_response(200, body, response_headers_for_client(upstream_headers, keep_length=False))
         message["id"] = prepared.response_id
+        headers = response_headers_for_client(upstream_headers, keep_length=False)
         if _storable(message):
             await self._commit(prepared, assembly.stored_reply(message.get("content", [])))
+            headers += self._thread_headers(prepared)
         else:
+            # Returned but not stored: no thread to name (a create's row is gone; a continue's head did not move).
             await self._give_back(prepared)
-        return bytes_response(
-            200,
-            orjson.dumps(message),
-            response_headers_for_client(upstream_headers, keep_length=False) + self._thread_headers(prepared),
-        )
+        return bytes_response(200, orjson.dumps(message), headers)
 
     async def _relay_stream(self, prepared: PreparedTurn, response: Any) -> AsyncIterator[bytes]:
         parser = SSEParser()
@@ -386,6 +393,7 @@ class ThreadService:
             ttl_seconds=prepared.ttl_seconds,
             now_ms=self.clock(),
             metadata_user_id=prepared.metadata_user_id,
+            rebind_session=prepared.rebind_session,
         )
         try:
             committed = await self.repository.commit_turn(commit)

@@ -3,8 +3,10 @@ and on the embedded default (SQLite, in-process cache)."""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import anthropic
 import pytest
@@ -91,3 +93,77 @@ def api_key() -> str:
 def client(pg_server: StatestoreServer, api_key: str) -> Iterator[anthropic.Anthropic]:
     with anthropic.Anthropic(base_url=pg_server.url, api_key=api_key, max_retries=0) as sdk:
         yield sdk
+
+
+# -- message threads (tests/integration/test_threads*.py) ------------------------------------------------------------
+
+
+@pytest.fixture
+def server_client(server: StatestoreServer, api_key: str) -> Iterator[anthropic.Anthropic]:
+    """The official SDK against `server`, so a test that takes it runs on both storage set-ups."""
+    with anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=0) as sdk:
+        yield sdk
+
+
+@pytest.fixture(scope="session")
+async def private_pg_url(postgres_admin_url: str) -> AsyncIterator[str]:
+    """A migrated database for the dedicated servers below, whose retention policy comes from their settings: a
+    default policy stored in the shared database (by an admin API test, say) would take precedence there."""
+    from statestore.store.migrate import upgrade
+    from tests.conftest import scratch_pg_database
+
+    async with scratch_pg_database(postgres_admin_url) as url:
+        await asyncio.to_thread(upgrade, url)
+        yield url
+
+
+def _dedicated_server(
+    database_url: str, redis_url: str, prefix: str, backend: FakeBackend, env: dict[str, str]
+) -> StatestoreServer:
+    return StatestoreServer(
+        database_url=database_url, upstream_url=backend.url, redis_url=redis_url, redis_prefix=prefix, env=env
+    )
+
+
+@pytest.fixture(scope="session")
+def clock_offset_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Seconds added to the clock of `clock_server`: a test moves that server's time forward by writing it (see
+    `advance_clock` in test_threads.py), so expiry is tested without sleeping."""
+    return tmp_path_factory.mktemp("clock") / "offset-seconds"
+
+
+@pytest.fixture(scope="session")
+def clock_server(
+    private_pg_url: str,
+    redis_url: str,
+    server_redis_prefix: str,
+    fake_backend_process: FakeBackend,
+    clock_offset_file: Path,
+) -> Iterator[StatestoreServer]:
+    """statestore on PostgreSQL and Redis whose threads live 60 seconds by default and at most 300, on a clock the
+    tests move forward; started by the first test that asks for it and shared from then on."""
+    server = _dedicated_server(
+        private_pg_url,
+        redis_url,
+        server_redis_prefix,
+        fake_backend_process,
+        {
+            "STATESTORE_DEFAULT_TTL_SECONDS": "60",
+            "STATESTORE_MAX_TTL_SECONDS": "300",
+            "STATESTORE_CLOCK_OFFSET_FILE": str(clock_offset_file),
+        },
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def threads_off_server(
+    private_pg_url: str, redis_url: str, server_redis_prefix: str, fake_backend_process: FakeBackend
+) -> Iterator[StatestoreServer]:
+    """statestore with threads turned off by its retention policy."""
+    server = _dedicated_server(
+        private_pg_url, redis_url, server_redis_prefix, fake_backend_process, {"STATESTORE_THREADS_ENABLED": "false"}
+    )
+    yield server
+    server.stop()
