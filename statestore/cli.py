@@ -36,6 +36,7 @@ async def _pending(settings: Settings) -> str | None:
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from statestore.http_protocol import StatestoreHttpProtocol
     from statestore.logs import configure_logging, uvicorn_log_config
 
     settings = _load_settings()
@@ -57,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         port=args.port,
         workers=args.workers,
         loop="uvloop" if sys.platform != "win32" else "asyncio",
-        http="httptools",
+        http=StatestoreHttpProtocol,
         access_log=False,
         log_config=uvicorn_log_config(),
         timeout_graceful_shutdown=args.graceful_timeout,

@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
 from statestore.api.relay import relay
-from statestore.errors import InvalidRequest
+from statestore.errors import InvalidRequest, MethodNotAllowed
 from statestore.threads.turn import read_turn
 
 router = APIRouter()
@@ -59,12 +59,16 @@ async def count_tokens(request: Request, resources: ResourcesDep) -> Response:
 
 # Included last: every /v1 path no other route claims goes to the backend unchanged.
 fallback_router = APIRouter()
+_OWN_PATHS = ("/v1/threads", "/v1/sessions")
 
 
 @fallback_router.api_route(
     "/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False
 )
 async def relay_other(request: Request, resources: ResourcesDep) -> Response:
+    if request.url.path.startswith(_OWN_PATHS):
+        # statestore's own resources: a method they do not take is not the backend's business.
+        raise MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
     body = await request.body()
     headers = request.headers.raw
     credential = await resources.relay_credential(headers)

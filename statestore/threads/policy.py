@@ -33,7 +33,8 @@ class Policy:
         default; a thread whose TTL was lowered by policy gets the lower one on its next use."""
         if requested is not None:
             text = requested.decode("latin-1").strip()
-            if not text.isascii() or not text.isdigit() or int(text) < 1:
+            if not text.isascii() or not text.isdigit() or int(text[:12]) < 1:
                 raise InvalidRequest("statestore-ttl must be a whole number of seconds, at least 1")
-            return min(int(text), self.max_ttl_seconds)
+            # Anything longer than 12 digits is beyond every maximum; int() of thousands of digits is refused anyway.
+            return self.max_ttl_seconds if len(text) > 12 else min(int(text), self.max_ttl_seconds)
         return min(current if current is not None else self.default_ttl_seconds, self.max_ttl_seconds)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 import orjson
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DataError, SQLAlchemyError
 from starlette.responses import Response
 
 from statestore.api.responses import bytes_response, streaming_response
@@ -126,6 +126,15 @@ class ThreadService:
         except StatestoreError:
             self.metrics.count_thread_turn(kind, "rejected")
             raise
+        except orjson.JSONEncodeError as exc:
+            # orjson writes at most 254 levels of nesting, though it reads more.
+            self.metrics.count_thread_turn(kind, "rejected")
+            raise InvalidRequest(
+                "the request cannot be stored: nested too deeply or holds an unsupported value"
+            ) from exc
+        except DataError as exc:
+            self.metrics.count_thread_turn(kind, "rejected")
+            raise InvalidRequest("the request holds a value the thread store cannot keep") from exc
         except SQLAlchemyError as exc:
             self.metrics.count_thread_turn(kind, "rejected")
             log.warning("database unavailable for a threaded turn", extra={"error": type(exc).__name__})
@@ -203,10 +212,7 @@ class ThreadService:
         # A `thread` field wins over the session header: an explicit create takes the name even from a live thread,
         # but only once its reply commits, so a create that fails leaves the name where it was (PROTOCOL §6).
         explicit = turn.mode == "create"
-        if not await self.repository.begin_create(
-            thread, token=token, now_ms=now, lease_until_ms=now + self.lease_ms, bind_session=not explicit
-        ):
-            raise ThreadContinueInFlight("another request is continuing this session right now")
+        # Built before anything is written, so a body that cannot be encoded leaves no row behind.
         body = assembly.build_body(
             turn.fields,
             system=system_bytes,
@@ -214,6 +220,10 @@ class ThreadService:
             history=b"",
             new_messages=[assembly.encode(m) for m in turn.messages],
         )
+        if not await self.repository.begin_create(
+            thread, token=token, now_ms=now, lease_until_ms=now + self.lease_ms, bind_session=not explicit
+        ):
+            raise ThreadContinueInFlight("another request is continuing this session right now")
         return PreparedTurn(
             thread_id=thread.id,
             lease_token=token,

@@ -15,6 +15,16 @@ TTL_HEADER = b"statestore-ttl"
 _SESSION_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 _ROLES = frozenset({"user", "assistant", "system"})
 _ABSENT: Any = object()
+MAX_USER_ID = 256
+
+
+def _is_list_of_objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+
+
+def _is_storable_text(text: str, limit: int) -> bool:
+    # PostgreSQL text cannot hold NUL.
+    return len(text) <= limit and "\x00" not in text
 
 
 @dataclass(slots=True)
@@ -106,8 +116,21 @@ def read_turn(body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> Threa
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise InvalidRequest("stream: must be a boolean")
+    system = body.get("system", _ABSENT)
+    if system is not _ABSENT and not (isinstance(system, str) or _is_list_of_objects(system)):
+        raise InvalidRequest("system: must be a string or an array of content blocks")
+    tools = body.get("tools", _ABSENT)
+    if tools is not _ABSENT and not _is_list_of_objects(tools):
+        raise InvalidRequest("tools: must be an array of tool objects")
+    output_config = body.get("output_config")
+    if output_config is not None and not isinstance(output_config, dict):
+        raise InvalidRequest("output_config: must be an object")
     metadata = body.get("metadata")
-    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidRequest("metadata: must be an object")
+    user_id = metadata.get("user_id") if metadata is not None else None
+    if user_id is not None and not (isinstance(user_id, str) and _is_storable_text(user_id, MAX_USER_ID)):
+        raise InvalidRequest(f"metadata.user_id: must be a string of at most {MAX_USER_ID} characters, without NUL")
 
     fields = {k: v for k, v in body.items() if k not in ("thread", "system", "tools", "messages")}
     return ThreadTurn(
@@ -115,11 +138,11 @@ def read_turn(body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> Threa
         previous_message_id=previous,
         session=session,
         fields=fields,
-        system=body.get("system", _ABSENT),
-        tools=body.get("tools", _ABSENT),
+        system=system,
+        tools=tools,
         messages=messages,
         stream=stream,
-        metadata_user_id=user_id if isinstance(user_id, str) else None,
+        metadata_user_id=user_id,
         ttl_header=_header(headers, TTL_HEADER),
         anthropic_beta=(_header(headers, b"anthropic-beta") or b"").decode("latin-1"),
     )
