@@ -16,6 +16,9 @@ from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 
 POLICY_FIELDS = tuple(Policy.__dataclass_fields__)
+TENANT_ID_PREFIX = "ten_"
+MAX_MESSAGES_LIMIT = 2**31 - 1  # policies.max_messages and threads.head_position are 32-bit integers
+MAX_THREAD_BYTES_LIMIT = 2**63 - 1  # policies.max_thread_bytes is a 64-bit integer
 
 
 class Conflict(StatestoreError):
@@ -50,6 +53,11 @@ def validate_policy(values: dict[str, Any]) -> Policy:
         raise InvalidRequest("max_ttl_seconds must be at most 31622400 (366 days)")
     if values["max_messages"] < 2:
         raise InvalidRequest("max_messages must be at least 2 (a turn and its reply)")
+    # The columns' ranges: a larger value would fail in the database, as a 500.
+    if values["max_messages"] > MAX_MESSAGES_LIMIT:
+        raise InvalidRequest(f"max_messages must be at most {MAX_MESSAGES_LIMIT}")
+    if values["max_thread_bytes"] > MAX_THREAD_BYTES_LIMIT:
+        raise InvalidRequest(f"max_thread_bytes must be at most {MAX_THREAD_BYTES_LIMIT}")
     return Policy(**values)
 
 
@@ -73,9 +81,13 @@ class AdminService:
 
     async def create_tenant(self, name: str, *, actor: str) -> Tenant:
         name = name.strip()
-        if not name or len(name) > 200 or name == DEFAULT_SCOPE:
-            raise InvalidRequest("a tenant name is 1-200 characters and not 'default'")
-        tenant = Tenant(id="ten_" + secrets.token_hex(10), name=name, disabled=False, created_ms=self.clock())
+        if not name or len(name) > 200 or name == DEFAULT_SCOPE or not name.isprintable():
+            raise InvalidRequest("a tenant name is 1-200 printable characters and not 'default'")
+        if name.startswith(TENANT_ID_PREFIX):
+            # Tenants are named by id or name alike (routes, CLI, erasure): a name shaped like an id could stand for
+            # another tenant.
+            raise InvalidRequest(f"a tenant name must not start with {TENANT_ID_PREFIX!r}, which tenant ids use")
+        tenant = Tenant(id=TENANT_ID_PREFIX + secrets.token_hex(10), name=name, disabled=False, created_ms=self.clock())
         if not await self.repository.create_tenant(tenant, actor=actor):
             raise Conflict(f"a tenant named {name!r} already exists")
         return tenant
@@ -84,7 +96,10 @@ class AdminService:
         return await self.repository.list_tenants()
 
     async def tenant(self, id_or_name: str) -> Tenant:
-        tenant = await self.repository.find_tenant(id_or_name)
+        # Nothing with a NUL or over 200 characters was ever stored: not found, without asking the database.
+        tenant = (
+            None if "\x00" in id_or_name or len(id_or_name) > 200 else await self.repository.find_tenant(id_or_name)
+        )
         if tenant is None:
             raise NotFound(f"no tenant {id_or_name!r}")
         return tenant
@@ -155,15 +170,22 @@ class AdminService:
         before = await self.repository.get_policy(scope_id)
         if before is None:
             raise NotFound(f"{scope!r} has no policy of its own")
-        await self.repository.delete_policy(scope_id, before=before, actor=actor, now_ms=self.clock())
+        # What governs the scope's threads from now on: the stored default for a tenant, else the settings' policy.
+        after = await self.repository.get_policy(DEFAULT_SCOPE) if scope_id != DEFAULT_SCOPE else None
+        max_ttl_after = (after or self.policies.fallback).max_ttl_seconds
+        await self.repository.delete_policy(
+            scope_id, before=before, max_ttl_after=max_ttl_after, actor=actor, now_ms=self.clock()
+        )
         self.policies.forget()
 
     # -- audit, retention, stats ---------------------------------------------------------------------------------
 
-    async def audit(self, *, limit: int, before_id: int | None) -> list[AuditEntry]:
+    async def audit(self, *, limit: int, before_id: int | None) -> tuple[list[AuditEntry], bool]:
+        """Up to `limit` entries, newest first, older than `before_id` if given; and whether older ones remain."""
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000")
-        return await self.repository.audit_entries(limit=limit, before_id=before_id)
+        entries = await self.repository.audit_entries(limit=limit + 1, before_id=before_id)
+        return entries[:limit], len(entries) > limit
 
     async def purge(self, *, actor: str) -> int:
         return await self.retention.purge(actor=actor)

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import orjson
+from sqlalchemy.exc import SQLAlchemyError
 
 from statestore.admin import AdminService, as_dict
 from statestore.clock import clock_from
@@ -151,7 +152,8 @@ async def policy_delete(admin: AdminService, args: argparse.Namespace) -> tuple[
 
 
 async def audit(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
-    rows = [as_dict(e) for e in await admin.audit(limit=args.limit, before_id=None)]
+    entries, _ = await admin.audit(limit=args.limit, before_id=None)
+    rows = [as_dict(e) for e in entries]
     shown = [{**r, "when": _time(r["at_ms"])} for r in rows]
     return {"data": rows}, _table(shown, ["id", "when", "actor", "action", "target"])
 
@@ -171,6 +173,24 @@ async def purge(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str
     return {"purged_threads": count}, f"purged {count} expired threads"
 
 
+async def _database_problem(settings: Settings, error: BaseException) -> str:
+    """What to tell the operator when an operation failed in the database: most often the schema is missing or old,
+    or the database is out of reach."""
+    # Only on failure: Alembic is slow to import, and every admin command would pay for it.
+    from statestore.store.migrate import pending_revision  # noqa: PLC0415
+
+    engine = create_engine(settings.database_url, pool_size=1)
+    try:
+        pending = await pending_revision(engine)
+    except (SQLAlchemyError, OSError) as exc:
+        return f"cannot reach the database ({type(exc).__name__}: {exc})"
+    finally:
+        await engine.dispose()
+    if pending is not None:
+        return f"{pending}. Run `statestore migrate` first."
+    return f"the database refused the operation ({type(error).__name__}: {error})"
+
+
 def run(settings: Settings, args: argparse.Namespace) -> None:
     operation: Callable[[AdminService, argparse.Namespace], Awaitable[tuple[Any, str]]] = args.operation
 
@@ -182,10 +202,22 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
         value, text = asyncio.run(main())
     except StatestoreError as exc:
         sys.exit(f"statestore: {exc.message}")
+    except (SQLAlchemyError, OSError) as exc:
+        sys.exit(f"statestore: {asyncio.run(_database_problem(settings, exc))}")
     if args.json:
         sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(text)
+
+
+def _switch(value: str) -> bool:
+    """A true/false option, strictly: a typo must not switch threads off."""
+    lowered = value.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, not {value!r}")
 
 
 def add_commands(commands: Any) -> None:
@@ -245,7 +277,7 @@ def add_commands(commands: Any) -> None:
     p = policy.add_parser("set", parents=[common], help="change fields of a policy (others keep their values)")
     p.add_argument("scope", help="'default' or a tenant id or name")
     for flag in ("threads-enabled", "sessions-enabled"):
-        p.add_argument(f"--{flag}", type=lambda v: v.lower() in ("1", "true", "yes", "on"), metavar="true|false")
+        p.add_argument(f"--{flag}", type=_switch, metavar="true|false")
     for flag in ("default-ttl-seconds", "max-ttl-seconds", "max-thread-bytes", "max-messages"):
         p.add_argument(f"--{flag}", type=int, metavar="N")
     p.set_defaults(operation=policy_set)

@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from sqlalchemy.exc import DataError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
@@ -86,7 +87,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = create_engine(settings.database_url, pool_size=settings.database_pool_size)
+        engine = create_engine(settings)
         try:
             pending = await pending_revision(engine)
             if pending is not None:
@@ -189,6 +190,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if exc.status_code == 404:
             return _error_response(request, NotFound(f"no route {request.method} {request.url.path}"))
         return _error_response(request, InvalidRequest(str(exc.detail)))
+
+    @app.exception_handler(DataError)
+    async def unstorable_value(request: Request, exc: DataError) -> Response:
+        # A value the database cannot hold (a NUL in text, a number out of range) is the request's fault.
+        return _error_response(request, InvalidRequest("the request holds a value statestore cannot store or look up"))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from statestore.errors import AuthenticationFailed
+from statestore.errors import AuthenticationFailed, PermissionDenied
 from statestore.store.admin_repository import AdminRepository
 
 KEY_PREFIX = "ssk_"
@@ -107,6 +107,12 @@ class KeysAuthenticator:
             self._cache[digest] = (now + self._cache_seconds, principal)
         if principal is None:
             raise AuthenticationFailed("invalid or revoked API key")
+        if principal.upstream_credential is None:
+            # Without a backend credential of its own the request would go out with the client's statestore key.
+            raise PermissionDenied(
+                "no backend credential is configured for this tenant (STATESTORE_TENANT_UPSTREAM_KEYS or "
+                "STATESTORE_UPSTREAM_API_KEY)"
+            )
         return principal
 
     async def _lookup(self, digest: str) -> Principal | None:

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-
-from sqlalchemy.exc import SQLAlchemyError
+import time
 
 from statestore.clock import Clock
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache
-from statestore.store.repository import ThreadQueries
+from statestore.store.repository import DATABASE_ERRORS, ThreadQueries
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +27,30 @@ class Retention:
         self.cache = cache
         self.clock = clock
         self.batch_size = batch_size
+        # Threads whose rows are gone but whose cache entries could not be deleted (Redis unreachable); retried on
+        # every purge until they are. Unservable meanwhile: every read starts from the rows.
+        self.cache_debt: set[str] = set()
+
+    async def _forget_in_cache(self, thread_ids: list[str]) -> None:
+        if not await self.cache.delete_many(thread_ids):
+            self.cache_debt.update(thread_ids)
+            log.warning("cache entries of deleted threads left for retry", extra={"threads": len(thread_ids)})
+
+    async def settle_cache_debt(self) -> None:
+        if self.cache_debt:
+            owed = sorted(self.cache_debt)
+            if await self.cache.delete_many(owed):
+                self.cache_debt.difference_update(owed)
 
     async def purge(self, *, actor: str | None = None) -> int:
         """Delete every thread expired by now, batch by batch. With an actor (an admin's "purge now") the run is
         audited; the background purger's runs are only counted."""
+        await self.settle_cache_debt()
         total = 0
         while True:
             ids = await self.queries.purge_expired(now_ms=self.clock(), batch_size=self.batch_size)
             if ids:
-                await self.cache.delete_many(ids)
+                await self._forget_in_cache(ids)
                 await self.admin.add_to_counter("purged_threads", len(ids))
                 total += len(ids)
             if len(ids) < self.batch_size:
@@ -55,30 +69,46 @@ class Retention:
         while True:
             ids = await self.queries.erase_batch(batch_size=self.batch_size, tenant_id=tenant_id, user_id=user_id)
             if ids:
-                await self.cache.delete_many(ids)
+                await self._forget_in_cache(ids)
                 await self.admin.add_to_counter("erased_threads", len(ids))
                 total += len(ids)
             if len(ids) < self.batch_size:
                 break
         target = ",".join(f"{k}={v}" for k, v in (("tenant", tenant_id), ("user_id", user_id)) if v is not None)
+        # The audit target column holds 200 characters; a long user_id is shortened there, whole in `after`.
+        target = target if len(target) <= 200 else target[:199] + "…"
         await self.admin.record(
-            actor=actor, action="erase", target=target, after={"threads": total}, now_ms=self.clock()
+            actor=actor,
+            action="erase",
+            target=target,
+            after={"threads": total, "tenant_id": tenant_id, "user_id": user_id},
+            now_ms=self.clock(),
         )
         log.info("erased threads", extra={"threads": total, "actor": actor})
         return total
 
     async def delete_thread(self, owner: str, thread_id: str) -> bool:
-        deleted = await self.queries.delete_thread(owner, thread_id, now_ms=self.clock())
-        await self.cache.delete(thread_id)
-        return deleted
+        """Erase one of the owner's threads now; True when it was live. The cache entry goes only with the rows: a
+        request naming another owner's thread must not touch it."""
+        live, deleted = await self.queries.delete_thread(owner, thread_id, now_ms=self.clock())
+        if deleted:
+            await self._forget_in_cache([thread_id])
+        return live
 
 
 async def run_purger(retention: Retention, interval_seconds: float) -> None:
     """The server's background purge loop: an expired thread's rows and cache keys are gone within one interval
-    (plus the time a backlog takes) of its expiry. Failures are logged and retried on the next tick."""
+    (plus the time a backlog takes) of its expiry. Cache entries a deletion could not reach are retried every second
+    in between. Failures are logged and retried on the next tick."""
+    tick = min(interval_seconds, 1.0)
+    next_purge = time.monotonic() + interval_seconds
     while True:
-        await asyncio.sleep(interval_seconds)
+        await asyncio.sleep(tick)
         try:
-            await retention.purge()
-        except (SQLAlchemyError, OSError) as exc:
+            if time.monotonic() >= next_purge:
+                next_purge = time.monotonic() + interval_seconds
+                await retention.purge()
+            else:
+                await retention.settle_cache_debt()
+        except DATABASE_ERRORS as exc:
             log.warning("purge failed; retrying next interval", extra={"error": type(exc).__name__})

@@ -95,8 +95,9 @@ async def list_keys(tenant: str, actor: Actor, admin: Admin) -> dict[str, Any]:
 
 
 @router.post("/tenants/{tenant}/keys", status_code=201)
-async def create_key(tenant: str, body: KeyIn, actor: Actor, admin: Admin) -> dict[str, Any]:
-    created = await admin.create_key(tenant, label=body.label, actor=actor)
+async def create_key(tenant: str, actor: Actor, admin: Admin, body: KeyIn | None = None) -> dict[str, Any]:
+    # The body is optional: a key needs no label.
+    created = await admin.create_key(tenant, label=body.label if body is not None else None, actor=actor)
     # The only time the secret is shown.
     return {**as_dict(created.key), "secret": created.secret}
 
@@ -130,10 +131,10 @@ async def audit(
     actor: Actor,
     admin: Admin,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    before: Annotated[int | None, Query(ge=1)] = None,
+    before: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
 ) -> dict[str, Any]:
-    entries = await admin.audit(limit=limit, before_id=before)
-    return {"data": [as_dict(e) for e in entries], "has_more": len(entries) == limit}
+    entries, has_more = await admin.audit(limit=limit, before_id=before)
+    return {"data": [as_dict(e) for e in entries], "has_more": has_more}
 
 
 @router.post("/purge")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 from fastapi import APIRouter, Request
 from sqlalchemy import text
@@ -10,6 +12,8 @@ from starlette.responses import Response
 from statestore.api.deps import ResourcesDep
 
 router = APIRouter()
+# A probe must answer promptly even when the database hangs.
+READY_TIMEOUT_SECONDS = 2.0
 
 
 @router.get("/healthz")
@@ -22,7 +26,7 @@ async def readyz(resources: ResourcesDep) -> Response:
     """503 when the database is unreachable (threaded turns cannot be served). A Redis outage only makes
     statestore slower (the history is read from the database), so it reports "degraded" and stays in rotation."""
     try:
-        async with resources.engine.connect() as conn:
+        async with asyncio.timeout(READY_TIMEOUT_SECONDS), resources.engine.connect() as conn:
             await conn.execute(text("SELECT 1"))
         database = "ok"
     except Exception:  # any failure means not ready; the reason is in the server log, not here

@@ -7,7 +7,6 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
@@ -59,6 +58,10 @@ async def list_threads(
     after: str | None = None,
     session_id: str | None = None,
 ) -> dict[str, Any]:
+    if after is not None and not is_thread_id(after):
+        raise InvalidRequest("after: not a thread id")
+    if session_id is not None and not _SESSION_NAME.fullmatch(session_id):
+        raise InvalidRequest("session_id: 1-128 characters of A-Z, a-z, 0-9, '.', '_', ':', '-'")
     page = await resources.queries.list_threads(
         caller.owner, now_ms=resources.clock(), limit=limit, after=after, session_id=session_id
     )
@@ -75,7 +78,11 @@ async def list_threads(
 
 @router.get("/v1/threads/{thread_id}")
 async def get_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
-    info = await resources.queries.thread_info(caller.owner, thread_id, now_ms=resources.clock())
+    info = (
+        await resources.queries.thread_info(caller.owner, thread_id, now_ms=resources.clock())
+        if is_thread_id(thread_id)
+        else None
+    )
     if info is None:
         raise _not_found(thread_id)
     return _thread(info)
@@ -83,16 +90,21 @@ async def get_thread(thread_id: str, caller: Caller, resources: ResourcesDep) ->
 
 @router.get("/v1/threads/{thread_id}/messages")
 async def export_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> Response:
-    exported = await resources.queries.export(caller.owner, thread_id, now_ms=resources.clock())
+    exported = (
+        await resources.queries.export(caller.owner, thread_id, now_ms=resources.clock())
+        if is_thread_id(thread_id)
+        else None
+    )
     if exported is None:
         raise _not_found(thread_id)
-    # Stored bytes spliced as they are: the export is the request a client would send to replay the thread.
-    parts = [b'{"thread_id":', orjson.dumps(thread_id)]
+    # Stored bytes spliced as they are: the export is the request a client would send to replay the thread, so it
+    # holds only Messages API fields (a real backend refuses any other, such as a thread id).
+    parts = [b"{"]
     if exported.system is not None:
-        parts += [b',"system":', exported.system]
+        parts += [b'"system":', exported.system, b","]
     if exported.tools is not None:
-        parts += [b',"tools":', exported.tools]
-    parts += [b',"messages":[', b",".join(exported.messages), b"]}"]
+        parts += [b'"tools":', exported.tools, b","]
+    parts += [b'"messages":[', b",".join(exported.messages), b"]}"]
     return Response(b"".join(parts), media_type="application/json")
 
 

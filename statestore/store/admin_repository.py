@@ -132,7 +132,13 @@ class AdminRepository:
             return [_tenant(row) for row in rows]
 
     async def find_tenant(self, id_or_name: str) -> Tenant | None:
-        stmt = select(tenants).where(or_(tenants.c.id == id_or_name, tenants.c.name == id_or_name))
+        """The tenant with this id, else the one with this name."""
+        stmt = (
+            select(tenants)
+            .where(or_(tenants.c.id == id_or_name, tenants.c.name == id_or_name))
+            .order_by((tenants.c.id == id_or_name).desc())
+            .limit(1)
+        )
         async with self.engine.connect() as conn:
             row = (await conn.execute(stmt)).mappings().first()
         return _tenant(row) if row is not None else None
@@ -226,16 +232,7 @@ class AdminRepository:
             changed = await conn.execute(update(policies).where(policies.c.scope == scope).values(**values))
             if changed.rowcount == 0:
                 await conn.execute(insert(policies).values(scope=scope, **values))
-            await conn.execute(
-                update(threads)
-                .where(self._threads_governed_by(scope), threads.c.ttl_seconds > policy.max_ttl_seconds)
-                .values(
-                    ttl_seconds=policy.max_ttl_seconds,
-                    expires_ms=func.min(threads.c.expires_ms, threads.c.updated_ms + policy.max_ttl_seconds * 1000)
-                    if self.engine.dialect.name == "sqlite"
-                    else func.least(threads.c.expires_ms, threads.c.updated_ms + policy.max_ttl_seconds * 1000),
-                )
-            )
+            await self._shorten_threads(conn, scope, policy.max_ttl_seconds)
             await self._audit(
                 conn,
                 actor=actor,
@@ -246,9 +243,12 @@ class AdminRepository:
                 now_ms=now_ms,
             )
 
-    async def delete_policy(self, scope: str, *, before: Policy, actor: str, now_ms: int) -> None:
+    async def delete_policy(self, scope: str, *, before: Policy, max_ttl_after: int, actor: str, now_ms: int) -> None:
+        """Drop the scope's own policy; its threads now follow a policy allowing at most `max_ttl_after` seconds, and
+        live ones allowed more are shortened, in the same transaction."""
         async with self.engine.begin() as conn:
             await conn.execute(delete(policies).where(policies.c.scope == scope))
+            await self._shorten_threads(conn, scope, max_ttl_after)
             await self._audit(
                 conn,
                 actor=actor,
@@ -258,6 +258,16 @@ class AdminRepository:
                 after=None,
                 now_ms=now_ms,
             )
+
+    async def _shorten_threads(self, conn: AsyncConnection, scope: str, max_ttl_seconds: int) -> None:
+        """Bring the live threads a scope's policy governs within its maximum TTL, at once (PROTOCOL §8)."""
+        shortened = threads.c.updated_ms + max_ttl_seconds * 1000
+        least = func.min if self.engine.dialect.name == "sqlite" else func.least
+        await conn.execute(
+            update(threads)
+            .where(self._threads_governed_by(scope), threads.c.ttl_seconds > max_ttl_seconds)
+            .values(ttl_seconds=max_ttl_seconds, expires_ms=least(threads.c.expires_ms, shortened))
+        )
 
     @staticmethod
     def _threads_governed_by(scope: str) -> Any:
@@ -308,8 +318,10 @@ class AdminRepository:
 
     async def stats(self, *, now_ms: int, tenant_id: str | None = None) -> dict[str, int]:
         live = and_(threads.c.expires_ms > now_ms, threads.c.head_message_id.is_not(None))
+        expired = threads.c.expires_ms <= now_ms
         if tenant_id is not None:
             live = and_(live, threads.c.tenant_id == tenant_id)
+            expired = and_(expired, threads.c.tenant_id == tenant_id)
         async with self.engine.connect() as conn:
             count, size, messages = (
                 await conn.execute(
@@ -320,15 +332,13 @@ class AdminRepository:
                     ).where(live)
                 )
             ).one()
-            expired = (
-                await conn.execute(select(func.count()).select_from(threads).where(threads.c.expires_ms <= now_ms))
-            ).scalar_one()
+            awaiting_purge = (await conn.execute(select(func.count()).select_from(threads).where(expired))).scalar_one()
             totals = {row[0]: row[1] for row in await conn.execute(select(counters.c.name, counters.c.value))}
         return {
             "live_threads": int(count),
             "live_messages": int(messages),
             "live_bytes": int(size),
-            "expired_awaiting_purge": int(expired),
+            "expired_awaiting_purge": int(awaiting_purge),
             "purged_threads_total": int(totals.get("purged_threads", 0)),
             "erased_threads_total": int(totals.get("erased_threads", 0)),
         }

@@ -46,9 +46,11 @@ class HistoryCache(Protocol):
         otherwise (missing or stale) drop the entry so the next read rebuilds it. Atomic."""
         ...
 
-    async def delete(self, thread_id: str) -> None: ...
+    async def delete(self, thread_id: str) -> bool:
+        """Whether the entry is surely gone (False: the cache could not be reached)."""
 
-    async def delete_many(self, thread_ids: Sequence[str]) -> None: ...
+    async def delete_many(self, thread_ids: Sequence[str]) -> bool:
+        """Whether every entry is surely gone."""
 
     async def ping(self) -> bool: ...
 
@@ -258,13 +260,15 @@ class RedisHistoryCache:
             if not isinstance(exc, RedisConnectionError):
                 await self.delete(thread_id)
 
-    async def delete(self, thread_id: str) -> None:
+    async def delete(self, thread_id: str) -> bool:
         try:
             await self._client.delete(*self._keys(thread_id))
         except _FAULTS as exc:
             self._fault("delete", thread_id, exc)
+            return False
+        return True
 
-    async def delete_many(self, thread_ids: Sequence[str]) -> None:
+    async def delete_many(self, thread_ids: Sequence[str]) -> bool:
         for start in range(0, len(thread_ids), _DELETE_BATCH):
             # Not a transaction: Cluster pipelines cannot span slots transactionally, and each DEL
             # stands alone. One DEL per thread keeps every command inside a single slot.
@@ -277,7 +281,8 @@ class RedisHistoryCache:
                 # Stop at the first failed batch: Redis is likely down and the rest would fail slowly.
                 # Entries left behind expire with their TTL and the database no longer serves them.
                 self._fault("delete_many", None, exc)
-                return
+                return False
+        return True
 
     async def ping(self) -> bool:
         try:
@@ -397,12 +402,14 @@ class MemoryHistoryCache:
         joined = _appended(entry.joined, added)
         self._store(thread_id, _Entry(entry.messages + len(added), joined, now + ttl_ms), now)
 
-    async def delete(self, thread_id: str) -> None:
+    async def delete(self, thread_id: str) -> bool:
         self._remove(thread_id)
+        return True
 
-    async def delete_many(self, thread_ids: Sequence[str]) -> None:
+    async def delete_many(self, thread_ids: Sequence[str]) -> bool:
         for thread_id in thread_ids:
             self._remove(thread_id)
+        return True
 
     async def ping(self) -> bool:
         return True

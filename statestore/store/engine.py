@@ -33,20 +33,28 @@ def normalise_database_url(url: str) -> str:
     return Settings._async_driver(url)
 
 
-def create_engine(settings_or_url: Settings | str, *, pool_size: int | None = None) -> AsyncEngine:
-    """Build the engine. ``pool_size`` defaults to ``Settings.database_pool_size`` (or 10 for a bare URL)."""
+def create_engine(
+    settings_or_url: Settings | str, *, pool_size: int | None = None, timeout: float | None = None
+) -> AsyncEngine:
+    """Build the engine. ``pool_size`` defaults to ``Settings.database_pool_size`` (or 10 for a bare URL), ``timeout``
+    (PostgreSQL: connect, statement and pool-checkout bound) to ``Settings.database_timeout_seconds`` (or 5 s)."""
     if isinstance(settings_or_url, Settings):
         url = settings_or_url.database_url
         size = pool_size or settings_or_url.database_pool_size
+        bound = timeout or settings_or_url.database_timeout_seconds
     else:
         url = normalise_database_url(settings_or_url)
         size = pool_size or DEFAULT_POOL_SIZE
+        bound = timeout or DEFAULT_TIMEOUT_SECONDS
     if url.startswith("sqlite"):
         return _sqlite_engine(url, size)
-    return _postgres_engine(url, size)
+    return _postgres_engine(url, size, bound)
 
 
-def _postgres_engine(url: str, pool_size: int) -> AsyncEngine:
+DEFAULT_TIMEOUT_SECONDS = 5.0
+
+
+def _postgres_engine(url: str, pool_size: int, timeout: float) -> AsyncEngine:
     return create_async_engine(
         url,
         pool_size=pool_size,
@@ -57,7 +65,14 @@ def _postgres_engine(url: str, pool_size: int) -> AsyncEngine:
         # server-side idle disconnects instead, and a dead connection fails one request and is discarded.
         pool_pre_ping=False,
         pool_recycle=1800,
-        connect_args={"server_settings": {"application_name": "statestore"}},
+        # A hung database must fail requests within a bound (503), not hold them: connect and statement timeouts,
+        # and a bounded wait for a pooled connection.
+        pool_timeout=timeout,
+        connect_args={
+            "server_settings": {"application_name": "statestore"},
+            "timeout": timeout,
+            "command_timeout": timeout,
+        },
     )
 
 

@@ -13,12 +13,17 @@ from typing import Literal
 from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row, RowMapping
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.store.schema import sessions, thread_messages, threads
 
 ContinueRefusal = Literal["not_found", "already_continued", "in_flight"]
+
+# What a database outage looks like from here: SQLAlchemy's errors, and the driver's own OSError (a refused
+# connection) and TimeoutError (a hung server) that reach us unwrapped.
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -450,15 +455,15 @@ class ThreadQueries:
             ).first()
         return _info(row._mapping) if row is not None else None
 
-    async def delete_thread(self, owner: str, thread_id: str, *, now_ms: int) -> bool:
-        """Erase one thread (its messages and session binding go by cascade). False when the owner has no live thread
-        by that id; an expired one is deleted all the same."""
+    async def delete_thread(self, owner: str, thread_id: str, *, now_ms: int) -> tuple[bool, bool]:
+        """Erase one thread of the owner's (its messages and session binding go by cascade). Returns (whether it was
+        live, whether anything was deleted): an expired one is deleted all the same, another owner's never."""
         async with self.engine.begin() as conn:
             live = (
                 await conn.execute(select(threads.c.id).where(threads.c.id == thread_id, _live(owner, now_ms)))
             ).first()
-            await conn.execute(delete(threads).where(threads.c.id == thread_id, threads.c.owner == owner))
-        return live is not None
+            deleted = await conn.execute(delete(threads).where(threads.c.id == thread_id, threads.c.owner == owner))
+        return live is not None, deleted.rowcount > 0
 
     async def purge_expired(self, *, now_ms: int, batch_size: int) -> list[str]:
         """Delete one batch of expired threads that no request holds; returns their ids. Short transactions, and

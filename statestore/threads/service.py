@@ -13,7 +13,7 @@ from typing import Any, Literal
 import anyio
 import httpx
 import orjson
-from sqlalchemy.exc import DataError, SQLAlchemyError
+from sqlalchemy.exc import DataError
 from starlette.responses import Response
 
 from statestore.api.responses import bytes_response, streaming_response
@@ -33,7 +33,7 @@ from statestore.errors import (
 )
 from statestore.metrics import Metrics
 from statestore.store.cache import CachedHistory, HistoryCache
-from statestore.store.repository import LeasedThread, NewThread, ThreadRepository, TurnCommit
+from statestore.store.repository import DATABASE_ERRORS, LeasedThread, NewThread, ThreadRepository, TurnCommit
 from statestore.threads import assembly
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
 from statestore.threads.policy import Policy
@@ -114,7 +114,7 @@ class ThreadService:
     ) -> Response:
         try:
             policy = await self.policies.for_tenant(principal.tenant_id)
-        except SQLAlchemyError as exc:
+        except DATABASE_ERRORS as exc:
             raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
         if not policy.threads_enabled:
             raise ThreadUnsupportedRequest("threads are turned off for this owner", unsupported=[])
@@ -135,7 +135,7 @@ class ThreadService:
         except DataError as exc:
             self.metrics.count_thread_turn(kind, "rejected")
             raise InvalidRequest("the request holds a value the thread store cannot keep") from exc
-        except SQLAlchemyError as exc:
+        except DATABASE_ERRORS as exc:
             self.metrics.count_thread_turn(kind, "rejected")
             log.warning("database unavailable for a threaded turn", extra={"error": type(exc).__name__})
             raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
@@ -251,7 +251,7 @@ class ThreadService:
             _check_limits(
                 policy,
                 messages=leased.head_position + len(new_rows) + 1,
-                size=leased.byte_count + sum(map(len, new_rows)),
+                size=len(leased.system or b"") + len(leased.tools or b"") + leased.byte_count + sum(map(len, new_rows)),
             )
             ttl = policy.ttl_for(turn.ttl_header, leased.ttl_seconds)
             history = await self._history(leased, ttl_ms=ttl * 1000)
@@ -393,6 +393,10 @@ class ThreadService:
     async def _commit(self, prepared: PreparedTurn, reply_row: bytes) -> None:
         rows: list[tuple[bytes, str | None]] = [(body, None) for body in prepared.new_rows]
         rows.append((reply_row, prepared.response_id))
+        now = self.clock()
+        # The TTL runs from the stored reply (§5), however long the backend took; a stream's header, sent before
+        # the reply, promised no later than this.
+        prepared.expires_ms = now + prepared.ttl_seconds * 1000
         commit = TurnCommit(
             thread_id=prepared.thread_id,
             lease_token=prepared.lease_token,
@@ -401,13 +405,13 @@ class ThreadService:
             head_message_id=prepared.response_id,
             expires_ms=prepared.expires_ms,
             ttl_seconds=prepared.ttl_seconds,
-            now_ms=self.clock(),
+            now_ms=now,
             metadata_user_id=prepared.metadata_user_id,
             rebind_session=prepared.rebind_session,
         )
         try:
             committed = await self.repository.commit_turn(commit)
-        except SQLAlchemyError as exc:
+        except DATABASE_ERRORS as exc:
             log.warning("could not commit a turn", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__})
             raise ServiceUnavailable("the thread store is unavailable; the turn was not stored") from exc
         if not committed:
@@ -431,7 +435,7 @@ class ThreadService:
                 await self.repository.abandon_create(thread_id=prepared.thread_id, token=prepared.lease_token)
             else:
                 await self.repository.release(thread_id=prepared.thread_id, token=prepared.lease_token)
-        except SQLAlchemyError as exc:
+        except DATABASE_ERRORS as exc:
             # The lease still runs out by itself; the thread stays continuable after that.
             log.warning(
                 "could not release a lease", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__}
@@ -440,7 +444,7 @@ class ThreadService:
     async def _release_quietly(self, thread_id: str, token: str) -> None:
         try:
             await self.repository.release(thread_id=thread_id, token=token)
-        except SQLAlchemyError as exc:
+        except DATABASE_ERRORS as exc:
             log.warning("could not release a lease", extra={"thread_id": thread_id, "error": type(exc).__name__})
 
 

@@ -97,7 +97,13 @@ class UpstreamResponse:
             yield chunk
 
     async def read(self) -> bytes:
-        return b"".join([chunk async for chunk in self._response.aiter_raw()])
+        """The whole body; a backend that breaks off or stalls before the end is a 502 or a 504."""
+        try:
+            return b"".join([chunk async for chunk in self._response.aiter_raw()])
+        except httpx.TimeoutException as exc:
+            raise UpstreamTimeout("the model backend stopped answering mid-response") from exc
+        except (httpx.TransportError, OSError) as exc:
+            raise UpstreamUnreachable("the model backend broke off its response") from exc
 
     async def aclose(self) -> None:
         await self._response.aclose()
