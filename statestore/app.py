@@ -89,7 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = create_engine(settings)
         try:
-            pending = await pending_revision(engine)
+            pending = await pending_revision(engine, allow_newer=settings.allow_newer_schema)
             if pending is not None:
                 raise RuntimeError(f"{pending}; run `statestore migrate` first")
             if (problem := settings_problem(settings)) is not None:

@@ -28,7 +28,7 @@ async def _pending(settings: Settings) -> str | None:
 
     engine = create_engine(settings.database_url, pool_size=1)
     try:
-        return await pending_revision(engine)
+        return await pending_revision(engine, allow_newer=settings.allow_newer_schema)
     finally:
         await engine.dispose()
 

@@ -16,6 +16,8 @@ class Settings(BaseSettings):
 
     database_url: str = DEFAULT_DATABASE_URL
     database_pool_size: int = Field(default=10, ge=1, le=1000)
+    # Start on a schema migrated by a newer statestore (migrations are additive): rolling upgrades and rollbacks.
+    allow_newer_schema: bool = True
     # Bounds every database wait (connect, statement, pool checkout): a hung database fails turns with 503.
     database_timeout_seconds: float = Field(default=5.0, gt=0)
     redis_url: str | None = None

@@ -35,7 +35,10 @@ async def relay(
         method, path_and_query, request_headers_for_upstream(headers, threaded=False, credential=credential), body
     )
     return streaming_response(
-        response.status, _passthrough(response), response_headers_for_client(response.headers, keep_length=True)
+        response.status,
+        _passthrough(response),
+        response_headers_for_client(response.headers, keep_length=True),
+        on_close=response.aclose,
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,8 @@ MIGRATIONS_DIR_ENV = "STATESTORE_MIGRATIONS_DIR"
 # Marks a Config whose URL the caller chose, so env.py does not swap in STATESTORE_DATABASE_URL: a test migrating
 # its own scratch database must never migrate the one the environment points at.
 EXPLICIT_URL_ATTRIBUTE = "statestore.explicit_url"
+
+log = logging.getLogger(__name__)
 
 
 def migrations_dir() -> Path:
@@ -52,8 +55,11 @@ def downgrade(database_url: str, revision: str) -> None:
     _outside_event_loop(lambda: command.downgrade(alembic_config(database_url), revision))
 
 
-async def pending_revision(engine: AsyncEngine) -> str | None:
-    """None when the database is at the code's head revision, else what is wrong, for a startup refusal."""
+async def pending_revision(engine: AsyncEngine, *, allow_newer: bool = False) -> str | None:
+    """None when the database is at the code's head revision, else what is wrong, for a startup refusal.
+
+    With `allow_newer`, a schema migrated by a newer statestore (a revision this code does not know) is accepted with
+    a warning: migrations are additive, so during a rolling upgrade or a rollback the older code keeps working."""
     script = _script_directory()
     expected = set(script.get_heads())
     async with engine.connect() as connection:
@@ -66,6 +72,9 @@ async def pending_revision(engine: AsyncEngine) -> str | None:
     described = f"database is at revision {_revisions(current)}, code expects {_revisions(expected)}"
     known = {revision.revision for revision in script.walk_revisions()}
     if not current <= known:
+        if allow_newer:
+            log.warning("the database schema is newer than this code; running on it", extra={"schema": described})
+            return None
         return described + " (a revision this code does not know: migrated by a newer statestore?)"
     return described
 

@@ -295,6 +295,16 @@ class ThreadRepository:
             )
         )
 
+    async def renew_lease(self, *, thread_id: str, token: str, lease_until_ms: int) -> bool:
+        """Extend a lease this request still holds (a long stream); False when it was lost."""
+        async with self.engine.begin() as conn:
+            renewed = await conn.execute(
+                update(threads)
+                .where(threads.c.id == thread_id, threads.c.lease_token == token)
+                .values(lease_expires_ms=lease_until_ms)
+            )
+        return renewed.rowcount == 1
+
     async def release(self, *, thread_id: str, token: str) -> None:
         """Give the head back after a continue that stored nothing, so the same id can be continued again."""
         async with self.engine.begin() as conn:

@@ -3,6 +3,7 @@ client (PROTOCOL §2 to §6). A turn is all or nothing: any failure gives the he
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -68,6 +69,7 @@ class PreparedTurn:
     upstream_body: bytes
     history_count: int
     anthropic_beta: str
+    renewal: asyncio.Task[None] | None = None
     outcome: str = field(default="not_stored")
     # An explicit create that names a session: (owner, name), bound to this thread when its reply commits (PROTOCOL §6).
     rebind_session: tuple[str, str] | None = None
@@ -139,6 +141,8 @@ class ThreadService:
             self.metrics.count_thread_turn(kind, "rejected")
             log.warning("database unavailable for a threaded turn", extra={"error": type(exc).__name__})
             raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
+        # A long reply outlives the lease; renewing it keeps a crashed request's lease short and a live one held.
+        prepared.renewal = asyncio.create_task(self._keep_lease(prepared), name="lease-renewal")
         try:
             return await self._forward(prepared, principal, headers, query)
         except BaseException:
@@ -332,10 +336,16 @@ class ThreadService:
                     response.status, body, response_headers_for_client(response.headers, keep_length=False)
                 )
             return await self._complete_json(prepared, response.headers, body)
+
+        async def settle() -> None:
+            await response.aclose()
+            await self._give_back(prepared)  # no-op once the turn is stored or given back
+
         return streaming_response(
             200,
             self._relay_stream(prepared, response),
             response_headers_for_client(response.headers, keep_length=False) + self._thread_headers(prepared),
+            on_close=settle,
         )
 
     async def _complete_json(
@@ -390,7 +400,32 @@ class ThreadService:
                 if not done:
                     await self._give_back(prepared)
 
+    async def _keep_lease(self, prepared: PreparedTurn) -> None:
+        interval = self.lease_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                held = await self.repository.renew_lease(
+                    thread_id=prepared.thread_id,
+                    token=prepared.lease_token,
+                    lease_until_ms=self.clock() + self.lease_ms,
+                )
+            except DATABASE_ERRORS as exc:
+                log.warning(
+                    "could not renew a lease", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__}
+                )
+                continue
+            if not held:
+                return
+
+    @staticmethod
+    def _stop_renewal(prepared: PreparedTurn) -> None:
+        if prepared.renewal is not None:
+            prepared.renewal.cancel()
+            prepared.renewal = None
+
     async def _commit(self, prepared: PreparedTurn, reply_row: bytes) -> None:
+        self._stop_renewal(prepared)
         rows: list[tuple[bytes, str | None]] = [(body, None) for body in prepared.new_rows]
         rows.append((reply_row, prepared.response_id))
         now = self.clock()
@@ -426,6 +461,7 @@ class ThreadService:
             await self.cache.append(prepared.thread_id, prepared.history_count, added, ttl_ms)
 
     async def _give_back(self, prepared: PreparedTurn) -> None:
+        self._stop_renewal(prepared)
         if prepared.outcome in {"stored", "given_back"}:
             return
         prepared.outcome = "given_back"

@@ -231,11 +231,11 @@ def test_the_background_purger_removes_expired_threads_within_its_interval(
         assert cache.keys_of(thread_id)
         clock.advance(11)
         started = time.monotonic()
-        while db.rows_of(thread_id) != (0, 0, 0):
+        # Rows go first and the cache keys right after, in the same purge run.
+        while db.rows_of(thread_id) != (0, 0, 0) or cache.keys_of(thread_id):
             assert time.monotonic() - started < 4 * interval + 2, "the background purger did not run in time"
             time.sleep(0.05)
         waited = time.monotonic() - started
-        assert cache.keys_of(thread_id) == []
         assert waited <= 2 * interval + 1, f"purged after {waited:.2f}s, interval {interval}s"
     finally:
         purger.stop()
