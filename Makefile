@@ -30,6 +30,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check statestore tests bench migrations
 	$(BIN)/ruff format --check statestore tests bench migrations
 	$(BIN)/mypy
+	@# deploy/: each tool runs offline from its PyPI package (schemas and the hadolint binary ship in the wheels).
+	$(BIN)/hadolint --config deploy/hadolint.yaml deploy/Dockerfile
+	$(BIN)/yamllint --strict -c deploy/yamllint.yaml .
+	$(BIN)/kubernetes-validate --strict --quiet $(filter-out %/kustomization.yaml,$(wildcard deploy/kubernetes/*.yaml))
+	$(BIN)/check-jsonschema --builtin-schema vendor.compose-spec deploy/compose.yaml
+	$(BIN)/ruff check deploy
+	$(BIN)/ruff format --check deploy
+	$(BIN)/python deploy/constraints.py check
 
 test: $(STAMP) lint services
 	@scripts/run-tests.sh

@@ -3,6 +3,19 @@
 # Used by `make test` (and so by CI): a service that cannot be brought up fails the run instead of skipping tests.
 set -euo pipefail
 
+# haproxy: the scale-out tests (tests/scaleout) start their own, in front of three statestore replicas. Installed with
+# the machine's apt-get when missing (root, non-interactive, as in CI); left alone when it is already there.
+haproxy_present() { command -v haproxy >/dev/null 2>&1 || [ -x /usr/sbin/haproxy ]; }
+if ! haproxy_present; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "haproxy is not installed; installing it with apt-get" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >&2 || true
+    apt-get install -y -qq --no-install-recommends haproxy >&2 || echo "apt-get could not install haproxy" >&2
+  fi
+  haproxy_present || echo "haproxy is missing (install it: apt-get install haproxy); tests/scaleout will fail under CI" >&2
+fi
+
 pg_up() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
 redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }
 
