@@ -32,7 +32,6 @@ from tests.reliability.proof_support import (
     continue_body,
     create_body,
     new_key,
-    private_database,
     servers_on,
     thread_headers,
     user,
@@ -543,18 +542,6 @@ class Target:
     victim_key: str
     victim_thread: str
     victim_head: str
-
-
-@pytest.fixture(scope="module")
-def backend_process() -> Iterator[FakeBackend]:
-    with FakeBackend() as backend:
-        yield backend
-
-
-@pytest.fixture(scope="module")
-async def database(postgres_admin_url: str) -> AsyncIterator[Database]:
-    async with private_database(postgres_admin_url) as db:
-        yield db
 
 
 @pytest.fixture(scope="module")

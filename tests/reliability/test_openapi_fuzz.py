@@ -9,7 +9,7 @@ EXAMPLES) and Hypothesis does not shrink here: every failing example found is re
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -27,7 +27,6 @@ from tests.reliability.proof_support import (
     check_error_shape,
     create_body,
     new_key,
-    private_database,
     servers_on,
     thread_headers,
     user,
@@ -64,18 +63,6 @@ PARAMS = [
     for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE)
     if takes_input or mode is GenerationMode.POSITIVE
 ]
-
-
-@pytest.fixture(scope="module")
-def backend_process() -> Iterator[FakeBackend]:
-    with FakeBackend() as backend:
-        yield backend
-
-
-@pytest.fixture(scope="module")
-async def database(postgres_admin_url: str) -> AsyncIterator[Database]:
-    async with private_database(postgres_admin_url) as db:
-        yield db
 
 
 @pytest.fixture(scope="module")

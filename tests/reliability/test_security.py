@@ -33,7 +33,6 @@ from tests.reliability.proof_support import (
     continue_body,
     create_body,
     new_key,
-    private_database,
     servers_on,
     thread_headers,
     user,
@@ -58,18 +57,6 @@ class Deployment:
     upstream_key: str
     # Every sentinel handed to a server, for the log search.
     sentinels: dict[str, str] = field(default_factory=dict)
-
-
-@pytest.fixture(scope="module")
-def backend_process() -> Iterator[FakeBackend]:
-    with FakeBackend() as backend:
-        yield backend
-
-
-@pytest.fixture(scope="module")
-async def database(postgres_admin_url: str) -> AsyncIterator[Database]:
-    async with private_database(postgres_admin_url) as db:
-        yield db
 
 
 @pytest.fixture(scope="module")
