@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import logging
 import logging.config
-import secrets
-import string
 import time
 import traceback
 from contextvars import ContextVar
@@ -22,11 +20,11 @@ from typing import Any
 
 import orjson
 
+from statestore.base62 import random_key
 from statestore.errors import StatestoreError, StreamBrokenOff
 
 request_id_var: ContextVar[str | None] = ContextVar("statestore_request_id", default=None)
 
-_BASE62 = string.ascii_letters + string.digits
 _REQUEST_ID_CHARS = 24
 
 # Our own error messages are written to be shown to clients; OS errors name hosts and errno, not payloads.
@@ -47,7 +45,7 @@ _QUIETED_LOGGERS = ("httpx", "httpcore", "alembic")
 
 
 def new_request_id() -> str:
-    return "req_" + "".join(secrets.choice(_BASE62) for _ in range(_REQUEST_ID_CHARS))
+    return "req_" + random_key(_REQUEST_ID_CHARS)
 
 
 def _timestamp(created: float) -> str:

@@ -41,7 +41,8 @@ class Resources:
         return (await self.authenticator.authenticate(headers)).upstream_credential
 
 
-def get_resources(request: Request) -> Resources:
+async def get_resources(request: Request) -> Resources:
+    # async: FastAPI would run a plain function in a worker thread on every request.
     resources: Resources = request.app.state.resources
     return resources
 

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import secrets
 
-_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+from statestore.base62 import ALPHABET as _ALPHABET
+from statestore.base62 import random_key
+
 _KEY_LEN = 22  # 22 base62 characters ≈ 131 bits
 _THREAD_PREFIX = "thr_"
 _MESSAGE_PREFIX = "msg_"
 
 
 def _random_key() -> str:
-    return "".join(secrets.choice(_ALPHABET) for _ in range(_KEY_LEN))
+    return random_key(_KEY_LEN)
 
 
 def new_thread_id() -> str:
