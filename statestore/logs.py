@@ -41,7 +41,7 @@ _DROPPED_EXTRAS = frozenset({"color_message"})
 _UVICORN_LOGGERS = ("uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
 # httpx logs every backend request's full URL, query included, at INFO; our access log already covers it.
 # Alembic narrates every step at INFO, including the startup schema check.
-_QUIETED_LOGGERS = ("httpx", "httpcore", "alembic")
+_QUIETED_LOGGERS = ("httpx", "httpcore", "aiohttp", "alembic")
 
 
 def new_request_id() -> str:

@@ -7,12 +7,12 @@ import logging
 from collections.abc import AsyncIterator
 
 import anyio
-import httpx
 from starlette.responses import Response
 
 from statestore.api.responses import streaming_response
 from statestore.errors import StreamBrokenOff
 from statestore.upstream.client import (
+    StreamInterrupted,
     UpstreamClient,
     UpstreamResponse,
     request_headers_for_upstream,
@@ -46,7 +46,7 @@ async def _passthrough(response: UpstreamResponse) -> AsyncIterator[bytes]:
     try:
         async for chunk in response.chunks():
             yield chunk
-    except (httpx.TransportError, httpx.TimeoutException) as exc:
+    except StreamInterrupted as exc:
         # The status line has gone out already: cutting the connection is how the client learns of it.
         raise StreamBrokenOff(f"the backend response broke off ({type(exc).__name__})") from exc
     finally:

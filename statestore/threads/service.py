@@ -12,7 +12,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import anyio
-import httpx
 import orjson
 from sqlalchemy.exc import DataError
 from starlette.responses import Response
@@ -40,7 +39,12 @@ from statestore.threads.ids import new_lease_token, new_response_id, new_thread_
 from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.turn import ThreadTurn
-from statestore.upstream.client import UpstreamClient, request_headers_for_upstream, response_headers_for_client
+from statestore.upstream.client import (
+    StreamInterrupted,
+    UpstreamClient,
+    request_headers_for_upstream,
+    response_headers_for_client,
+)
 from statestore.upstream.sse import ReplyAccumulator, SSEParser
 
 log = logging.getLogger(__name__)
@@ -390,7 +394,7 @@ class ThreadService:
                     out.append(reply.add(event))
                 if out:
                     yield b"".join(out)
-        except (httpx.TransportError, httpx.TimeoutException) as exc:
+        except StreamInterrupted as exc:
             raise StreamBrokenOff(f"the backend stream broke off ({type(exc).__name__}); nothing stored") from exc
         except StatestoreError as exc:
             raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); message_stop withheld") from exc

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Iterable
-from dataclasses import dataclass
 from typing import Literal
 
-import httpx
+import aiohttp
+from multidict import CIMultiDict
 
 from statestore.errors import UpstreamTimeout, UpstreamUnreachable
 from statestore.metrics import Metrics, upstream_outcome
@@ -79,11 +79,22 @@ def response_headers_for_client(
     return out
 
 
-@dataclass(slots=True)
+class StreamInterrupted(Exception):
+    """The backend's body stopped before its end (connection lost, or silent past the read timeout)."""
+
+
+_TRANSPORT_ERRORS = (aiohttp.ClientError, OSError)
+# The client's headers are forwarded as they are; aiohttp must not add its own.
+_NO_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
+
+
 class UpstreamResponse:
-    status: int
-    headers: list[tuple[bytes, bytes]]
-    _response: httpx.Response
+    __slots__ = ("_response", "headers", "status")
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status = response.status
+        self.headers = [(name.lower(), value) for name, value in response.raw_headers]
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
@@ -92,24 +103,34 @@ class UpstreamResponse:
         return None
 
     async def chunks(self) -> AsyncIterator[bytes]:
-        """The body as the backend sends it (undecoded), chunk by chunk."""
-        async for chunk in self._response.aiter_raw():
-            yield chunk
+        """The body as the backend sends it (undecoded), chunk by chunk as it arrives."""
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (TimeoutError, *_TRANSPORT_ERRORS) as exc:
+            raise StreamInterrupted(type(exc).__name__) from exc
 
     async def read(self) -> bytes:
         """The whole body; a backend that breaks off or stalls before the end is a 502 or a 504."""
         try:
-            return b"".join([chunk async for chunk in self._response.aiter_raw()])
-        except httpx.TimeoutException as exc:
+            return await self._response.read()
+        except TimeoutError as exc:
             raise UpstreamTimeout("the model backend stopped answering mid-response") from exc
-        except (httpx.TransportError, OSError) as exc:
+        except _TRANSPORT_ERRORS as exc:
             raise UpstreamUnreachable("the model backend broke off its response") from exc
 
     async def aclose(self) -> None:
-        await self._response.aclose()
+        # A connection left mid-body cannot carry another request: close it rather than return it to the pool.
+        if self._response.content.at_eof():
+            self._response.release()
+        else:
+            self._response.close()
 
 
 class UpstreamClient:
+    """aiohttp: its pool hands out a connection in O(1) and parses responses in C; the relay's CPU per request is a
+    fraction of a general-purpose client's (bench/README.md)."""
+
     def __init__(
         self,
         base_url: str,
@@ -117,15 +138,22 @@ class UpstreamClient:
         connect_timeout: float,
         read_timeout: float,
         max_connections: int,
+        keepalive_seconds: float = 4.0,
         metrics: Metrics | None = None,
     ) -> None:
         self.base_url = base_url
         self._metrics = metrics
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(read_timeout, connect=connect_timeout, pool=connect_timeout),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            follow_redirects=False,
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=max_connections, limit_per_host=max_connections, keepalive_timeout=keepalive_seconds
+            ),
+            timeout=aiohttp.ClientTimeout(
+                total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=read_timeout
+            ),
+            auto_decompress=False,
+            cookie_jar=aiohttp.DummyCookieJar(),
             trust_env=False,
+            skip_auto_headers=_NO_AUTO_HEADERS,
         )
 
     async def send(
@@ -133,20 +161,26 @@ class UpstreamClient:
     ) -> UpstreamResponse:
         """Send a request and return once the backend's response headers have arrived; the caller reads the body and
         must `aclose()` it."""
-        request = self._client.build_request(method, self.base_url + path_and_query, headers=headers, content=body)
         route = _route_label(path_and_query)
         started = time.perf_counter()
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.TimeoutException as exc:
+            response = await self._session.request(
+                method,
+                self.base_url + path_and_query,
+                headers=CIMultiDict((name.decode("latin-1"), value.decode("latin-1")) for name, value in headers),
+                data=body if body or method not in ("GET", "HEAD") else None,
+                allow_redirects=False,
+                compress=None,
+            )
+        except TimeoutError as exc:
             self._observe_failure(route, "timeout", started)
             raise UpstreamTimeout("the model backend did not answer in time") from exc
-        except (httpx.TransportError, OSError) as exc:
+        except _TRANSPORT_ERRORS as exc:
             self._observe_failure(route, "unreachable", started)
             raise UpstreamUnreachable("the model backend could not be reached") from exc
         if self._metrics is not None:
-            self._metrics.observe_upstream(route, upstream_outcome(response.status_code), time.perf_counter() - started)
-        return UpstreamResponse(response.status_code, [(k.lower(), v) for k, v in response.headers.raw], response)
+            self._metrics.observe_upstream(route, upstream_outcome(response.status), time.perf_counter() - started)
+        return UpstreamResponse(response)
 
     def _observe_failure(self, route: str, kind: Literal["timeout", "unreachable"], started: float) -> None:
         if self._metrics is not None:
@@ -154,7 +188,7 @@ class UpstreamClient:
             self._metrics.observe_upstream(route, kind, time.perf_counter() - started)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._session.close()
 
 
 _KNOWN_ROUTES = ("/v1/messages/count_tokens", "/v1/messages", "/v1/models")
