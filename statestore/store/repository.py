@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
+from sqlalchemy import and_, delete, exists, func, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row, RowMapping
 from sqlalchemy.exc import SQLAlchemyError
@@ -75,6 +75,31 @@ class TurnCommit:
     rebind_session: tuple[str, str] | None = None
 
 
+_COMMIT_TURN_PG = text(
+    """
+    WITH moved AS (
+        UPDATE threads SET
+            head_message_id = :head,
+            head_position = head_position + :n,
+            byte_count = byte_count + :added,
+            turn_count = turn_count + 1,
+            lease_token = NULL,
+            lease_expires_ms = NULL,
+            ttl_seconds = :ttl,
+            updated_ms = :now,
+            expires_ms = :expires,
+            metadata_user_id = COALESCE(metadata_user_id, CAST(:user_id AS VARCHAR))
+        WHERE id = :thread_id AND lease_token = :token
+        RETURNING id
+    )
+    INSERT INTO thread_messages (thread_id, position, body, response_id)
+    SELECT moved.id, m.position, m.body, m.response_id
+    FROM moved,
+        unnest(CAST(:positions AS INTEGER[]), CAST(:bodies AS BYTEA[]), CAST(:response_ids AS VARCHAR[]))
+            AS m(position, body, response_id)
+    """
+)
+
 _LEASED_COLUMNS = (
     threads.c.id,
     threads.c.session_id,
@@ -115,6 +140,8 @@ class ThreadRepository:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
         self._is_postgres = engine.dialect.name == "postgresql"
+        # One statement is atomic by itself: run it without BEGIN/COMMIT round trips around it.
+        self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     async def acquire_by_response(
         self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
@@ -131,7 +158,7 @@ class ThreadRepository:
             .values(lease_token=token, lease_expires_ms=lease_until_ms)
             .returning(*_LEASED_COLUMNS)
         )
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             row = (await conn.execute(stmt)).first()
         return _leased(row) if row is not None else None
 
@@ -139,7 +166,7 @@ class ThreadRepository:
         self, *, owner: str, thread_id: str, response_id: str, now_ms: int
     ) -> ContinueRefusal:
         """Why `acquire_by_response` found nothing: only on the error path, so it may take a second query."""
-        async with self.engine.connect() as conn:
+        async with self._single.connect() as conn:
             row = (
                 await conn.execute(
                     select(threads.c.head_message_id, threads.c.lease_token, threads.c.lease_expires_ms).where(
@@ -176,7 +203,7 @@ class ThreadRepository:
             .values(lease_token=token, lease_expires_ms=lease_until_ms)
             .returning(*_LEASED_COLUMNS)
         )
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             row = (await conn.execute(stmt)).first()
         return _leased(row) if row is not None else None
 
@@ -190,7 +217,7 @@ class ThreadRepository:
             threads.c.expires_ms > now_ms,
             ~_lease_is_free(now_ms),
         )
-        async with self.engine.connect() as conn:
+        async with self._single.connect() as conn:
             return (await conn.execute(stmt)).first() is not None
 
     async def begin_create(
@@ -244,8 +271,10 @@ class ThreadRepository:
         return result.rowcount == 1
 
     async def commit_turn(self, commit: TurnCommit) -> bool:
-        """Append the turn's messages and move the head, in one transaction, if this request still holds the lease."""
+        """Append the turn's messages and move the head, atomically, if this request still holds the lease."""
         added_bytes = sum(len(body) for body, _ in commit.rows)
+        if self._is_postgres and commit.rebind_session is None:
+            return await self._commit_in_one_statement(commit, added_bytes)
         async with self.engine.begin() as conn:
             moved = await conn.execute(
                 update(threads)
@@ -282,6 +311,27 @@ class ThreadRepository:
                 await self._rebind_session(conn, commit.rebind_session, commit.thread_id, commit.now_ms)
         return True
 
+    async def _commit_in_one_statement(self, commit: TurnCommit, added_bytes: int) -> bool:
+        """PostgreSQL: the head move and the inserts as one statement, one round trip; no row inserted means the
+        lease was lost and nothing changed."""
+        params = {
+            "thread_id": commit.thread_id,
+            "token": commit.lease_token,
+            "head": commit.head_message_id,
+            "n": len(commit.rows),
+            "added": added_bytes,
+            "ttl": commit.ttl_seconds,
+            "now": commit.now_ms,
+            "expires": commit.expires_ms,
+            "user_id": commit.metadata_user_id,
+            "positions": [commit.start_position + offset for offset in range(len(commit.rows))],
+            "bodies": [body for body, _ in commit.rows],
+            "response_ids": [response_id for _, response_id in commit.rows],
+        }
+        async with self._single.connect() as conn:
+            inserted = await conn.execute(_COMMIT_TURN_PG, params)
+        return inserted.rowcount == len(commit.rows)
+
     async def _rebind_session(
         self, conn: AsyncConnection, session: tuple[str, str], thread_id: str, now_ms: int
     ) -> None:
@@ -297,7 +347,7 @@ class ThreadRepository:
 
     async def renew_lease(self, *, thread_id: str, token: str, lease_until_ms: int) -> bool:
         """Extend a lease this request still holds (a long stream); False when it was lost."""
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             renewed = await conn.execute(
                 update(threads)
                 .where(threads.c.id == thread_id, threads.c.lease_token == token)
@@ -307,7 +357,7 @@ class ThreadRepository:
 
     async def release(self, *, thread_id: str, token: str) -> None:
         """Give the head back after a continue that stored nothing, so the same id can be continued again."""
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             await conn.execute(
                 update(threads)
                 .where(threads.c.id == thread_id, threads.c.lease_token == token)
@@ -316,7 +366,7 @@ class ThreadRepository:
 
     async def abandon_create(self, *, thread_id: str, token: str) -> None:
         """Drop a thread whose create stored nothing (its session binding goes with it)."""
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             await conn.execute(
                 delete(threads).where(
                     threads.c.id == thread_id, threads.c.lease_token == token, threads.c.head_message_id.is_(None)
@@ -329,7 +379,7 @@ class ThreadRepository:
             .where(thread_messages.c.thread_id == thread_id)
             .order_by(thread_messages.c.position)
         )
-        async with self.engine.connect() as conn:
+        async with self._single.connect() as conn:
             return [bytes(body) for body in (await conn.execute(stmt)).scalars()]
 
     async def session_thread(self, *, owner: str, session: str, now_ms: int) -> str | None:
