@@ -88,6 +88,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = create_engine(settings)
+        single_statements = create_engine(settings, autocommit=True)
         try:
             pending = await pending_revision(engine, allow_newer=settings.allow_newer_schema)
             if pending is not None:
@@ -116,7 +117,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             queries=queries, admin=admin_repository, cache=cache, clock=clock, batch_size=settings.purge_batch_size
         )
         threads = ThreadService(
-            repository=ThreadRepository(engine),
+            repository=ThreadRepository(engine, single_statements),
             cache=cache,
             upstream=upstream,
             policies=policies,
@@ -162,6 +163,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await purger
             await upstream.aclose()
             await cache.aclose()
+            await single_statements.dispose()
             await engine.dispose()
 
     app = FastAPI(

@@ -34,7 +34,11 @@ def normalise_database_url(url: str) -> str:
 
 
 def create_engine(
-    settings_or_url: Settings | str, *, pool_size: int | None = None, timeout: float | None = None
+    settings_or_url: Settings | str,
+    *,
+    pool_size: int | None = None,
+    timeout: float | None = None,
+    autocommit: bool = False,
 ) -> AsyncEngine:
     """Build the engine. ``pool_size`` defaults to ``Settings.database_pool_size`` (or 10 for a bare URL), ``timeout``
     (PostgreSQL: connect, statement and pool-checkout bound) to ``Settings.database_timeout_seconds`` (or 5 s)."""
@@ -46,15 +50,17 @@ def create_engine(
         url = normalise_database_url(settings_or_url)
         size = pool_size or DEFAULT_POOL_SIZE
         bound = timeout or DEFAULT_TIMEOUT_SECONDS
+    # autocommit: an engine of its own for single statements, so a checkout does not switch isolation levels.
+    options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if autocommit else {}
     if url.startswith("sqlite"):
-        return _sqlite_engine(url, size)
-    return _postgres_engine(url, size, bound)
+        return _sqlite_engine(url, size, options)
+    return _postgres_engine(url, size, bound, options)
 
 
 DEFAULT_TIMEOUT_SECONDS = 5.0
 
 
-def _postgres_engine(url: str, pool_size: int, timeout: float) -> AsyncEngine:
+def _postgres_engine(url: str, pool_size: int, timeout: float, options: dict[str, Any]) -> AsyncEngine:
     return create_async_engine(
         url,
         pool_size=pool_size,
@@ -73,13 +79,14 @@ def _postgres_engine(url: str, pool_size: int, timeout: float) -> AsyncEngine:
             "timeout": timeout,
             "command_timeout": timeout,
         },
+        **options,
     )
 
 
-def _sqlite_engine(url: str, pool_size: int) -> AsyncEngine:
+def _sqlite_engine(url: str, pool_size: int, extra: dict[str, Any]) -> AsyncEngine:
     # An in-memory database lives on a single shared connection (SQLAlchemy picks StaticPool), which takes no size.
     options: dict[str, Any] = {} if _is_in_memory(url) else {"pool_size": pool_size}
-    engine = create_async_engine(url, **options)
+    engine = create_async_engine(url, **options, **extra)
     event.listen(engine.sync_engine, "connect", _apply_sqlite_pragmas)
     return engine
 

@@ -137,11 +137,13 @@ def _lease_is_free(now_ms: int) -> ColumnElement[bool]:
 
 
 class ThreadRepository:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, single_statements: AsyncEngine | None = None) -> None:
+        """`single_statements`: an engine in AUTOCOMMIT for the statements that are atomic by themselves, so they run
+        without BEGIN/COMMIT round trips (its own pool: switching a pooled connection's isolation level on every
+        checkout costs more than the statement)."""
         self.engine = engine
         self._is_postgres = engine.dialect.name == "postgresql"
-        # One statement is atomic by itself: run it without BEGIN/COMMIT round trips around it.
-        self._single = engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._single = single_statements or engine.execution_options(isolation_level="AUTOCOMMIT")
 
     async def acquire_by_response(
         self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int

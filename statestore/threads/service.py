@@ -165,20 +165,24 @@ class ThreadService:
             thread_id = thread_of_response(turn.previous_message_id)
             if thread_id is None:
                 raise ThreadNotFound("no thread has a response with this id")
-            leased = await self.repository.acquire_by_response(
-                owner=owner,
-                thread_id=thread_id,
-                response_id=turn.previous_message_id,
-                token=token,
-                now_ms=now,
-                lease_until_ms=now + self.lease_ms,
+            # The cached history is read while the lease is taken: its count is checked against the head after.
+            leased, cached = await asyncio.gather(
+                self.repository.acquire_by_response(
+                    owner=owner,
+                    thread_id=thread_id,
+                    response_id=turn.previous_message_id,
+                    token=token,
+                    now_ms=now,
+                    lease_until_ms=now + self.lease_ms,
+                ),
+                self.cache.get(thread_id),
             )
             if leased is None:
                 reason = await self.repository.why_not_continuable(
                     owner=owner, thread_id=thread_id, response_id=turn.previous_message_id, now_ms=now
                 )
                 raise _refusal(reason)
-            return await self._continue(leased, token, turn, policy, now)
+            return await self._continue(leased, token, turn, policy, now, cached=cached, prefetched=True)
         if turn.mode == "session":
             assert turn.session is not None
             leased = await self.repository.acquire_by_session(
@@ -250,7 +254,15 @@ class ThreadService:
         )
 
     async def _continue(
-        self, leased: LeasedThread, token: str, turn: ThreadTurn, policy: Policy, now: int
+        self,
+        leased: LeasedThread,
+        token: str,
+        turn: ThreadTurn,
+        policy: Policy,
+        now: int,
+        *,
+        cached: CachedHistory | None = None,
+        prefetched: bool = False,
     ) -> PreparedTurn:
         try:
             _check_fixed_fields(leased, turn)
@@ -262,7 +274,9 @@ class ThreadService:
                 size=len(leased.system or b"") + len(leased.tools or b"") + leased.byte_count + sum(map(len, new_rows)),
             )
             ttl = policy.ttl_for(turn.ttl_header, leased.ttl_seconds)
-            history = await self._history(leased, ttl_ms=ttl * 1000)
+            if not prefetched:
+                cached = await self.cache.get(leased.id)
+            history = await self._history(leased, cached, ttl_ms=ttl * 1000)
             body = assembly.build_body(
                 turn.fields,
                 system=leased.system,
@@ -290,10 +304,9 @@ class ThreadService:
             anthropic_beta=turn.anthropic_beta,
         )
 
-    async def _history(self, leased: LeasedThread, *, ttl_ms: int) -> bytes:
+    async def _history(self, leased: LeasedThread, cached: CachedHistory | None, *, ttl_ms: int) -> bytes:
         """The stored messages, pre-joined: from the cache when it holds exactly the thread's messages, else rebuilt
         from the database (and the cache refilled)."""
-        cached = await self.cache.get(leased.id)
         if cached is not None and cached.count == leased.head_position:
             self.metrics.count_cache_lookup("hit")
             return cached.joined
