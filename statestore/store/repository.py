@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sqlalchemy import and_, delete, exists, func, insert, or_, select, text, update
+from sqlalchemy import and_, bindparam, delete, exists, func, insert, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row, RowMapping
 from sqlalchemy.exc import SQLAlchemyError
@@ -136,6 +136,22 @@ def _lease_is_free(now_ms: int) -> ColumnElement[bool]:
     return or_(threads.c.lease_token.is_(None), threads.c.lease_expires_ms <= now_ms)
 
 
+# The hot path's lease statement, built once: SQLAlchemy would otherwise rebuild and re-hash the expression on every
+# call before finding its compiled form. Parameter names avoid column names, which an UPDATE would take as SET values.
+_ACQUIRE_BY_RESPONSE = (
+    update(threads)
+    .where(
+        threads.c.id == bindparam("p_thread"),
+        threads.c.owner == bindparam("p_owner"),
+        threads.c.head_message_id == bindparam("p_head"),
+        threads.c.expires_ms > bindparam("p_now"),
+        or_(threads.c.lease_token.is_(None), threads.c.lease_expires_ms <= bindparam("p_now")),
+    )
+    .values(lease_token=bindparam("p_token"), lease_expires_ms=bindparam("p_until"))
+    .returning(*_LEASED_COLUMNS)
+)
+
+
 class ThreadRepository:
     def __init__(self, engine: AsyncEngine, single_statements: AsyncEngine | None = None) -> None:
         """`single_statements`: an engine in AUTOCOMMIT for the statements that are atomic by themselves, so they run
@@ -148,20 +164,16 @@ class ThreadRepository:
     async def acquire_by_response(
         self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
     ) -> LeasedThread | None:
-        stmt = (
-            update(threads)
-            .where(
-                threads.c.id == thread_id,
-                threads.c.owner == owner,
-                threads.c.head_message_id == response_id,
-                threads.c.expires_ms > now_ms,
-                _lease_is_free(now_ms),
-            )
-            .values(lease_token=token, lease_expires_ms=lease_until_ms)
-            .returning(*_LEASED_COLUMNS)
-        )
+        params = {
+            "p_thread": thread_id,
+            "p_owner": owner,
+            "p_head": response_id,
+            "p_now": now_ms,
+            "p_token": token,
+            "p_until": lease_until_ms,
+        }
         async with self._single.connect() as conn:
-            row = (await conn.execute(stmt)).first()
+            row = (await conn.execute(_ACQUIRE_BY_RESPONSE, params)).first()
         return _leased(row) if row is not None else None
 
     async def why_not_continuable(
