@@ -105,7 +105,3 @@ class Settings(BaseSettings):
             name, _, token = entry.rpartition(":")
             table[token] = name or "admin"
         return table
-
-    @property
-    def is_sqlite(self) -> bool:
-        return self.database_url.startswith("sqlite")

@@ -396,20 +396,6 @@ class ThreadRepository:
         async with self._single.connect() as conn:
             return [bytes(body) for body in (await conn.execute(stmt)).scalars()]
 
-    async def session_thread(self, *, owner: str, session: str, now_ms: int) -> str | None:
-        stmt = select(threads.c.id).where(
-            and_(
-                threads.c.id
-                == select(sessions.c.thread_id)
-                .where(sessions.c.owner == owner, sessions.c.name == session)
-                .scalar_subquery(),
-                threads.c.head_message_id.is_not(None),
-                threads.c.expires_ms > now_ms,
-            )
-        )
-        async with self.engine.connect() as conn:
-            return (await conn.execute(stmt)).scalar_one_or_none()
-
 
 @dataclass(frozen=True, slots=True)
 class ThreadInfo:
