@@ -20,6 +20,7 @@ from statestore.api import admin as admin_api
 from statestore.api import health, messages
 from statestore.api import threads as threads_api
 from statestore.api.deps import Resources
+from statestore.api.fast_path import MessagesFastPath
 from statestore.auth import AdminTokens, Authenticator, KeysAuthenticator, PassthroughAuthenticator
 from statestore.clock import clock_from
 from statestore.config import Settings
@@ -204,6 +205,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         where = ".".join(str(p) for p in first.get("loc", ()))
         return _error_response(request, InvalidRequest(f"{where}: {first.get('msg', 'invalid value')}"))
 
+    app.add_middleware(MessagesFastPath)
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     return app

@@ -8,7 +8,7 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from statestore.api.deps import ResourcesDep
+from statestore.api.deps import Resources, ResourcesDep
 from statestore.api.relay import relay
 from statestore.errors import InvalidRequest, MethodNotAllowed
 from statestore.threads.turn import read_turn
@@ -37,6 +37,12 @@ async def _json_body(request: Request) -> tuple[bytes, dict[str, Any]]:
 
 @router.post("/v1/messages")
 async def create_message(request: Request, resources: ResourcesDep) -> Response:
+    # Normally served by MessagesFastPath before the router; the route stays for the OpenAPI document and as the
+    # path an app without that middleware takes.
+    return await handle_message(request, resources)
+
+
+async def handle_message(request: Request, resources: Resources) -> Response:
     body, parsed = await _json_body(request)
     headers = request.headers.raw
     turn = read_turn(parsed, headers)
