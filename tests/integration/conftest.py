@@ -10,9 +10,9 @@ from pathlib import Path
 
 import anthropic
 import pytest
-import redis
 
 from tests.support.fake_backend import FakeBackend
+from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 
@@ -29,21 +29,10 @@ def backend(fake_backend_process: FakeBackend) -> FakeBackend:
     return fake_backend_process
 
 
-def _drop_prefix(redis_url: str, prefix: str) -> None:
-    client = redis.Redis.from_url(redis_url)
-    try:
-        keys = list(client.scan_iter(match=prefix.replace("{", "\\{") + "*", count=1000))
-        for key in keys:
-            client.delete(key)
-    finally:
-        client.close()
-
-
 @pytest.fixture(scope="session")
 def server_redis_prefix(redis_url: str) -> Iterator[str]:
-    prefix = f"sstest:{secrets.token_hex(6)}:"
-    yield prefix
-    _drop_prefix(redis_url, prefix)
+    with own_redis_prefix(redis_url) as prefix:
+        yield prefix
 
 
 @pytest.fixture(scope="session")

@@ -41,7 +41,6 @@ from tests.support.admin_api import (
     json_of,
     migrated_database,
     policy,
-    redis_prefix_for_module,
     rfc3339,
     said,
     start_server,
@@ -49,6 +48,7 @@ from tests.support.admin_api import (
     user,
 )
 from tests.support.fake_backend import FakeBackend
+from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 
@@ -60,7 +60,7 @@ async def admin_db(postgres_admin_url: str) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="module")
 def admin_prefix(redis_url: str) -> Iterator[str]:
-    with redis_prefix_for_module(redis_url) as prefix:
+    with own_redis_prefix(redis_url) as prefix:
         yield prefix
 
 

@@ -32,13 +32,13 @@ from tests.support.admin_api import (
     json_of,
     migrated_database,
     passthrough_owner,
-    redis_prefix_for_module,
     said,
     start_server,
     unique,
     user,
 )
 from tests.support.fake_backend import FakeBackend, RecordedRequest
+from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 # The tenant whose backend credential is its own (STATESTORE_TENANT_UPSTREAM_KEYS is keyed by tenant name).
@@ -54,7 +54,7 @@ async def owners_db(postgres_admin_url: str) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="module")
 def owners_prefix(redis_url: str) -> Iterator[str]:
-    with redis_prefix_for_module(redis_url) as prefix:
+    with own_redis_prefix(redis_url) as prefix:
         yield prefix
 
 

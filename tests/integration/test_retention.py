@@ -39,7 +39,6 @@ from tests.support.admin_api import (
     granted_ttl,
     json_of,
     migrated_database,
-    redis_prefix_for_module,
     rfc3339,
     run_async,
     said,
@@ -48,6 +47,7 @@ from tests.support.admin_api import (
     user,
 )
 from tests.support.fake_backend import FakeBackend
+from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 BATCH = 100
@@ -61,7 +61,7 @@ async def retention_db(postgres_admin_url: str) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="module")
 def prefix(redis_url: str) -> Iterator[str]:
-    with redis_prefix_for_module(redis_url) as value:
+    with own_redis_prefix(redis_url) as value:
         yield value
 
 

@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import orjson
-import redis
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
@@ -24,6 +23,7 @@ from sqlalchemy.pool import NullPool
 from statestore.store.schema import api_keys, audit_log, policies, sessions, tenants, thread_messages, threads
 from tests.conftest import scratch_pg_database
 from tests.support.fake_backend import FakeBackend
+from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 THREADS_BETA = "message-threads-2026-08-12"
@@ -202,22 +202,6 @@ async def private_database(postgres_admin_url: str) -> AsyncIterator[Database]:
             await database.dispose()
 
 
-@contextmanager
-def redis_prefix_of_own(redis_url: str) -> Iterator[str]:
-    """A Redis key prefix of the caller's own; its keys are deleted afterwards (only those)."""
-    prefix = f"sstest:rel{secrets.token_hex(5)}:"
-    try:
-        yield prefix
-    finally:
-        client = redis.Redis.from_url(redis_url)
-        try:
-            keys = list(client.scan_iter(match=prefix + "*", count=1000))
-            for start in range(0, len(keys), 1000):
-                client.delete(*keys[start : start + 1000])
-        finally:
-            client.close()
-
-
 class Servers:
     """statestore processes on one database and Redis prefix, all stopped when the block ends."""
 
@@ -244,5 +228,5 @@ class Servers:
 @contextmanager
 def servers_on(database: Database, redis_url: str, backend: FakeBackend) -> Iterator[Servers]:
     with ExitStack() as stack:
-        prefix = stack.enter_context(redis_prefix_of_own(redis_url))
+        prefix = stack.enter_context(own_redis_prefix(redis_url))
         yield Servers(stack, database_url=database.url, redis_url=redis_url, prefix=prefix, backend=backend)

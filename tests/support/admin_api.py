@@ -17,8 +17,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -380,20 +380,6 @@ class RedisKeys:
 
     def close(self) -> None:
         self.client.close()
-
-
-@contextmanager
-def redis_prefix_for_module(url: str) -> Iterator[str]:
-    """A Redis key prefix of the module's own; every key under it is deleted afterwards."""
-    prefix = f"sstest:{secrets.token_hex(6)}:"
-    yield prefix
-    client = redis.Redis.from_url(url)
-    try:
-        keys = list(client.scan_iter(match=prefix + "*", count=1000))
-        for start in range(0, len(keys), 1000):
-            client.delete(*keys[start : start + 1000])
-    finally:
-        client.close()
 
 
 # -- servers, the clock and the CLI ----------------------------------------------------------------------------------
