@@ -18,6 +18,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The official TypeScript SDK, for tests/integration/test_typescript_sdk.py (npm ci: exactly the locked versions).
+NODE_DEPS := tests/node/node_modules/.package-lock.json
+$(NODE_DEPS): tests/node/package.json tests/node/package-lock.json
+	npm ci --prefix tests/node --no-audit --no-fund --loglevel=error
+	touch $(NODE_DEPS)
+
 # The embedded default: SQLite file and in-process cache, echo backend on $(ECHO_PORT). With
 # STATESTORE_DATABASE_URL / STATESTORE_REDIS_URL / STATESTORE_UPSTREAM_URL set, the same target uses those.
 run: $(STAMP)
@@ -39,7 +45,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check deploy
 	$(BIN)/python deploy/constraints.py check
 
-test: $(STAMP) lint services
+test: $(STAMP) lint services $(NODE_DEPS)
 	@scripts/run-tests.sh
 
 bench: $(STAMP) services

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import orjson
@@ -10,9 +11,12 @@ from starlette.responses import Response
 
 from statestore.api.deps import Resources, ResourcesDep
 from statestore.api.relay import relay
-from statestore.errors import InvalidRequest, MethodNotAllowed
+from statestore.errors import AuthenticationFailed, InvalidRequest
+from statestore.store.repository import DATABASE_ERRORS
+from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
 from statestore.threads.turn import read_turn
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 
@@ -47,34 +51,60 @@ async def handle_message(request: Request, resources: Resources) -> Response:
     headers = request.headers.raw
     turn = read_turn(parsed, headers)
     if turn is None:
+        body = await _relay_body(body, parsed, headers, resources)
         credential = await resources.relay_credential(headers)
         return await relay(resources.upstream, "POST", _path_and_query(request), headers, body, credential=credential)
     principal = await resources.authenticator.authenticate(headers)
     return await resources.threads.handle(turn, principal, headers, request.url.query)
 
 
+async def _relay_body(
+    body: bytes, parsed: dict[str, Any], headers: list[tuple[bytes, bytes]], resources: Resources
+) -> bytes:
+    """The body a stateless request is relayed with: as it came, unless it says `"thread": null` (no thread: the
+    field goes, as the request would be without it) or names a reply statestore minted in its diagnostics."""
+    changed = False
+    if "thread" in parsed:  # only a null one reaches here: read_turn takes any other value as a thread
+        del parsed["thread"]
+        changed = True
+    if minted_previous_id(parsed) is not None:
+        try:
+            owner = (await resources.authenticator.authenticate(headers)).owner
+        except AuthenticationFailed:
+            owner = None  # no credential of ours: the id is passed through and the backend judges the request
+        if owner is not None:
+            try:
+                changed |= await rewrite_previous_id(
+                    parsed, owner=owner, store=resources.threads.repository, now_ms=resources.clock()
+                )
+            except DATABASE_ERRORS as exc:
+                # A stateless request does not need the store: relay it with the id it came with.
+                log.warning("could not look up a diagnostics id", extra={"error": type(exc).__name__})
+    return orjson.dumps(parsed) if changed else body
+
+
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request, resources: ResourcesDep) -> Response:
     body, parsed = await _json_body(request)
-    if "thread" in parsed:
+    if parsed.get("thread") is not None:
         raise InvalidRequest("count_tokens does not take a thread field")
+    if "thread" in parsed:  # "thread": null means no thread (PROTOCOL §2)
+        del parsed["thread"]
+        body = orjson.dumps(parsed)
     headers = request.headers.raw
     credential = await resources.relay_credential(headers)
     return await relay(resources.upstream, "POST", _path_and_query(request), headers, body, credential=credential)
 
 
-# Included last: every /v1 path no other route claims goes to the backend unchanged.
+# Included last: every /v1 path no other route claims goes to the backend unchanged (PROTOCOL §1: /v1 is the
+# Messages API's namespace; statestore's own routes live under /statestore and /admin).
 fallback_router = APIRouter()
-_OWN_PATHS = ("/v1/threads", "/v1/sessions")
 
 
 @fallback_router.api_route(
     "/v1/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE"], include_in_schema=False
 )
 async def relay_other(request: Request, resources: ResourcesDep) -> Response:
-    if request.url.path.startswith(_OWN_PATHS):
-        # statestore's own resources: a method they do not take is not the backend's business.
-        raise MethodNotAllowed(f"{request.method} is not allowed on {request.url.path}")
     body = await request.body()
     headers = request.headers.raw
     credential = await resources.relay_credential(headers)

@@ -43,6 +43,14 @@ def _thread(info: ThreadInfo) -> dict[str, Any]:
         "bytes": info.byte_count,
         "session_id": info.session_id,
         "head_message_id": info.head_message_id,
+        # The backend's usage of the stored turns, added up (PROTOCOL §10).
+        "usage": {
+            "input_tokens": info.usage.input_tokens,
+            "output_tokens": info.usage.output_tokens,
+            "cache_creation_input_tokens": info.usage.cache_creation_input_tokens,
+            "cache_read_input_tokens": info.usage.cache_read_input_tokens,
+            "turns": info.turn_count,
+        },
     }
 
 
@@ -50,7 +58,7 @@ def _not_found(thread_id: str) -> NotFound:
     return NotFound(f"no live thread {thread_id!r}")
 
 
-@router.get("/v1/threads")
+@router.get("/statestore/v1/threads")
 async def list_threads(
     caller: Caller,
     resources: ResourcesDep,
@@ -76,7 +84,7 @@ async def list_threads(
     }
 
 
-@router.get("/v1/threads/{thread_id}")
+@router.get("/statestore/v1/threads/{thread_id}")
 async def get_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
     info = (
         await resources.queries.thread_info(caller.owner, thread_id, now_ms=resources.clock())
@@ -88,7 +96,7 @@ async def get_thread(thread_id: str, caller: Caller, resources: ResourcesDep) ->
     return _thread(info)
 
 
-@router.get("/v1/threads/{thread_id}/messages")
+@router.get("/statestore/v1/threads/{thread_id}/messages")
 async def export_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> Response:
     exported = (
         await resources.queries.export(caller.owner, thread_id, now_ms=resources.clock())
@@ -108,14 +116,14 @@ async def export_thread(thread_id: str, caller: Caller, resources: ResourcesDep)
     return Response(b"".join(parts), media_type="application/json")
 
 
-@router.delete("/v1/threads/{thread_id}")
+@router.delete("/statestore/v1/threads/{thread_id}")
 async def delete_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
     if not is_thread_id(thread_id) or not await resources.retention.delete_thread(caller.owner, thread_id):
         raise _not_found(thread_id)
     return {"id": thread_id, "type": "thread_deleted"}
 
 
-@router.get("/v1/sessions/{session_id}")
+@router.get("/statestore/v1/sessions/{session_id}")
 async def get_session(session_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
     if not _SESSION_NAME.fullmatch(session_id):
         raise InvalidRequest("a session id is 1-128 characters of A-Z, a-z, 0-9, '.', '_', ':', '-'")

@@ -60,6 +60,16 @@ class NewThread:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnUsage:
+    """The backend's token counts of one reply, added to the thread's totals at commit."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class TurnCommit:
     thread_id: str
     lease_token: str
@@ -73,6 +83,9 @@ class TurnCommit:
     # (owner, session name) to bind to this thread in the commit's transaction, whatever thread holds the name now:
     # an explicit create with a session header (PROTOCOL §6).
     rebind_session: tuple[str, str] | None = None
+    # The backend's own id of the reply (the last row), kept for cache diagnostics.
+    reply_backend_id: str | None = None
+    usage: TurnUsage = TurnUsage()
 
 
 _COMMIT_TURN_PG = text(
@@ -83,6 +96,10 @@ _COMMIT_TURN_PG = text(
             head_position = head_position + :n,
             byte_count = byte_count + :added,
             turn_count = turn_count + 1,
+            usage_input_tokens = usage_input_tokens + :u_in,
+            usage_output_tokens = usage_output_tokens + :u_out,
+            usage_cache_creation_input_tokens = usage_cache_creation_input_tokens + :u_cc,
+            usage_cache_read_input_tokens = usage_cache_read_input_tokens + :u_cr,
             lease_token = NULL,
             lease_expires_ms = NULL,
             ttl_seconds = :ttl,
@@ -92,11 +109,15 @@ _COMMIT_TURN_PG = text(
         WHERE id = :thread_id AND lease_token = :token
         RETURNING id
     )
-    INSERT INTO thread_messages (thread_id, position, body, response_id)
-    SELECT moved.id, m.position, m.body, m.response_id
+    INSERT INTO thread_messages (thread_id, position, body, response_id, backend_id)
+    SELECT moved.id, m.position, m.body, m.response_id, m.backend_id
     FROM moved,
-        unnest(CAST(:positions AS INTEGER[]), CAST(:bodies AS BYTEA[]), CAST(:response_ids AS VARCHAR[]))
-            AS m(position, body, response_id)
+        unnest(
+            CAST(:positions AS INTEGER[]),
+            CAST(:bodies AS BYTEA[]),
+            CAST(:response_ids AS VARCHAR[]),
+            CAST(:backend_ids AS VARCHAR[])
+        ) AS m(position, body, response_id, backend_id)
     """
 )
 
@@ -201,6 +222,22 @@ class ThreadRepository:
             ).first()
         return "already_continued" if earlier is not None else "not_found"
 
+    async def backend_id_of(self, *, owner: str, thread_id: str, response_id: str, now_ms: int) -> str | None:
+        """The backend's own id of a stored reply of the owner's live thread, or None."""
+        stmt = select(thread_messages.c.backend_id).where(
+            thread_messages.c.thread_id == thread_id,
+            thread_messages.c.response_id == response_id,
+            exists().where(
+                threads.c.id == thread_id,
+                threads.c.owner == owner,
+                threads.c.expires_ms > now_ms,
+                threads.c.head_message_id.is_not(None),
+            ),
+        )
+        async with self._single.connect() as conn:
+            backend_id = (await conn.execute(stmt)).scalar()
+        return backend_id if isinstance(backend_id, str) else None
+
     async def acquire_by_session(
         self, *, owner: str, session: str, token: str, now_ms: int, lease_until_ms: int
     ) -> LeasedThread | None:
@@ -298,6 +335,12 @@ class ThreadRepository:
                     head_position=threads.c.head_position + len(commit.rows),
                     byte_count=threads.c.byte_count + added_bytes,
                     turn_count=threads.c.turn_count + 1,
+                    usage_input_tokens=threads.c.usage_input_tokens + commit.usage.input_tokens,
+                    usage_output_tokens=threads.c.usage_output_tokens + commit.usage.output_tokens,
+                    usage_cache_creation_input_tokens=threads.c.usage_cache_creation_input_tokens
+                    + commit.usage.cache_creation_input_tokens,
+                    usage_cache_read_input_tokens=threads.c.usage_cache_read_input_tokens
+                    + commit.usage.cache_read_input_tokens,
                     lease_token=None,
                     lease_expires_ms=None,
                     ttl_seconds=commit.ttl_seconds,
@@ -317,6 +360,7 @@ class ThreadRepository:
                         "position": commit.start_position + offset,
                         "body": body,
                         "response_id": response_id,
+                        "backend_id": commit.reply_backend_id if response_id is not None else None,
                     }
                     for offset, (body, response_id) in enumerate(commit.rows)
                 ],
@@ -341,6 +385,13 @@ class ThreadRepository:
             "positions": [commit.start_position + offset for offset in range(len(commit.rows))],
             "bodies": [body for body, _ in commit.rows],
             "response_ids": [response_id for _, response_id in commit.rows],
+            "backend_ids": [
+                commit.reply_backend_id if response_id is not None else None for _, response_id in commit.rows
+            ],
+            "u_in": commit.usage.input_tokens,
+            "u_out": commit.usage.output_tokens,
+            "u_cc": commit.usage.cache_creation_input_tokens,
+            "u_cr": commit.usage.cache_read_input_tokens,
         }
         async with self._single.connect() as conn:
             inserted = await conn.execute(_COMMIT_TURN_PG, params)
@@ -408,6 +459,7 @@ class ThreadInfo:
     turn_count: int
     byte_count: int
     head_message_id: str
+    usage: TurnUsage
 
 
 @dataclass(frozen=True, slots=True)
@@ -427,6 +479,10 @@ _INFO_COLUMNS = (
     threads.c.turn_count,
     threads.c.byte_count,
     threads.c.head_message_id,
+    threads.c.usage_input_tokens,
+    threads.c.usage_output_tokens,
+    threads.c.usage_cache_creation_input_tokens,
+    threads.c.usage_cache_read_input_tokens,
 )
 
 
@@ -441,6 +497,12 @@ def _info(m: RowMapping) -> ThreadInfo:
         turn_count=m["turn_count"],
         byte_count=m["byte_count"],
         head_message_id=m["head_message_id"],
+        usage=TurnUsage(
+            input_tokens=m["usage_input_tokens"],
+            output_tokens=m["usage_output_tokens"],
+            cache_creation_input_tokens=m["usage_cache_creation_input_tokens"],
+            cache_read_input_tokens=m["usage_cache_read_input_tokens"],
+        ),
     )
 
 

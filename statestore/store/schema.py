@@ -15,6 +15,7 @@ from sqlalchemy import (
     Table,
     Text,
     false,
+    text,
 )
 
 metadata = MetaData(
@@ -48,6 +49,11 @@ threads = Table(
     Column("head_position", Integer, nullable=False, server_default="0"),
     Column("byte_count", BigInteger, nullable=False, server_default="0"),
     Column("turn_count", Integer, nullable=False, server_default="0"),
+    # The backend's usage of the stored turns, added up at each commit (PROTOCOL §10).
+    Column("usage_input_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("usage_output_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("usage_cache_creation_input_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("usage_cache_read_input_tokens", BigInteger, nullable=False, server_default="0"),
     Column("lease_token", String(40), nullable=True),
     Column("lease_expires_ms", BigInteger, nullable=True),
     Column("ttl_seconds", Integer, nullable=False),
@@ -69,6 +75,15 @@ thread_messages = Table(
     Column("position", Integer, primary_key=True, autoincrement=False),
     Column("body", LargeBinary, nullable=False),
     Column("response_id", String(80), nullable=True),
+    # The backend's own id of a reply, for cache diagnostics (PROTOCOL §10).
+    Column("backend_id", String(200), nullable=True),
+    Index(
+        None,
+        "thread_id",
+        "response_id",
+        postgresql_where=text("response_id IS NOT NULL"),
+        sqlite_where=text("response_id IS NOT NULL"),
+    ),
 )
 
 # A session name bound to the owner's current thread (PROTOCOL §6).

@@ -33,12 +33,21 @@ from statestore.errors import (
 )
 from statestore.metrics import Metrics
 from statestore.store.cache import CachedHistory, HistoryCache
-from statestore.store.repository import DATABASE_ERRORS, LeasedThread, NewThread, ThreadRepository, TurnCommit
+from statestore.store.repository import (
+    DATABASE_ERRORS,
+    LeasedThread,
+    NewThread,
+    ThreadRepository,
+    TurnCommit,
+    TurnUsage,
+)
 from statestore.threads import assembly
+from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id, storable_backend_id
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
 from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.turn import ThreadTurn
+from statestore.threads.usage import usage_of
 from statestore.upstream.client import (
     StreamInterrupted,
     UpstreamClient,
@@ -160,6 +169,8 @@ class ThreadService:
         owner = principal.owner
         now = self.clock()
         token = new_lease_token()
+        if minted_previous_id(turn.fields) is not None:
+            await rewrite_previous_id(turn.fields, owner=owner, store=self.repository, now_ms=now)
         if turn.mode == "continue":
             assert turn.previous_message_id is not None
             thread_id = thread_of_response(turn.previous_message_id)
@@ -376,10 +387,16 @@ class ThreadService:
             # Not a Message: relay it as it came, store nothing.
             await self._give_back(prepared)
             return bytes_response(200, body, response_headers_for_client(upstream_headers, keep_length=False))
+        backend_id = message.get("id")
         message["id"] = prepared.response_id
         headers = response_headers_for_client(upstream_headers, keep_length=False)
         if _storable(message):
-            await self._commit(prepared, assembly.stored_reply(message.get("content", [])))
+            await self._commit(
+                prepared,
+                assembly.stored_reply(message.get("content", [])),
+                backend_id=storable_backend_id(backend_id),
+                usage=usage_of(message),
+            )
             headers += self._thread_headers(prepared)
         else:
             # Returned but not stored: no thread to name (a create's row is gone; a continue's head did not move).
@@ -402,7 +419,12 @@ class ThreadService:
                                 await self._give_back(prepared)
                         else:
                             with anyio.CancelScope(shield=True):
-                                await self._commit(prepared, assembly.stored_reply(reply.message.get("content", [])))
+                                await self._commit(
+                                    prepared,
+                                    assembly.stored_reply(reply.message.get("content", [])),
+                                    backend_id=storable_backend_id(reply.backend_id),
+                                    usage=usage_of(reply.message),
+                                )
                         done = True
                     out.append(reply.add(event))
                 if out:
@@ -441,7 +463,9 @@ class ThreadService:
             prepared.renewal.cancel()
             prepared.renewal = None
 
-    async def _commit(self, prepared: PreparedTurn, reply_row: bytes) -> None:
+    async def _commit(
+        self, prepared: PreparedTurn, reply_row: bytes, *, backend_id: str | None, usage: TurnUsage
+    ) -> None:
         self._stop_renewal(prepared)
         rows: list[tuple[bytes, str | None]] = [(body, None) for body in prepared.new_rows]
         rows.append((reply_row, prepared.response_id))
@@ -460,6 +484,8 @@ class ThreadService:
             now_ms=now,
             metadata_user_id=prepared.metadata_user_id,
             rebind_session=prepared.rebind_session,
+            reply_backend_id=backend_id,
+            usage=usage,
         )
         try:
             committed = await self.repository.commit_turn(commit)

@@ -68,6 +68,8 @@ def _has_threads_beta(headers: Iterable[tuple[bytes, bytes]]) -> bool:
 def read_turn(body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> ThreadTurn | None:
     """The threaded turn the request asks for, or None for a plain stateless request."""
     thread = body.get("thread", _ABSENT)
+    if thread is None:  # the SDKs type the field as nullable: null means no thread (PROTOCOL §2)
+        thread = _ABSENT
     session_value = _header(headers, SESSION_HEADER)
     if thread is _ABSENT and session_value is None:
         return None

@@ -211,6 +211,7 @@ class ReplyAccumulator:
         "_stopped",
         "_tool_json",
         "_trailing_strings",
+        "backend_id",
         "error_seen",
     )
 
@@ -227,6 +228,8 @@ class ReplyAccumulator:
         self._tool_json: dict[int, list[str]] = {}  # the SDK's json_bufs
         self._dirty_json: set[int] = set()
         self._stopped = False
+        # The id the backend gave the reply, before it is replaced by the minted one.
+        self.backend_id: str | None = None
         self.error_seen = False
         self._failure: str | None = None
 
@@ -309,6 +312,8 @@ class ReplyAccumulator:
 
     def _start(self, name: str, payload: dict[str, Any]) -> bytes:
         message = payload["message"]
+        if self._message is None and isinstance(message.get("id"), str):
+            self.backend_id = message["id"]
         message["id"] = self._message_id
         # Only the event and data lines: a comment or stray blank line of the original event is not worth keeping.
         out = b"event: " + name.encode() + b"\ndata: " + _dumps(payload) + b"\n\n"

@@ -170,11 +170,11 @@ def test_another_owners_thread_is_404_on_every_route(
         error_of(b.continue_(reply.id, "B again", system="Answer briefly."), 404, "not_found_error", "thread_not_found")
         # The thread API: 404, never 403, and the same answer as for a thread that does not exist.
         for path in (
-            f"/v1/threads/{thread_id}",
-            f"/v1/threads/{thread_id}/messages",
-            f"/v1/threads/{session_thread}",
-            f"/v1/threads/{session_thread}/messages",
-            "/v1/sessions/shared-name",
+            f"/statestore/v1/threads/{thread_id}",
+            f"/statestore/v1/threads/{thread_id}/messages",
+            f"/statestore/v1/threads/{session_thread}",
+            f"/statestore/v1/threads/{session_thread}/messages",
+            "/statestore/v1/sessions/shared-name",
         ):
             error_of(b.http.get(path), 404, "not_found_error")
         cached = cache.keys_of(thread_id)

@@ -163,7 +163,7 @@ class RawThreads:
 
     def info(self, thread_id: str) -> dict[str, Any]:
         """The thread's metadata from statestore's thread API (PROTOCOL §7)."""
-        response = self.http.get(f"/v1/threads/{thread_id}")
+        response = self.http.get(f"/statestore/v1/threads/{thread_id}")
         assert response.status_code == 200, response.text
         info: dict[str, Any] = response.json()
         return info

@@ -69,7 +69,7 @@ def test_expired_thread_is_not_found_and_the_sdk_replays(
         advance_clock(clock_offset_file, 61)  # the policy's default TTL here is 60 seconds
 
         thread_error(raw.continue_(first.id, [user("raw two")]), 404, "thread_not_found")
-        assert raw.http.get(f"/v1/threads/{lost_thread}").status_code == 404
+        assert raw.http.get(f"/statestore/v1/threads/{lost_thread}").status_code == 404
         assert len(backend.requests()) == 1
 
         second = thread.send(user("two"))

@@ -442,7 +442,7 @@ class RawClient:
         return reply
 
     def export(self, thread_id: str) -> dict[str, Any]:
-        response = self.http.get(f"/v1/threads/{thread_id}/messages")
+        response = self.http.get(f"/statestore/v1/threads/{thread_id}/messages")
         assert response.status_code == 200, response.text
         exported: dict[str, Any] = response.json()
         return exported

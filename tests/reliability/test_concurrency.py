@@ -102,12 +102,12 @@ async def _check_whole(
     pair: Pair, http: httpx.AsyncClient, key: str, thread_id: str, expected: list[dict[str, Any]], head: str
 ) -> None:
     """The thread holds exactly `expected`, at positions 0..n-1, with `head` as its head and no lease left."""
-    meta = await http.get(f"/v1/threads/{thread_id}", headers={"x-api-key": key})
+    meta = await http.get(f"/statestore/v1/threads/{thread_id}", headers={"x-api-key": key})
     assert meta.status_code == 200, meta.text
     assert meta.json()["message_count"] == len(expected)
     assert meta.json()["turn_count"] == len(expected) // 2
     assert meta.json()["head_message_id"] == head
-    exported = await http.get(f"/v1/threads/{thread_id}/messages", headers={"x-api-key": key})
+    exported = await http.get(f"/statestore/v1/threads/{thread_id}/messages", headers={"x-api-key": key})
     assert exported.status_code == 200, exported.text
     assert exported.json()["messages"] == expected
     [row] = (await pair.db.thread_rows([thread_id])).values()
@@ -194,12 +194,14 @@ async def test_a_hundred_threads_each_continued_by_three_clients_at_once(
     for index, (thread_id, _) in enumerate(created):
         [(text, winner)] = won[thread_id]
         expected = [user(f"start {index}"), _echo(f"start {index}"), user(text), _echo(text)]
-        exported = await clients[index % 2].get(f"/v1/threads/{thread_id}/messages", headers={"x-api-key": key})
+        exported = await clients[index % 2].get(
+            f"/statestore/v1/threads/{thread_id}/messages", headers={"x-api-key": key}
+        )
         assert exported.json()["messages"] == expected, thread_id
         row = rows[thread_id]
         assert row["positions"] == [0, 1, 2, 3], (thread_id, row)
         assert row["head_message_id"] == winner.json()["id"]
         assert row["response_ids"][3] == winner.json()["id"]
         assert row["lease_token"] is None
-    listing = await clients[0].get("/v1/threads", params={"limit": 1000}, headers={"x-api-key": key})
+    listing = await clients[0].get("/statestore/v1/threads", params={"limit": 1000}, headers={"x-api-key": key})
     assert {item["id"]: item["message_count"] for item in listing.json()["data"]} == dict.fromkeys(heads, 4)

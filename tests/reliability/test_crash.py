@@ -179,8 +179,8 @@ def assert_acknowledged_turns_stored(conversations: list[Conversation], threads:
 
 
 def assert_exports_match(base_url: str, conversations: list[Conversation], threads: dict[str, StoredThread]) -> int:
-    """The owner's export (`GET /v1/threads/{id}/messages`) of each thread an acknowledgement names is what the
-    database holds. Returns how many threads were compared."""
+    """The owner's export (`GET /statestore/v1/threads/{id}/messages`) of each thread an acknowledgement names is
+    what the database holds. Returns how many threads were compared."""
     compared = 0
     for conversation in conversations:
         raw = RawClient(base_url, conversation.api_key)
@@ -198,7 +198,9 @@ def assert_exports_match(base_url: str, conversations: list[Conversation], threa
 
 def owner_key(base_url: str, conversations: list[Conversation], thread_id: str) -> str:
     for conversation in conversations:
-        response = httpx.get(f"{base_url}/v1/threads/{thread_id}", headers={"x-api-key": conversation.api_key})
+        response = httpx.get(
+            f"{base_url}/statestore/v1/threads/{thread_id}", headers={"x-api-key": conversation.api_key}
+        )
         if response.status_code == 200:
             return conversation.api_key
     raise AssertionError(f"no client owns {thread_id}")

@@ -383,9 +383,9 @@ def test_erasure_while_redis_is_down_leaves_no_history_in_redis(
             with store.client() as cache:
                 assert cache.exists(*cache_keys(thread_id)) == 2
             store.kill()
-            deleted = raw.http.delete(f"/v1/threads/{thread_id}")
+            deleted = raw.http.delete(f"/statestore/v1/threads/{thread_id}")
             store.start()  # reloads the append-only file
-            assert raw.http.get(f"/v1/threads/{thread_id}").status_code == 404
+            assert raw.http.get(f"/statestore/v1/threads/{thread_id}").status_code == 404
             if deleted.status_code == 200:
                 with store.client() as cache:
                     # The erasure said it was done: give a retry a few seconds to catch up.

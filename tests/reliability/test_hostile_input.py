@@ -2,8 +2,9 @@
 gets a clear 4xx in Anthropic's error shape, never a 500"; invariant 4: nothing is stored without a valid opt-in).
 
 Every case must get a 4xx (never a 5xx) in the shape of PROTOCOL §4 with a `request-id` header, and leave no trace:
-the row counts of every table stay the same (a half-made thread row counts too), the caller's `GET /v1/threads` is
-unchanged, another owner's thread is untouched, and, unless the case says otherwise, the backend received nothing.
+the row counts of every table stay the same (a half-made thread row counts too), the caller's
+`GET /statestore/v1/threads` is unchanged, another owner's thread is untouched, and, unless the case says otherwise,
+the backend received nothing.
 
 The server here has small policy limits (6 messages, 8 KiB a thread) and a 64 KiB body limit, so the limits can be
 crossed cheaply.
@@ -253,7 +254,6 @@ CASES: list[Case] = [
     # -- the thread field --------------------------------------------------------------------------------------------
     Case("thread-string", lambda c: with_thread(c, "create"), 400),
     Case("thread-list", lambda c: with_thread(c, [{"type": "create"}]), 400),
-    Case("thread-null", lambda c: with_thread(c, None), 400),
     Case("thread-number", lambda c: with_thread(c, 1), 400),
     Case("thread-true", lambda c: with_thread(c, True), 400),
     Case("thread-empty-object", lambda c: with_thread(c, {}), 400),
@@ -291,15 +291,15 @@ CASES: list[Case] = [
     Case("continue-non-ascii-id", lambda c: continuing(c, c.victim_head[:-1] + "é"), 404),
     Case("continue-nul-in-id", lambda c: continuing(c, c.victim_head[:-1] + "\u0000"), 404),
     Case("continue-from-thread-id", lambda c: continuing(c, c.victim_thread), 404),
-    Case("get-other-owners-thread", lambda c: get(c, f"/v1/threads/{c.victim_thread}"), 404),
-    Case("export-other-owners-thread", lambda c: get(c, f"/v1/threads/{c.victim_thread}/messages"), 404),
-    Case("delete-other-owners-thread", lambda c: owner(c, "DELETE", f"/v1/threads/{c.victim_thread}"), 404),
-    Case("get-forged-thread-id", lambda c: get(c, "/v1/threads/thr_" + FORGED_ID[4:26]), 404),
-    Case("get-over-long-thread-id", lambda c: get(c, "/v1/threads/thr_" + "A" * 5000), 404),
-    Case("get-non-ascii-thread-id", lambda c: get(c, "/v1/threads/thr_%C3%A9t%C3%A9"), 404),
-    Case("get-nul-thread-id", lambda c: get(c, "/v1/threads/thr_%00"), 404),
-    Case("export-nul-thread-id", lambda c: get(c, "/v1/threads/thr_%00/messages"), 404),
-    Case("delete-nul-thread-id", lambda c: owner(c, "DELETE", "/v1/threads/thr_%00"), 404),
+    Case("get-other-owners-thread", lambda c: get(c, f"/statestore/v1/threads/{c.victim_thread}"), 404),
+    Case("export-other-owners-thread", lambda c: get(c, f"/statestore/v1/threads/{c.victim_thread}/messages"), 404),
+    Case("delete-other-owners-thread", lambda c: owner(c, "DELETE", f"/statestore/v1/threads/{c.victim_thread}"), 404),
+    Case("get-forged-thread-id", lambda c: get(c, "/statestore/v1/threads/thr_" + FORGED_ID[4:26]), 404),
+    Case("get-over-long-thread-id", lambda c: get(c, "/statestore/v1/threads/thr_" + "A" * 5000), 404),
+    Case("get-non-ascii-thread-id", lambda c: get(c, "/statestore/v1/threads/thr_%C3%A9t%C3%A9"), 404),
+    Case("get-nul-thread-id", lambda c: get(c, "/statestore/v1/threads/thr_%00"), 404),
+    Case("export-nul-thread-id", lambda c: get(c, "/statestore/v1/threads/thr_%00/messages"), 404),
+    Case("delete-nul-thread-id", lambda c: owner(c, "DELETE", "/statestore/v1/threads/thr_%00"), 404),
     # -- session ids (header and path) -------------------------------------------------------------------------------
     Case("session-sql-injection", lambda c: session_turn(c, b"'; DROP TABLE threads; --"), 400),
     Case("session-129-chars", lambda c: session_turn(c, b"s" * 129), 400),
@@ -313,11 +313,15 @@ CASES: list[Case] = [
     Case("session-bare-cr-raw", lambda c: raw_turn(c, b"statestore-session-id: abc\rSet-Cookie: x=1\r\n"), 400),
     Case("session-nul-raw", lambda c: raw_turn(c, b"statestore-session-id: abc\x00def\r\n"), 400),
     Case("session-obs-fold-raw", lambda c: raw_turn(c, b"statestore-session-id: abc\r\n def\r\n"), 400),
-    Case("session-path-sql-injection", lambda c: get(c, "/v1/sessions/%27%3B%20DROP%20TABLE%20threads%3B%20--"), 400),
-    Case("session-path-129-chars", lambda c: get(c, "/v1/sessions/" + "s" * 129), 400),
-    Case("session-path-unicode", lambda c: get(c, "/v1/sessions/caf%C3%A9"), 400),
-    Case("session-path-crlf", lambda c: get(c, "/v1/sessions/a%0D%0Ab"), 400),
-    Case("session-path-nul", lambda c: get(c, "/v1/sessions/a%00b"), 400),
+    Case(
+        "session-path-sql-injection",
+        lambda c: get(c, "/statestore/v1/sessions/%27%3B%20DROP%20TABLE%20threads%3B%20--"),
+        400,
+    ),
+    Case("session-path-129-chars", lambda c: get(c, "/statestore/v1/sessions/" + "s" * 129), 400),
+    Case("session-path-unicode", lambda c: get(c, "/statestore/v1/sessions/caf%C3%A9"), 400),
+    Case("session-path-crlf", lambda c: get(c, "/statestore/v1/sessions/a%0D%0Ab"), 400),
+    Case("session-path-nul", lambda c: get(c, "/statestore/v1/sessions/a%00b"), 400),
     # -- statestore-ttl ----------------------------------------------------------------------------------------------
     Case("ttl-negative", lambda c: ttl(c, b"-5"), 400),
     Case("ttl-zero", lambda c: ttl(c, b"0"), 400),
@@ -340,9 +344,9 @@ CASES: list[Case] = [
         "content-type-form", lambda c: turn(c, GOOD, headers={"content-type": "application/x-www-form-urlencoded"}), 400
     ),
     Case("content-type-lookalike", lambda c: turn(c, GOOD, headers={"content-type": "application/jsonp"}), 400),
-    Case("method-post-thread-list", lambda c: owner(c, "POST", "/v1/threads", b"{}"), 405),
-    Case("method-patch-thread", lambda c: owner(c, "PATCH", f"/v1/threads/{c.victim_thread}", b"{}"), 405),
-    Case("method-put-session", lambda c: owner(c, "PUT", "/v1/sessions/abc", b"{}"), 405),
+    Case("method-post-thread-list", lambda c: owner(c, "POST", "/statestore/v1/threads", b"{}"), 405),
+    Case("method-patch-thread", lambda c: owner(c, "PATCH", f"/statestore/v1/threads/{c.victim_thread}", b"{}"), 405),
+    Case("method-put-session", lambda c: owner(c, "PUT", "/statestore/v1/sessions/abc", b"{}"), 405),
     Case("method-post-healthz", lambda c: owner(c, "POST", "/healthz", b"{}"), 405),
     Case("method-patch-admin-tenants", lambda c: admin("PATCH", "/admin/v1/tenants", {"name": "x"}), 405),
     Case("method-delete-admin-audit", lambda c: admin("DELETE", "/admin/v1/audit"), 405),
@@ -411,20 +415,22 @@ CASES: list[Case] = [
         ),
         401,
     ),
-    Case("list-without-credentials", lambda c: get(c, "/v1/threads", auth=False), 401),
-    Case("get-thread-without-credentials", lambda c: get(c, f"/v1/threads/{c.victim_thread}", auth=False), 401),
+    Case("list-without-credentials", lambda c: get(c, "/statestore/v1/threads", auth=False), 401),
+    Case(
+        "get-thread-without-credentials", lambda c: get(c, f"/statestore/v1/threads/{c.victim_thread}", auth=False), 401
+    ),
     # -- thread API: cursors and limits ------------------------------------------------------------------------------
-    Case("list-limit-zero", lambda c: get(c, "/v1/threads?limit=0"), 400),
-    Case("list-limit-negative", lambda c: get(c, "/v1/threads?limit=-1"), 400),
-    Case("list-limit-1001", lambda c: get(c, "/v1/threads?limit=1001"), 400),
-    Case("list-limit-text", lambda c: get(c, "/v1/threads?limit=ten"), 400),
-    Case("list-limit-float", lambda c: get(c, "/v1/threads?limit=2.5"), 400),
-    Case("list-limit-huge", lambda c: get(c, "/v1/threads?limit=" + "9" * 40), 400),
-    Case("list-after-garbage", lambda c: get(c, "/v1/threads?after=not-a-cursor"), 400),
-    Case("list-after-sql-injection", lambda c: get(c, "/v1/threads?after=%27%20OR%20%271%27%3D%271"), 400),
-    Case("list-after-other-owners-thread", lambda c: get(c, f"/v1/threads?after={c.victim_thread}"), 400),
-    Case("list-after-nul", lambda c: get(c, "/v1/threads?after=thr_%00"), 400),
-    Case("list-session-id-nul", lambda c: get(c, "/v1/threads?session_id=a%00b"), 400),
+    Case("list-limit-zero", lambda c: get(c, "/statestore/v1/threads?limit=0"), 400),
+    Case("list-limit-negative", lambda c: get(c, "/statestore/v1/threads?limit=-1"), 400),
+    Case("list-limit-1001", lambda c: get(c, "/statestore/v1/threads?limit=1001"), 400),
+    Case("list-limit-text", lambda c: get(c, "/statestore/v1/threads?limit=ten"), 400),
+    Case("list-limit-float", lambda c: get(c, "/statestore/v1/threads?limit=2.5"), 400),
+    Case("list-limit-huge", lambda c: get(c, "/statestore/v1/threads?limit=" + "9" * 40), 400),
+    Case("list-after-garbage", lambda c: get(c, "/statestore/v1/threads?after=not-a-cursor"), 400),
+    Case("list-after-sql-injection", lambda c: get(c, "/statestore/v1/threads?after=%27%20OR%20%271%27%3D%271"), 400),
+    Case("list-after-other-owners-thread", lambda c: get(c, f"/statestore/v1/threads?after={c.victim_thread}"), 400),
+    Case("list-after-nul", lambda c: get(c, "/statestore/v1/threads?after=thr_%00"), 400),
+    Case("list-session-id-nul", lambda c: get(c, "/statestore/v1/threads?session_id=a%00b"), 400),
     # -- admin API ---------------------------------------------------------------------------------------------------
     Case("admin-without-token", lambda c: admin("GET", "/admin/v1/tenants", headers={}), 401),
     Case(
@@ -605,14 +611,16 @@ async def _send(http: httpx.AsyncClient, server: StatestoreServer, req: Req) -> 
 
 
 async def _listing(http: httpx.AsyncClient, api_key: str) -> Any:
-    response = await http.get("/v1/threads", headers={"x-api-key": api_key})
+    response = await http.get("/statestore/v1/threads", headers={"x-api-key": api_key})
     assert response.status_code == 200, response.text
     return response.json()
 
 
 async def _victim_view(http: httpx.AsyncClient, target: Target) -> tuple[Any, bytes]:
-    meta = await http.get(f"/v1/threads/{target.victim_thread}", headers={"x-api-key": target.victim_key})
-    export = await http.get(f"/v1/threads/{target.victim_thread}/messages", headers={"x-api-key": target.victim_key})
+    meta = await http.get(f"/statestore/v1/threads/{target.victim_thread}", headers={"x-api-key": target.victim_key})
+    export = await http.get(
+        f"/statestore/v1/threads/{target.victim_thread}/messages", headers={"x-api-key": target.victim_key}
+    )
     assert meta.status_code == 200 and export.status_code == 200, (meta.text, export.text)
     return meta.json(), export.content
 
@@ -706,7 +714,9 @@ async def test_injection_strings_in_query_parameters_are_inert(target: Target, h
     """An injection string is not a session name: refused with a 400 before any query, and nothing is dropped."""
     counts_before = await target.db.counts()
     for name in ("'; DROP TABLE threads; --", "' OR '1'='1", "\\x27; DELETE FROM sessions; --"):
-        response = await http.get("/v1/threads", params={"session_id": name}, headers={"x-api-key": target.victim_key})
+        response = await http.get(
+            "/statestore/v1/threads", params={"session_id": name}, headers={"x-api-key": target.victim_key}
+        )
         assert response.status_code == 400, response.text
         assert response.json()["error"]["type"] == "invalid_request_error"
     assert await target.db.counts() == counts_before
@@ -722,6 +732,8 @@ async def test_a_valid_request_still_works_after_the_catalogue(target: Target, h
         content=_json(continue_body(target.victim_head, [user("still here?")])),
     )
     assert response.status_code == 200, response.text
-    exported = await http.get(f"/v1/threads/{target.victim_thread}/messages", headers={"x-api-key": target.victim_key})
+    exported = await http.get(
+        f"/statestore/v1/threads/{target.victim_thread}/messages", headers={"x-api-key": target.victim_key}
+    )
     assert [m["role"] for m in exported.json()["messages"]] == ["user", "assistant", "user", "assistant"]
     assert len(target.backend.requests()) == 1

@@ -35,7 +35,7 @@ from tests.support.fake_backend import FakeBackend
 from tests.support.server import StatestoreServer
 
 EXAMPLES = {GenerationMode.POSITIVE: 20, GenerationMode.NEGATIVE: 20}
-FUZZED_PREFIXES = ("/v1/threads", "/v1/sessions", "/admin/v1/")
+FUZZED_PREFIXES = ("/statestore/v1/threads", "/statestore/v1/sessions", "/admin/v1/")
 
 
 def _spec_operations(spec: dict[str, Any]) -> list[tuple[str, str, bool]]:

@@ -138,17 +138,19 @@ async def test_owners_hammering_each_others_ids_always_get_404(deployment: Deplo
         for _ in range(4):
             for thread_id, head in victim.threads.items():
                 calls += [
-                    ("get", http.get(f"/v1/threads/{thread_id}", headers=plain)),
-                    ("export", http.get(f"/v1/threads/{thread_id}/messages", headers=plain)),
-                    ("delete", http.delete(f"/v1/threads/{thread_id}", headers=plain)),
+                    ("get", http.get(f"/statestore/v1/threads/{thread_id}", headers=plain)),
+                    ("export", http.get(f"/statestore/v1/threads/{thread_id}/messages", headers=plain)),
+                    ("delete", http.delete(f"/statestore/v1/threads/{thread_id}", headers=plain)),
                     ("continue", _post(http, headers, continue_body(head, [user("let me in")]))),
-                    ("list-after", http.get("/v1/threads", params={"after": thread_id}, headers=plain)),
+                    ("list-after", http.get("/statestore/v1/threads", params={"after": thread_id}, headers=plain)),
                     (
                         "bearer-get",
-                        http.get(f"/v1/threads/{thread_id}", headers={"authorization": f"Bearer {attacker.key}"}),
+                        http.get(
+                            f"/statestore/v1/threads/{thread_id}", headers={"authorization": f"Bearer {attacker.key}"}
+                        ),
                     ),
                 ]
-            calls.append(("session", http.get("/v1/sessions/shared-name", headers=plain)))
+            calls.append(("session", http.get("/statestore/v1/sessions/shared-name", headers=plain)))
         results = await asyncio.gather(*(call for _, call in calls))
         return [(name, response) for (name, _), response in zip(calls, results, strict=True)]
 
@@ -157,7 +159,7 @@ async def test_owners_hammering_each_others_ids_always_get_404(deployment: Deplo
             _post(http, thread_headers(owner.key), continue_body(head, [user(f"{owner.secret_text} again")]))
             for head in owner.threads.values()
         ]
-        listings = [http.get("/v1/threads", headers={"x-api-key": owner.key}) for _ in range(4)]
+        listings = [http.get("/statestore/v1/threads", headers={"x-api-key": owner.key}) for _ in range(4)]
         return list(await asyncio.gather(*continues, *listings))
 
     outcomes = await asyncio.gather(attack(alice, bob), attack(bob, alice), own_work(alice), own_work(bob))
@@ -183,7 +185,7 @@ async def test_owners_hammering_each_others_ids_always_get_404(deployment: Deplo
 
     # Nothing of either was deleted or changed by the other; each backend request carried one owner's text only.
     for owner in (alice, bob):
-        listing = await http.get("/v1/threads", headers={"x-api-key": owner.key})
+        listing = await http.get("/statestore/v1/threads", headers={"x-api-key": owner.key})
         assert {item["id"]: item["message_count"] for item in listing.json()["data"]} == dict.fromkeys(owner.threads, 4)
     forwarded = deployment.backend.requests()
     assert len(forwarded) == 8
@@ -208,7 +210,7 @@ async def test_a_session_name_of_another_owner_starts_a_thread_of_ones_own(
     assert turn.headers["statestore-thread-id"] != alice.session_thread
     [forwarded] = deployment.backend.requests()
     assert forwarded.json()["messages"] == [user("what was said here?")]
-    session = await http.get("/v1/sessions/support-ticket-7", headers={"x-api-key": alice.key})
+    session = await http.get("/statestore/v1/sessions/support-ticket-7", headers={"x-api-key": alice.key})
     assert session.json()["thread"]["id"] == alice.session_thread
     assert session.json()["thread"]["message_count"] == 2
 
@@ -223,12 +225,12 @@ async def test_an_admin_token_is_no_tenant_credential_in_passthrough_mode(
     anyone, and a client credential opens nothing of the admin API."""
     owner = await _make_owner(http, "admin-probe")
     for headers in ({"x-api-key": deployment.admin_token}, {"authorization": f"Bearer {deployment.admin_token}"}):
-        listing = await http.get("/v1/threads", headers=headers)
+        listing = await http.get("/statestore/v1/threads", headers=headers)
         assert listing.status_code == 200, listing.text
         assert listing.json()["data"] == []
         for thread_id in owner.threads:
-            assert_client_error(await http.get(f"/v1/threads/{thread_id}", headers=headers), 404)
-        session = await http.get("/v1/sessions/admin-probe", headers=headers)
+            assert_client_error(await http.get(f"/statestore/v1/threads/{thread_id}", headers=headers), 404)
+        session = await http.get("/statestore/v1/sessions/admin-probe", headers=headers)
         assert_client_error(session, 404)
     for headers in (
         {"x-api-key": owner.key},
@@ -261,8 +263,8 @@ async def test_keys_mode_keeps_admin_and_tenant_credentials_apart(deployment: De
         # The admin token is no tenant key: 401 on every thread route and on a threaded turn, which stores nothing.
         backend.reset()
         for headers in ({"x-api-key": deployment.keys_admin_token}, admin):
-            assert_client_error(await http.get("/v1/threads", headers=headers), 401)
-            assert_client_error(await http.get("/v1/sessions/any", headers=headers), 401)
+            assert_client_error(await http.get("/statestore/v1/threads", headers=headers), 401)
+            assert_client_error(await http.get("/statestore/v1/sessions/any", headers=headers), 401)
             without_key = {k: v for k, v in thread_headers("unused").items() if k != "x-api-key"}
             assert_client_error(await _post(http, {**without_key, **headers}, create_body([user("as admin")])), 401)
         assert backend.requests() == []
@@ -282,7 +284,7 @@ async def test_keys_mode_keeps_admin_and_tenant_credentials_apart(deployment: De
             assert request.header("x-api-key") == deployment.upstream_key
             assert request.header("authorization") is None
             assert all(tenant_key not in value for _, value in request.headers)
-        listing = await http.get("/v1/threads", headers={"x-api-key": tenant_key})
+        listing = await http.get("/statestore/v1/threads", headers={"x-api-key": tenant_key})
         assert [item["id"] for item in listing.json()["data"]] == [turn.headers["statestore-thread-id"]]
 
         # Stored hashed: no column of api_keys holds the secret.
@@ -292,7 +294,7 @@ async def test_keys_mode_keeps_admin_and_tenant_credentials_apart(deployment: De
 
         # Revoked: refused at once by the process that revoked it.
         assert (await http.delete(f"/admin/v1/keys/{key_id}", headers=admin)).status_code == 200
-        assert_client_error(await http.get("/v1/threads", headers={"x-api-key": tenant_key}), 401)
+        assert_client_error(await http.get("/statestore/v1/threads", headers={"x-api-key": tenant_key}), 401)
 
 
 # == constant-time comparison =========================================================================================
@@ -427,9 +429,11 @@ async def test_no_message_content_and_no_secret_reaches_logs_metrics_or_audit(
         content=orjson.dumps({"model": "m", "max_tokens": 8, "messages": [user(s["RELAY"])]}),
     )
     assert relay.status_code == 200, relay.text
-    await http.get(f"/v1/threads/{s['PATH']}", headers={"x-api-key": key})
-    await http.get("/v1/threads", params={"session_id": s["QUERY"], "after": s["QUERY"]}, headers={"x-api-key": key})
-    await http.get(f"/v1/threads/{head}/messages", headers={"x-api-key": key})
+    await http.get(f"/statestore/v1/threads/{s['PATH']}", headers={"x-api-key": key})
+    await http.get(
+        "/statestore/v1/threads", params={"session_id": s["QUERY"], "after": s["QUERY"]}, headers={"x-api-key": key}
+    )
+    await http.get(f"/statestore/v1/threads/{head}/messages", headers={"x-api-key": key})
     # Rejected requests, including those that crash or hit a database error today.
     bad = await http.post("/v1/messages", headers=headers, content=orjson.dumps(create_body([user(s["BADJSON"])]))[:-9])
     deep: Any = s["DEEP"]

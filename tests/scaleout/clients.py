@@ -104,19 +104,19 @@ class ThreadApi:
         )
 
     def threads(self) -> list[dict[str, Any]]:
-        response = self.http.get("/v1/threads", params={"limit": 1000})
+        response = self.http.get("/statestore/v1/threads", params={"limit": 1000})
         response.raise_for_status()
         data: list[dict[str, Any]] = response.json()["data"]
         return data
 
     def thread(self, thread_id: str) -> dict[str, Any]:
-        response = self.http.get(f"/v1/threads/{thread_id}")
+        response = self.http.get(f"/statestore/v1/threads/{thread_id}")
         response.raise_for_status()
         info: dict[str, Any] = response.json()
         return info
 
     def export(self, thread_id: str) -> dict[str, Any]:
-        response = self.http.get(f"/v1/threads/{thread_id}/messages")
+        response = self.http.get(f"/statestore/v1/threads/{thread_id}/messages")
         response.raise_for_status()
         exported: dict[str, Any] = response.json()
         return exported

@@ -210,7 +210,7 @@ def test_sigterm_lets_a_slow_stream_finish_and_refuses_new_connections(
             wait_for("the terminating replica to refuse connections", lambda: port_refuses(victim.port), timeout=3)
             assert victim.process.poll() is None, "the replica must stay up for its in-flight stream"
             for _ in range(4):
-                listed = api.http.get("/v1/threads")
+                listed = api.http.get("/statestore/v1/threads")
                 assert listed.status_code == 200
                 assert listed.headers[REPLICA_HEADER] != victim.name
 

@@ -275,7 +275,7 @@ def test_deleting_a_thread_erases_its_keys_on_its_node(scenario: Scenario) -> No
         node = scenario.cluster.node_of_slot(scenario.cluster.keyslot(keys[0]))
         with node.client() as owner:
             assert owner.exists(*keys) == 2
-            deleted = api.http.delete(f"/v1/threads/{thread_id}")
+            deleted = api.http.delete(f"/statestore/v1/threads/{thread_id}")
             assert deleted.status_code == 200, deleted.text
             assert owner.exists(*keys) == 0
-        assert api.http.get(f"/v1/threads/{thread_id}").status_code == 404
+        assert api.http.get(f"/statestore/v1/threads/{thread_id}").status_code == 404

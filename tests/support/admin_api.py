@@ -188,19 +188,19 @@ class Api:
         return self.post(body, headers=_turn_headers(None, ttl=ttl, session=name), beta=False)
 
     def threads(self, **params: Any) -> httpx.Response:
-        return self.http.get("/v1/threads", params={k: v for k, v in params.items() if v is not None})
+        return self.http.get("/statestore/v1/threads", params={k: v for k, v in params.items() if v is not None})
 
     def thread(self, thread_id: str) -> httpx.Response:
-        return self.http.get(f"/v1/threads/{thread_id}")
+        return self.http.get(f"/statestore/v1/threads/{thread_id}")
 
     def export(self, thread_id: str) -> httpx.Response:
-        return self.http.get(f"/v1/threads/{thread_id}/messages")
+        return self.http.get(f"/statestore/v1/threads/{thread_id}/messages")
 
     def delete(self, thread_id: str) -> httpx.Response:
-        return self.http.delete(f"/v1/threads/{thread_id}")
+        return self.http.delete(f"/statestore/v1/threads/{thread_id}")
 
     def session_info(self, name: str) -> httpx.Response:
-        return self.http.get(f"/v1/sessions/{name}")
+        return self.http.get(f"/statestore/v1/sessions/{name}")
 
     def models(self) -> httpx.Response:
         return self.http.get("/v1/models")

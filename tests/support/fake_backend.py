@@ -14,7 +14,9 @@ a backend received. Control API (JSON):
     POST /_control/script    {"actions": [action...]} -> {"queued": <pending count>}   (400 if an action is invalid)
     GET  /_control/script    -> {"pending": <count>}
 
-Queued actions are consumed one per `POST /v1/messages`, in order. An action is an object:
+Queued actions are consumed one per `POST /v1/messages`, in order. An action with `"path"` (and optionally
+`"method"`, default any) is consumed instead by the first request to that path (any other API a relay carries, such
+as `/v1/sessions`); only `raw`, `error` and `close` make sense there. An action is an object:
 
     {"kind": "echo"}                                  the default reply (useful with the shaping fields below)
     {"kind": "message", "message": {...}}             this Message; missing fields are filled in: id (random),
@@ -141,8 +143,9 @@ class FakeBackendApp:
             return
         body = await echo.read_body(receive, limit=1 << 40) or b""
         self._record(scope, body)
-        if scope["method"] == "POST" and scope["path"] == "/v1/messages" and self._script:
-            await self._play(self._script.popleft(), body, send)
+        action = self._take_action(scope["method"], scope["path"])
+        if action is not None:
+            await self._play(action, body, send)
             return
         replayed = False
 
@@ -154,6 +157,15 @@ class FakeBackendApp:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self._echo(scope, replay, send)
+
+    def _take_action(self, method: str, path: str) -> wire.JSONObject | None:
+        for index, action in enumerate(self._script):
+            wanted_path = action.get("path", "/v1/messages")
+            wanted_method = action.get("method", "POST" if "path" not in action else method)
+            if wanted_path == path and wanted_method == method:
+                del self._script[index]
+                return action
+        return None
 
     def _record(self, scope: Scope, body: bytes) -> None:
         self._requests.append(

@@ -58,7 +58,7 @@ def build_app(metrics: Metrics) -> FastAPI:
     async def typed(turn: Turn) -> dict[str, int]:
         return {"length": len(turn.text)}
 
-    @app.get("/v1/threads/{thread_id}")
+    @app.get("/statestore/v1/threads/{thread_id}")
     async def get_thread(thread_id: str) -> dict[str, str]:
         return {"id": thread_id}
 
@@ -162,8 +162,8 @@ def assert_anthropic_error(response: httpx.Response, status: int, error_type: st
 
 
 async def test_request_id_header_is_added(client: httpx.AsyncClient) -> None:
-    first = await client.get("/v1/threads/thr_1")
-    second = await client.get("/v1/threads/thr_1")
+    first = await client.get("/statestore/v1/threads/thr_1")
+    second = await client.get("/statestore/v1/threads/thr_1")
     assert first.status_code == 200
     assert REQUEST_ID.match(first.headers["request-id"])
     assert first.headers["request-id"] != second.headers["request-id"]
@@ -302,19 +302,19 @@ async def test_chunked_body_past_limit_is_413(client: httpx.AsyncClient, path: s
 
 
 async def test_requests_are_counted_by_route_template(client: httpx.AsyncClient, metrics: Metrics) -> None:
-    await client.get("/v1/threads/thr_aaa")
-    await client.get("/v1/threads/thr_bbb")
+    await client.get("/statestore/v1/threads/thr_aaa")
+    await client.get("/statestore/v1/threads/thr_bbb")
     await client.get("/nowhere/thr_ccc")
-    await client.post("/v1/threads/thr_ddd")  # wrong method: still the route's template
+    await client.post("/statestore/v1/threads/thr_ddd")  # wrong method: still the route's template
 
     counts = samples(metrics, "http_requests_total")
-    assert counts[(("method", "GET"), ("route", "/v1/threads/{thread_id}"), ("status", "200"))] == 2
+    assert counts[(("method", "GET"), ("route", "/statestore/v1/threads/{thread_id}"), ("status", "200"))] == 2
     assert counts[(("method", "GET"), ("route", "other"), ("status", "404"))] == 1
-    assert counts[(("method", "POST"), ("route", "/v1/threads/{thread_id}"), ("status", "405"))] == 1
+    assert counts[(("method", "POST"), ("route", "/statestore/v1/threads/{thread_id}"), ("status", "405"))] == 1
     rendered = metrics.render()[0].decode()
     assert "thr_" not in rendered
     durations = samples(metrics, "http_request_duration_seconds_count")
-    assert durations[(("method", "GET"), ("route", "/v1/threads/{thread_id}"))] == 2
+    assert durations[(("method", "GET"), ("route", "/statestore/v1/threads/{thread_id}"))] == 2
 
 
 async def test_streaming_duration_runs_to_the_last_chunk(
@@ -371,16 +371,16 @@ async def test_route_label_is_the_matched_template() -> None:
     metrics = Metrics()
     app = FastAPI()
 
-    @app.get("/v1/threads/{thread_id}")
+    @app.get("/statestore/v1/threads/{thread_id}")
     async def endpoint(thread_id: str) -> dict[str, str]:
         return {}
 
     app.add_middleware(RequestContextMiddleware, metrics=metrics)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
-        await client.get("/v1/threads/thr_abc")
+        await client.get("/statestore/v1/threads/thr_abc")
         await client.get("/nowhere/thr_abc")
     text = metrics.render()[0].decode()
-    assert 'route="/v1/threads/{thread_id}"' in text
+    assert 'route="/statestore/v1/threads/{thread_id}"' in text
     assert 'route="other"' in text
     assert "thr_abc" not in text
 
