@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import asyncpg  # type: ignore[import-untyped]
+import asyncpg
 import redis
 
 from bench import profiling

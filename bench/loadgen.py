@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import asyncpg  # type: ignore[import-untyped]
+import asyncpg
 
 from bench import conversation as conv
 from bench.plan import Arm, Batch, CommitCheck, Mode, Plan, Results, SoakSample, Target, ThreadSizes

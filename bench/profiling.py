@@ -1,6 +1,6 @@
 """A profile of statestore's continue, taken inside a real server process without touching statestore's code.
 
-`python -m bench.profiling serve --port N` runs statestore's app (the same `create_app`, settings from the same
+`python -m bench.profiling serve --port N` runs statestore's app (the same `create_server_app`, settings from the same
 STATESTORE_* environment, uvicorn with uvloop and httptools, as `statestore serve` does) wrapped in a small ASGI
 layer that adds two routes: `POST /__bench/profile/start` starts a stack sampler on the event loop's thread
 (bench/sampler.py: samples follow that thread's CPU time, and it copes with SQLAlchemy's greenlets, which cProfile
@@ -55,14 +55,14 @@ class ProfileSwitch:
 def serve(port: int) -> None:
     import uvicorn
 
-    from statestore.app import create_app
+    from statestore.app import create_server_app
     from statestore.config import Settings
     from statestore.logs import configure_logging, uvicorn_log_config
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_json)
     uvicorn.run(
-        ProfileSwitch(create_app(settings)),
+        ProfileSwitch(create_server_app(settings)),
         host="127.0.0.1",
         port=port,
         loop="uvloop",

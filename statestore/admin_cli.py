@@ -16,43 +16,19 @@ import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
 from statestore.admin import AdminService, as_dict
-from statestore.clock import clock_from
 from statestore.config import Settings
 from statestore.errors import StatestoreError
-from statestore.retention import Retention
-from statestore.store.admin_repository import AdminRepository
-from statestore.store.cache import create_cache
+from statestore.resources import build_resources
 from statestore.store.engine import create_engine
-from statestore.store.repository import ThreadQueries
-from statestore.threads.policy import Policy
-from statestore.threads.policy_store import PolicyStore
 
 Operation = Callable[[AdminService, argparse.Namespace], Awaitable[Any]]
 
 
 @asynccontextmanager
 async def admin_service(settings: Settings) -> AsyncIterator[AdminService]:
-    engine = create_engine(settings.database_url, pool_size=2)
-    cache = create_cache(settings.redis_url, settings.redis_prefix)
-    clock = clock_from(settings.clock_offset_file)
-    repository = AdminRepository(engine)
-    try:
-        yield AdminService(
-            repository=repository,
-            policies=PolicyStore(repository, fallback=Policy.from_settings(settings), cache_seconds=0),
-            retention=Retention(
-                queries=ThreadQueries(engine),
-                admin=repository,
-                cache=cache,
-                clock=clock,
-                batch_size=settings.purge_batch_size,
-            ),
-            authenticator=None,
-            clock=clock,
-        )
-    finally:
-        await cache.aclose()
-        await engine.dispose()
+    # The server's own wiring, with small pools and no policy cache (statestore/resources.py).
+    async with build_resources(settings, pool_size=2, serving=False) as resources:
+        yield resources.admin
 
 
 def _actor(args: argparse.Namespace) -> str:

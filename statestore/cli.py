@@ -40,9 +40,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from statestore.logs import configure_logging, uvicorn_log_config
 
     settings = _load_settings()
-    from statestore.app import settings_problem
-
-    if (problem := settings_problem(settings)) is not None:
+    if (problem := settings.serving_problem()) is not None:
         sys.exit(f"statestore: {problem}")
     configure_logging(settings.log_level, settings.log_json)
     try:
@@ -52,7 +50,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
     if pending is not None:
         sys.exit(f"statestore: {pending}. Run `statestore migrate` first.")
     uvicorn.run(
-        "statestore.app:create_app",
+        "statestore.app:create_server_app",
         factory=True,
         host=args.host,
         port=args.port,

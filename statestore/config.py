@@ -97,6 +97,25 @@ class Settings(BaseSettings):
             raise ValueError(f"STATESTORE_ADMIN_TOKENS: tokens must be at least 16 characters ({', '.join(short)})")
         return self
 
+    def serving_problem(self) -> str | None:
+        """A reason the server must not start with these settings, or None. (Not a validator: the CLI's other
+        commands run without what only serving needs.)"""
+        if self.auth_mode == "passthrough":
+            secret = self.owner_secret.get_secret_value() if self.owner_secret else ""
+            if len(secret) < 16:
+                return (
+                    "STATESTORE_OWNER_SECRET must be set to a random string of at least 16 characters: it keys the "
+                    "hash that ties each thread to its credential. Generate one with\n"
+                    "  python3 -c 'import secrets; print(secrets.token_urlsafe(32))'\n"
+                    "and keep it: changing it hides every existing thread from its owner."
+                )
+        elif self.upstream_api_key is None and not self.tenant_upstream_keys:
+            return (
+                "keys mode needs the backend credential: set STATESTORE_UPSTREAM_API_KEY, or "
+                'STATESTORE_TENANT_UPSTREAM_KEYS=\'{"tenant-name": "key", ...}\''
+            )
+        return None
+
     def admin_token_table(self) -> dict[str, str]:
         """Admin token → its name. Entries are "name:token"; a bare token is named "admin"."""
         table: dict[str, str] = {}

@@ -15,7 +15,7 @@ There are no gauges here, so nothing needs cleaning up when a worker exits.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
@@ -96,7 +96,16 @@ class Metrics:
             ["result"],
             registry=self.registry,
         )
+        # Label children resolved once: `labels()` hashes and validates its arguments on every call.
+        self._children: dict[tuple[object, ...], Any] = {}
         self._initialise_fixed_series()
+
+    def _child(self, metric: Any, *values: str) -> Any:
+        key = (id(metric), *values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
 
     def _initialise_fixed_series(self) -> None:
         # Series with fixed label sets exist from the start at 0, so rate() and alerts see the first event.
@@ -110,20 +119,20 @@ class Metrics:
 
     def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
         method = method_label(method)
-        self.http_requests_total.labels(route=route, method=method, status=str(status)).inc()
-        self.http_request_duration_seconds.labels(route=route, method=method).observe(seconds)
+        self._child(self.http_requests_total, route, method, str(status)).inc()
+        self._child(self.http_request_duration_seconds, route, method).observe(seconds)
 
     def observe_upstream(self, route: str, outcome: UpstreamOutcome, seconds: float) -> None:
-        self.upstream_request_duration_seconds.labels(route=route, outcome=outcome).observe(seconds)
+        self._child(self.upstream_request_duration_seconds, route, outcome).observe(seconds)
 
     def count_upstream_error(self, kind: UpstreamErrorKind) -> None:
-        self.upstream_errors_total.labels(kind=kind).inc()
+        self._child(self.upstream_errors_total, kind).inc()
 
     def count_thread_turn(self, kind: ThreadTurnKind, outcome: ThreadTurnOutcome) -> None:
-        self.thread_turns_total.labels(kind=kind, outcome=outcome).inc()
+        self._child(self.thread_turns_total, kind, outcome).inc()
 
     def count_cache_lookup(self, result: CacheLookupResult) -> None:
-        self.cache_lookups_total.labels(result=result).inc()
+        self._child(self.cache_lookups_total, result).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The `/metrics` body and its content type (the classic text format, which every Prometheus reads)."""

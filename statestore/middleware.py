@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from statestore.errors import InternalError, RequestTooLarge, StatestoreError, StreamBrokenOff
@@ -36,8 +37,8 @@ _REQUEST_ID = b"request-id"
 CLIENT_CLOSED_REQUEST = 499
 
 
-async def send_error(send: Send, error: StatestoreError, request_id: str) -> None:
-    """Send a complete Anthropic error response for `error`."""
+def _error_parts(error: StatestoreError, request_id: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The one rendering of an error, for the front door, the middleware and the router alike."""
     body = error.body(request_id)
     headers = [
         (b"content-type", b"application/json"),
@@ -45,8 +46,23 @@ async def send_error(send: Send, error: StatestoreError, request_id: str) -> Non
         (_REQUEST_ID, request_id.encode("ascii")),
     ]
     headers.extend((name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in error.headers.items())
+    return body, headers
+
+
+async def send_error(send: Send, error: StatestoreError, request_id: str) -> None:
+    """Send a complete Anthropic error response for `error`."""
+    body, headers = _error_parts(error, request_id)
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def error_response(error: StatestoreError, request_id: str) -> Response:
+    """The same error as a Response, for the router's exception handlers."""
+    body, headers = _error_parts(error, request_id)
+    response = Response(status_code=error.status)
+    response.body = body
+    response.raw_headers = headers
+    return response
 
 
 def request_id_of(scope: Scope) -> str:

@@ -13,14 +13,15 @@ import time
 from statestore.clock import Clock
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache
-from statestore.store.repository import DATABASE_ERRORS, ThreadQueries
+from statestore.store.engine import DATABASE_ERRORS
+from statestore.store.retention_queries import RetentionQueries
 
 log = logging.getLogger(__name__)
 
 
 class Retention:
     def __init__(
-        self, *, queries: ThreadQueries, admin: AdminRepository, cache: HistoryCache, clock: Clock, batch_size: int
+        self, *, queries: RetentionQueries, admin: AdminRepository, cache: HistoryCache, clock: Clock, batch_size: int
     ) -> None:
         self.queries = queries
         self.admin = admin

@@ -9,10 +9,12 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from statestore.api.deps import Resources, ResourcesDep
+from statestore.api.deps import ResourcesDep
 from statestore.api.relay import relay
+from statestore.api.threaded import serve_threaded_turn
 from statestore.errors import AuthenticationFailed, InvalidRequest
-from statestore.store.repository import DATABASE_ERRORS
+from statestore.resources import Resources
+from statestore.store.engine import DATABASE_ERRORS
 from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
 from statestore.threads.turn import read_turn
 
@@ -25,37 +27,45 @@ def _path_and_query(request: Request) -> str:
     return request.url.path + (f"?{query}" if query else "")
 
 
-async def _json_body(request: Request) -> tuple[bytes, dict[str, Any]]:
-    content_type = request.headers.get("content-type", "")
-    if content_type.split(";", 1)[0].strip().lower() != "application/json":
+def _header(headers: list[tuple[bytes, bytes]], wanted: bytes) -> bytes:
+    for name, value in headers:
+        if name == wanted:
+            return value
+    return b""
+
+
+def parse_json_body(headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any]:
+    content_type = _header(headers, b"content-type")
+    if content_type.split(b";", 1)[0].strip().lower() != b"application/json":
         raise InvalidRequest("content-type must be application/json")
-    body = await request.body()
     try:
         parsed = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"request body is not valid JSON: {exc.msg} at position {exc.pos}") from None
     if not isinstance(parsed, dict):
         raise InvalidRequest("request body must be a JSON object")
-    return body, parsed
+    return parsed
 
 
 @router.post("/v1/messages")
 async def create_message(request: Request, resources: ResourcesDep) -> Response:
-    # Normally served by MessagesFastPath before the router; the route stays for the OpenAPI document and as the
-    # path an app without that middleware takes.
-    return await handle_message(request, resources)
+    # Normally served by the front door (api/front_door.py) before the router; the route stays for the OpenAPI
+    # document and for the FastAPI app on its own.
+    return await handle_message(resources, request.headers.raw, request.url.query, await request.body())
 
 
-async def handle_message(request: Request, resources: Resources) -> Response:
-    body, parsed = await _json_body(request)
-    headers = request.headers.raw
+async def handle_message(resources: Resources, headers: list[tuple[bytes, bytes]], query: str, body: bytes) -> Response:
+    parsed = parse_json_body(headers, body)
     turn = read_turn(parsed, headers)
     if turn is None:
         body = await _relay_body(body, parsed, headers, resources)
         credential = await resources.relay_credential(headers)
-        return await relay(resources.upstream, "POST", _path_and_query(request), headers, body, credential=credential)
+        path = "/v1/messages" + (f"?{query}" if query else "")
+        return await relay(resources.upstream, "POST", path, headers, body, credential=credential)
     principal = await resources.authenticator.authenticate(headers)
-    return await resources.threads.handle(turn, principal, headers, request.url.query)
+    return await serve_threaded_turn(
+        resources.threads, resources.upstream, turn=turn, principal=principal, headers=headers, query=query
+    )
 
 
 async def _relay_body(
@@ -85,13 +95,14 @@ async def _relay_body(
 
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(request: Request, resources: ResourcesDep) -> Response:
-    body, parsed = await _json_body(request)
+    headers = request.headers.raw
+    body = await request.body()
+    parsed = parse_json_body(headers, body)
     if parsed.get("thread") is not None:
         raise InvalidRequest("count_tokens does not take a thread field")
     if "thread" in parsed:  # "thread": null means no thread (PROTOCOL §2)
         del parsed["thread"]
         body = orjson.dumps(parsed)
-    headers = request.headers.raw
     credential = await resources.relay_credential(headers)
     return await relay(resources.upstream, "POST", _path_and_query(request), headers, body, credential=credential)
 

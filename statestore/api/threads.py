@@ -13,7 +13,7 @@ from starlette.responses import Response
 from statestore.api.deps import ResourcesDep
 from statestore.auth import Principal
 from statestore.errors import InvalidRequest, NotFound
-from statestore.store.repository import ThreadInfo
+from statestore.store.thread_reads import ThreadInfo
 from statestore.threads.ids import is_thread_id
 
 router = APIRouter(tags=["threads"])

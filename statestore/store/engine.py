@@ -4,13 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
+import asyncpg
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DataError, SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from statestore.config import Settings
 
 DEFAULT_POOL_SIZE = 10
+
+# What a database outage looks like from here: SQLAlchemy's errors, asyncpg's own (the hot path's statements run on
+# it directly), and the OSError (a refused connection) and TimeoutError (a hung server) that reach us unwrapped.
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+    SQLAlchemyError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    OSError,
+    TimeoutError,
+)
+# A value the database cannot hold or compare (a NUL in text, a number out of range): the request's fault.
+UNSTORABLE_VALUE_ERRORS: tuple[type[Exception], ...] = (DataError, asyncpg.DataError)
 
 # How long a SQLite connection waits for another connection's write lock before "database is locked".
 SQLITE_BUSY_TIMEOUT_MS = 5_000

@@ -8,7 +8,7 @@ same thread state always yields the same bytes.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -37,6 +37,48 @@ def count_cache_markers(value: Any) -> int:
     if isinstance(value, list):
         return sum(count_cache_markers(item) for item in value)
     return 0
+
+
+def _marks(value: Any) -> tuple[int, bool]:
+    """(explicit block markers, whether any `cache_control` key is there at all, null ones included)."""
+    if isinstance(value, dict):
+        present = "cache_control" in value
+        count = 1 if present and value["cache_control"] is not None else 0
+        for key in KEYS_THAT_HOLD_BLOCKS:
+            if key in value:
+                inner_count, inner_present = _marks(value[key])
+                count += inner_count
+                present = present or inner_present
+        return count, present
+    if isinstance(value, list):
+        count, present = 0, False
+        for item in value:
+            inner_count, inner_present = _marks(item)
+            count += inner_count
+            present = present or inner_present
+        return count, present
+    return 0, False
+
+
+class NewMessages(NamedTuple):
+    stored: list[bytes]  # as the thread keeps them: block markers dropped
+    forwarded: list[bytes]  # as this turn sends them: markers kept
+    markers: int
+
+
+def encode_new_messages(messages: list[Any]) -> NewMessages:
+    """A turn's new messages, each encoded once: a message with no `cache_control` key is the same bytes stored and
+    forwarded (the common case); only one with a marker is encoded twice."""
+    stored: list[bytes] = []
+    forwarded: list[bytes] = []
+    markers = 0
+    for message in messages:
+        count, present = _marks(message)
+        markers += count
+        encoded = orjson.dumps(message)
+        forwarded.append(encoded)
+        stored.append(stored_message(message) if present else encoded)
+    return NewMessages(stored, forwarded, markers)
 
 
 def count_tool_markers(tools: Any) -> int:

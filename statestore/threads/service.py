@@ -1,68 +1,53 @@
-"""The threaded turn: take the head, rebuild the request, forward it, and commit the reply before its end reaches the
-client (PROTOCOL §2 to §6). A turn is all or nothing: any failure gives the head back and stores nothing."""
+"""The threaded turn as a state machine (PROTOCOL §2 to §6): `begin` takes the thread head (a lease) and rebuilds the
+request; then exactly one of `commit` (the reply completed: append the turn, move the head) or `give_back` (nothing
+is stored; the same id stays continuable). Domain objects in and out: the HTTP face (api/threaded.py) forwards the
+request and relays the reply."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Literal
 
 import anyio
 import orjson
-from sqlalchemy.exc import DataError
-from starlette.responses import Response
 
-from statestore.api.responses import bytes_response, streaming_response
 from statestore.auth import Principal
 from statestore.errors import (
     InternalError,
     InvalidRequest,
-    RequestTooLarge,
     ServiceUnavailable,
     StatestoreError,
-    StreamBrokenOff,
-    ThreadAlreadyContinued,
     ThreadContinueInFlight,
-    ThreadFingerprintMismatch,
     ThreadNotFound,
-    ThreadUnsupportedRequest,
 )
 from statestore.metrics import Metrics
 from statestore.store.cache import CachedHistory, HistoryCache
-from statestore.store.repository import (
-    DATABASE_ERRORS,
-    LeasedThread,
-    NewThread,
-    ThreadRepository,
-    TurnCommit,
-    TurnUsage,
-)
-from statestore.threads import assembly
-from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id, storable_backend_id
+from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
+from statestore.store.turn_writes import LeasedThread, NewThread, ThreadRepository, TurnCommit, TurnUsage
+from statestore.threads import assembly, rules
+from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
+from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.turn import ThreadTurn
-from statestore.threads.usage import usage_of
-from statestore.upstream.client import (
-    StreamInterrupted,
-    UpstreamClient,
-    request_headers_for_upstream,
-    response_headers_for_client,
-)
-from statestore.upstream.sse import ReplyAccumulator, SSEParser
 
 log = logging.getLogger(__name__)
 
-MAX_CACHE_MARKERS = 3
+Outcome = Literal["open", "stored", "given_back"]
 
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def rfc3339(ms: int) -> bytes:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z").encode()
 
 
 @dataclass(slots=True)
@@ -82,26 +67,30 @@ class PreparedTurn:
     upstream_body: bytes
     history_count: int
     anthropic_beta: str
-    renewal: asyncio.Task[None] | None = None
-    outcome: str = field(default="not_stored")
+    stream: bool
+    keeper: LeaseKeeper | None = None
+    outcome: Outcome = field(default="open")
     # An explicit create that names a session: (owner, name), bound to this thread when its reply commits (PROTOCOL §6).
     rebind_session: tuple[str, str] | None = None
 
-
-def _storable(message: dict[str, Any]) -> bool:
-    """Refusals and replies a fallback model wrote are returned but not stored (PROTOCOL §2)."""
-    if message.get("stop_reason") == "refusal":
-        return False
-    usage = message.get("usage")
-    iterations = usage.get("iterations") if isinstance(usage, dict) else None
-    return not (
-        isinstance(iterations, list)
-        and any(isinstance(it, dict) and it.get("type") == "fallback_message" for it in iterations)
-    )
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The response headers that name the thread (PROTOCOL §2, §6)."""
+        headers = [
+            (b"statestore-thread-id", self.thread_id.encode()),
+            (b"statestore-expires-at", rfc3339(self.expires_ms)),
+        ]
+        if self.session is not None:
+            headers.append((b"statestore-session-id", self.session.encode()))
+        return headers
 
 
-def _rfc3339(ms: int) -> bytes:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z").encode()
+@dataclass(frozen=True, slots=True)
+class CompletedReply:
+    """A reply the backend finished, as the thread stores it."""
+
+    row: bytes  # the assistant message, encoded once
+    backend_id: str | None
+    usage: TurnUsage
 
 
 class ThreadService:
@@ -110,7 +99,6 @@ class ThreadService:
         *,
         repository: ThreadRepository,
         cache: HistoryCache,
-        upstream: UpstreamClient,
         policies: PolicyStore,
         lease_seconds: int,
         metrics: Metrics,
@@ -119,24 +107,17 @@ class ThreadService:
         self.metrics = metrics
         self.repository = repository
         self.cache = cache
-        self.upstream = upstream
         self.policies = policies
         self.lease_ms = lease_seconds * 1000
         self.clock = clock
 
-    async def handle(
-        self, turn: ThreadTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str
-    ) -> Response:
-        try:
-            policy = await self.policies.for_tenant(principal.tenant_id)
-        except DATABASE_ERRORS as exc:
-            raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
-        if not policy.threads_enabled:
-            raise ThreadUnsupportedRequest("threads are turned off for this owner", unsupported=[])
-        if turn.session is not None and not policy.sessions_enabled:
-            raise ThreadUnsupportedRequest("sessions are turned off for this owner", unsupported=[])
+    async def begin(self, turn: ThreadTurn, principal: Principal) -> PreparedTurn:
+        """Take the head of the turn's thread (or start a new one) and rebuild the request to forward. Raises a
+        StatestoreError (a thread error, 400, 503) with nothing held when the turn cannot go ahead."""
         kind: Literal["create", "continue"] = "continue" if turn.mode == "continue" else "create"
         try:
+            policy = await self.policies.for_tenant(principal.tenant_id)
+            rules.check_policy(policy, turn)
             prepared = await self._prepare(turn, principal, policy)
         except StatestoreError:
             self.metrics.count_thread_turn(kind, "rejected")
@@ -147,21 +128,18 @@ class ThreadService:
             raise InvalidRequest(
                 "the request cannot be stored: nested too deeply or holds an unsupported value"
             ) from exc
-        except DataError as exc:
+        except UNSTORABLE_VALUE_ERRORS as exc:
             self.metrics.count_thread_turn(kind, "rejected")
             raise InvalidRequest("the request holds a value the thread store cannot keep") from exc
         except DATABASE_ERRORS as exc:
             self.metrics.count_thread_turn(kind, "rejected")
             log.warning("database unavailable for a threaded turn", extra={"error": type(exc).__name__})
             raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
-        # A long reply outlives the lease; renewing it keeps a crashed request's lease short and a live one held.
-        prepared.renewal = asyncio.create_task(self._keep_lease(prepared), name="lease-renewal")
-        try:
-            return await self._forward(prepared, principal, headers, query)
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                await self._give_back(prepared)
-            raise
+        prepared.keeper = LeaseKeeper(
+            lambda: self._renew(prepared), interval=self.lease_ms / 3000, thread_id=prepared.thread_id
+        )
+        prepared.keeper.start()
+        return prepared
 
     # -- taking the head ---------------------------------------------------------------------------------------
 
@@ -192,7 +170,7 @@ class ThreadService:
                 reason = await self.repository.why_not_continuable(
                     owner=owner, thread_id=thread_id, response_id=turn.previous_message_id, now_ms=now
                 )
-                raise _refusal(reason)
+                raise rules.refusal(reason)
             return await self._continue(leased, token, turn, policy, now, cached=cached, prefetched=True)
         if turn.mode == "session":
             assert turn.session is not None
@@ -211,12 +189,12 @@ class ThreadService:
         system = turn.system if turn.has_system else None
         tools = turn.tools if turn.has_tools else None
         fixed_markers = assembly.count_cache_markers(system) + assembly.count_tool_markers(tools)
-        _check_markers(fixed_markers + assembly.count_cache_markers(turn.messages))
+        new = assembly.encode_new_messages(turn.messages)
+        rules.check_markers(fixed_markers + new.markers)
         system_bytes = assembly.encode(system) if turn.has_system else None
         tools_bytes = assembly.encode(tools) if turn.has_tools else None
-        new_rows = [assembly.stored_message(m) for m in turn.messages]
         fixed_bytes = len(system_bytes or b"") + len(tools_bytes or b"")
-        _check_limits(policy, messages=len(new_rows) + 1, size=fixed_bytes + sum(map(len, new_rows)))
+        rules.check_limits(policy, messages=len(new.stored) + 1, size=fixed_bytes + sum(map(len, new.stored)))
         ttl = policy.ttl_for(turn.ttl_header, None)
         thread = NewThread(
             id=new_thread_id(),
@@ -237,11 +215,7 @@ class ThreadService:
         explicit = turn.mode == "create"
         # Built before anything is written, so a body that cannot be encoded leaves no row behind.
         body = assembly.build_body(
-            turn.fields,
-            system=system_bytes,
-            tools=tools_bytes,
-            history=b"",
-            new_messages=[assembly.encode(m) for m in turn.messages],
+            turn.fields, system=system_bytes, tools=tools_bytes, history=b"", new_messages=new.forwarded
         )
         if not await self.repository.begin_create(
             thread, token=token, now_ms=now, lease_until_ms=now + self.lease_ms, bind_session=not explicit
@@ -252,7 +226,7 @@ class ThreadService:
             lease_token=token,
             creating=True,
             start_position=0,
-            new_rows=new_rows,
+            new_rows=new.stored,
             response_id=new_response_id(thread.id),
             ttl_seconds=ttl,
             expires_ms=now + ttl * 1000,
@@ -261,6 +235,7 @@ class ThreadService:
             upstream_body=body,
             history_count=0,
             anthropic_beta=turn.anthropic_beta,
+            stream=turn.stream,
             rebind_session=(principal.owner, turn.session) if explicit and turn.session is not None else None,
         )
 
@@ -276,24 +251,23 @@ class ThreadService:
         prefetched: bool = False,
     ) -> PreparedTurn:
         try:
-            _check_fixed_fields(leased, turn)
-            _check_markers(leased.fixed_markers + assembly.count_cache_markers(turn.messages))
-            new_rows = [assembly.stored_message(m) for m in turn.messages]
-            _check_limits(
+            rules.check_fixed_fields(leased, turn)
+            new = assembly.encode_new_messages(turn.messages)
+            rules.check_markers(leased.fixed_markers + new.markers)
+            rules.check_limits(
                 policy,
-                messages=leased.head_position + len(new_rows) + 1,
-                size=len(leased.system or b"") + len(leased.tools or b"") + leased.byte_count + sum(map(len, new_rows)),
+                messages=leased.head_position + len(new.stored) + 1,
+                size=len(leased.system or b"")
+                + len(leased.tools or b"")
+                + leased.byte_count
+                + sum(map(len, new.stored)),
             )
             ttl = policy.ttl_for(turn.ttl_header, leased.ttl_seconds)
             if not prefetched:
                 cached = await self.cache.get(leased.id)
             history = await self._history(leased, cached, ttl_ms=ttl * 1000)
             body = assembly.build_body(
-                turn.fields,
-                system=leased.system,
-                tools=leased.tools,
-                history=history,
-                new_messages=[assembly.encode(m) for m in turn.messages],
+                turn.fields, system=leased.system, tools=leased.tools, history=history, new_messages=new.forwarded
             )
         except BaseException:
             with anyio.CancelScope(shield=True):
@@ -304,7 +278,7 @@ class ThreadService:
             lease_token=token,
             creating=False,
             start_position=leased.head_position,
-            new_rows=new_rows,
+            new_rows=new.stored,
             response_id=new_response_id(leased.id),
             ttl_seconds=ttl,
             expires_ms=now + ttl * 1000,
@@ -313,6 +287,7 @@ class ThreadService:
             upstream_body=body,
             history_count=leased.head_position,
             anthropic_beta=turn.anthropic_beta,
+            stream=turn.stream,
         )
 
     async def _history(self, leased: LeasedThread, cached: CachedHistory | None, *, ttl_ms: int) -> bytes:
@@ -333,142 +308,14 @@ class ThreadService:
         await self.cache.put(leased.id, CachedHistory(len(rows), joined), ttl_ms)
         return joined
 
-    # -- forwarding and committing -----------------------------------------------------------------------------
+    # -- settling the turn -------------------------------------------------------------------------------------
 
-    def _thread_headers(self, prepared: PreparedTurn) -> list[tuple[bytes, bytes]]:
-        headers = [
-            (b"statestore-thread-id", prepared.thread_id.encode()),
-            (b"statestore-expires-at", _rfc3339(prepared.expires_ms)),
-        ]
-        if prepared.session is not None:
-            headers.append((b"statestore-session-id", prepared.session.encode()))
-        return headers
-
-    async def _forward(
-        self, prepared: PreparedTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str
-    ) -> Response:
-        upstream_headers = request_headers_for_upstream(
-            headers, threaded=True, credential=principal.upstream_credential
-        )
-        path = "/v1/messages" + (f"?{query}" if query else "")
-        response = await self.upstream.send("POST", path, upstream_headers, prepared.upstream_body)
-        content_type = response.header(b"content-type") or b""
-        if response.status != 200 or not content_type.startswith(b"text/event-stream"):
-            try:
-                body = await response.read()
-            finally:
-                await response.aclose()
-            if response.status != 200:
-                await self._give_back(prepared)
-                return bytes_response(
-                    response.status, body, response_headers_for_client(response.headers, keep_length=False)
-                )
-            return await self._complete_json(prepared, response.headers, body)
-
-        async def settle() -> None:
-            await response.aclose()
-            await self._give_back(prepared)  # no-op once the turn is stored or given back
-
-        return streaming_response(
-            200,
-            self._relay_stream(prepared, response),
-            response_headers_for_client(response.headers, keep_length=False) + self._thread_headers(prepared),
-            on_close=settle,
-        )
-
-    async def _complete_json(
-        self, prepared: PreparedTurn, upstream_headers: list[tuple[bytes, bytes]], body: bytes
-    ) -> Response:
-        try:
-            message = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            message = None
-        if not isinstance(message, dict) or message.get("type") != "message":
-            # Not a Message: relay it as it came, store nothing.
-            await self._give_back(prepared)
-            return bytes_response(200, body, response_headers_for_client(upstream_headers, keep_length=False))
-        backend_id = message.get("id")
-        message["id"] = prepared.response_id
-        headers = response_headers_for_client(upstream_headers, keep_length=False)
-        if _storable(message):
-            await self._commit(
-                prepared,
-                assembly.stored_reply(message.get("content", [])),
-                backend_id=storable_backend_id(backend_id),
-                usage=usage_of(message),
-            )
-            headers += self._thread_headers(prepared)
-        else:
-            # Returned but not stored: no thread to name (a create's row is gone; a continue's head did not move).
-            await self._give_back(prepared)
-        return bytes_response(200, orjson.dumps(message), headers)
-
-    async def _relay_stream(self, prepared: PreparedTurn, response: Any) -> AsyncIterator[bytes]:
-        parser = SSEParser()
-        reply = ReplyAccumulator(prepared.response_id, anthropic_beta=prepared.anthropic_beta)
-        done = False
-        try:
-            async for chunk in response.chunks():
-                out: list[bytes] = []
-                for event in parser.feed(chunk):
-                    if event.event == "message_stop":
-                        # The end of the reply leaves only after the turn is durable.
-                        captured = reply.message_started and not reply.error_seen and reply.failure is None
-                        if not captured or not _storable(reply.message):
-                            with anyio.CancelScope(shield=True):
-                                await self._give_back(prepared)
-                        else:
-                            with anyio.CancelScope(shield=True):
-                                await self._commit(
-                                    prepared,
-                                    assembly.stored_reply(reply.message.get("content", [])),
-                                    backend_id=storable_backend_id(reply.backend_id),
-                                    usage=usage_of(reply.message),
-                                )
-                        done = True
-                    out.append(reply.add(event))
-                if out:
-                    yield b"".join(out)
-        except StreamInterrupted as exc:
-            raise StreamBrokenOff(f"the backend stream broke off ({type(exc).__name__}); nothing stored") from exc
-        except StatestoreError as exc:
-            raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); message_stop withheld") from exc
-        finally:
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
-                if not done:
-                    await self._give_back(prepared)
-
-    async def _keep_lease(self, prepared: PreparedTurn) -> None:
-        interval = self.lease_ms / 3000
-        while True:
-            await asyncio.sleep(interval)
-            try:
-                held = await self.repository.renew_lease(
-                    thread_id=prepared.thread_id,
-                    token=prepared.lease_token,
-                    lease_until_ms=self.clock() + self.lease_ms,
-                )
-            except DATABASE_ERRORS as exc:
-                log.warning(
-                    "could not renew a lease", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__}
-                )
-                continue
-            if not held:
-                return
-
-    @staticmethod
-    def _stop_renewal(prepared: PreparedTurn) -> None:
-        if prepared.renewal is not None:
-            prepared.renewal.cancel()
-            prepared.renewal = None
-
-    async def _commit(
-        self, prepared: PreparedTurn, reply_row: bytes, *, backend_id: str | None, usage: TurnUsage
-    ) -> None:
-        self._stop_renewal(prepared)
+    async def commit(self, prepared: PreparedTurn, reply: CompletedReply) -> None:
+        """Store the turn and move the head. Raises ServiceUnavailable (database) or ThreadContinueInFlight (the
+        lease ran out and another request took the head); the turn is then not stored."""
+        self._stop_keeper(prepared)
         rows: list[tuple[bytes, str | None]] = [(body, None) for body in prepared.new_rows]
-        rows.append((reply_row, prepared.response_id))
+        rows.append((reply.row, prepared.response_id))
         now = self.clock()
         # The TTL runs from the stored reply (§5), however long the backend took; a stream's header, sent before
         # the reply, promised no later than this.
@@ -484,8 +331,8 @@ class ThreadService:
             now_ms=now,
             metadata_user_id=prepared.metadata_user_id,
             rebind_session=prepared.rebind_session,
-            reply_backend_id=backend_id,
-            usage=usage,
+            reply_backend_id=reply.backend_id,
+            usage=reply.usage,
         )
         try:
             committed = await self.repository.commit_turn(commit)
@@ -503,9 +350,10 @@ class ThreadService:
         else:
             await self.cache.append(prepared.thread_id, prepared.history_count, added, ttl_ms)
 
-    async def _give_back(self, prepared: PreparedTurn) -> None:
-        self._stop_renewal(prepared)
-        if prepared.outcome in {"stored", "given_back"}:
+    async def give_back(self, prepared: PreparedTurn) -> None:
+        """Store nothing and free the head (a create's row goes). Safe to call more than once, and after commit."""
+        self._stop_keeper(prepared)
+        if prepared.outcome != "open":
             return
         prepared.outcome = "given_back"
         self.metrics.count_thread_turn("create" if prepared.creating else "continue", "not_stored")
@@ -520,48 +368,19 @@ class ThreadService:
                 "could not release a lease", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__}
             )
 
+    async def _renew(self, prepared: PreparedTurn) -> bool:
+        return await self.repository.renew_lease(
+            thread_id=prepared.thread_id, token=prepared.lease_token, lease_until_ms=self.clock() + self.lease_ms
+        )
+
+    @staticmethod
+    def _stop_keeper(prepared: PreparedTurn) -> None:
+        if prepared.keeper is not None:
+            prepared.keeper.stop()
+            prepared.keeper = None
+
     async def _release_quietly(self, thread_id: str, token: str) -> None:
         try:
             await self.repository.release(thread_id=thread_id, token=token)
         except DATABASE_ERRORS as exc:
             log.warning("could not release a lease", extra={"thread_id": thread_id, "error": type(exc).__name__})
-
-
-def _refusal(reason: str) -> StatestoreError:
-    if reason == "already_continued":
-        return ThreadAlreadyContinued("this response id is not the thread's latest response; continue from the latest")
-    if reason == "in_flight":
-        return ThreadContinueInFlight("another request is continuing from this response id right now")
-    return ThreadNotFound("no live thread has a response with this id")
-
-
-def _check_markers(count: int) -> None:
-    if count > MAX_CACHE_MARKERS:
-        raise ThreadUnsupportedRequest(
-            f"a thread request may carry at most {MAX_CACHE_MARKERS} block cache_control markers, stored ones "
-            f"included; this one has {count}",
-            unsupported=["cache_control"],
-        )
-
-
-def _check_limits(policy: Policy, *, messages: int, size: int) -> None:
-    if messages > policy.max_messages:
-        raise InvalidRequest(f"the thread would exceed its limit of {policy.max_messages} messages")
-    if size > policy.max_thread_bytes:
-        raise RequestTooLarge(f"the thread would exceed its limit of {policy.max_thread_bytes} bytes")
-
-
-def _check_fixed_fields(leased: LeasedThread, turn: ThreadTurn) -> None:
-    differing = []
-    if turn.has_system and assembly.fingerprint(turn.system) != leased.system_fp:
-        differing.append("system")
-    if turn.has_tools and assembly.fingerprint(turn.tools) != leased.tools_fp:
-        differing.append("tools")
-    if assembly.fingerprint(turn.fields.get("output_config")) != leased.output_config_fp:
-        differing.append("output_config")
-    if differing:
-        raise ThreadFingerprintMismatch(
-            "these fields differ from the ones the thread was created with: "
-            + ", ".join(differing)
-            + "; send the stored values, or replay the conversation with a new thread to change them"
-        )

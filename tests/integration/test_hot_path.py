@@ -12,7 +12,8 @@ import httpx
 import orjson
 import pytest
 
-from statestore.app import create_app
+from statestore.api.front_door import FrontDoor
+from statestore.app import create_server_app
 from statestore.config import Settings
 from statestore.store.migrate import upgrade
 from tests.support.fake_backend import BackendProcess
@@ -37,12 +38,14 @@ def echo_backend() -> Iterator[BackendProcess]:
 async def app_client(tmp_path: Any, echo_backend: BackendProcess) -> AsyncIterator[httpx.AsyncClient]:
     url = f"sqlite+aiosqlite:///{tmp_path / 'hot.db'}"
     upgrade(url)
-    app = create_app(
+    # The app `statestore serve` runs: the front door before FastAPI.
+    front = create_server_app(
         Settings(database_url=url, upstream_url=echo_backend.url, owner_secret="hot-path-secret-0123456789")
     )
+    assert isinstance(front, FrontDoor)
     async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://statestore") as client,
+        front.app.router.lifespan_context(front.app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=front), base_url="http://statestore") as client,
     ):
         yield client
 

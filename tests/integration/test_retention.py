@@ -19,7 +19,7 @@ from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import create_cache
 from statestore.store.engine import create_engine
-from statestore.store.repository import ThreadQueries
+from statestore.store.retention_queries import RetentionQueries
 from statestore.threads.ids import new_thread_id, thread_of_response
 from tests.support.admin_api import (
     ADMIN_TOKENS,
@@ -320,7 +320,7 @@ def _insert_threads(
     return ids
 
 
-class _RecordingQueries(ThreadQueries):
+class _RecordingQueries(RetentionQueries):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batches: list[int] = []

@@ -23,7 +23,7 @@ def free_port() -> int:
         return port
 
 
-def wait_until_up(url: str, process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+def wait_until_up(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:

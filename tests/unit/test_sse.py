@@ -20,13 +20,9 @@ from anthropic.lib.streaming._beta_messages import accumulate_event
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statestore.upstream.sse import (
-    ReplyAccumulator,
-    SSEEvent,
-    SSEParser,
-    _parse_tool_input,
-    is_error_event,
-)
+from statestore.upstream.partial_json import parse_tool_input
+from statestore.upstream.reply_capture import ReplyAccumulator
+from statestore.upstream.sse import SSEEvent, SSEParser, is_error_event
 
 MINTED = "msg_statestore_minted_0123456789"
 FINE_GRAINED = "fine-grained-tool-streaming-2025-05-14"
@@ -337,7 +333,7 @@ def jiter_or_error(text: str, trailing_strings: bool) -> object:
 
 def ours_or_error(text: str, trailing_strings: bool) -> object:
     try:
-        return _parse_tool_input(text, trailing_strings=trailing_strings)
+        return parse_tool_input(text, trailing_strings=trailing_strings)
     except ValueError:
         return ValueError
 
@@ -395,7 +391,7 @@ def test_long_integers_in_events_stay_exact() -> None:
 
 
 def test_long_integers_in_tool_input_stay_exact() -> None:
-    assert _parse_tool_input('{"n": 123456789012345678901234567890}', trailing_strings=False) == {
+    assert parse_tool_input('{"n": 123456789012345678901234567890}', trailing_strings=False) == {
         "n": 123456789012345678901234567890
     }
 

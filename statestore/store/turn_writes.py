@@ -1,4 +1,5 @@
-"""All SQL for threads, sessions and their messages (SQLAlchemy Core, one round trip where the hot path needs it).
+"""The SQL of a threaded turn: take the head (the lease), append the turn, give the head back (SQLAlchemy Core; on
+PostgreSQL the hot statements go through `pg_turns`, prepared statements on asyncpg).
 
 The authority for "who may continue" is the conditional update in `acquire_*`: the expected head, no live lease,
 not expired. The (thread_id, position) primary key of thread_messages is the last line of defence against a
@@ -7,23 +8,19 @@ double append.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from sqlalchemy import and_, bindparam, delete, exists, func, insert, or_, select, text, update
+from sqlalchemy import bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Row, RowMapping
-from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
+from statestore.store.pg_turns import PgTurnStatements
 from statestore.store.schema import sessions, thread_messages, threads
 
 ContinueRefusal = Literal["not_found", "already_continued", "in_flight"]
-
-# What a database outage looks like from here: SQLAlchemy's errors, and the driver's own OSError (a refused
-# connection) and TimeoutError (a hung server) that reach us unwrapped.
-DATABASE_ERRORS: tuple[type[BaseException], ...] = (SQLAlchemyError, OSError, TimeoutError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,39 +85,6 @@ class TurnCommit:
     usage: TurnUsage = TurnUsage()
 
 
-_COMMIT_TURN_PG = text(
-    """
-    WITH moved AS (
-        UPDATE threads SET
-            head_message_id = :head,
-            head_position = head_position + :n,
-            byte_count = byte_count + :added,
-            turn_count = turn_count + 1,
-            usage_input_tokens = usage_input_tokens + :u_in,
-            usage_output_tokens = usage_output_tokens + :u_out,
-            usage_cache_creation_input_tokens = usage_cache_creation_input_tokens + :u_cc,
-            usage_cache_read_input_tokens = usage_cache_read_input_tokens + :u_cr,
-            lease_token = NULL,
-            lease_expires_ms = NULL,
-            ttl_seconds = :ttl,
-            updated_ms = :now,
-            expires_ms = :expires,
-            metadata_user_id = COALESCE(metadata_user_id, CAST(:user_id AS VARCHAR))
-        WHERE id = :thread_id AND lease_token = :token
-        RETURNING id
-    )
-    INSERT INTO thread_messages (thread_id, position, body, response_id, backend_id)
-    SELECT moved.id, m.position, m.body, m.response_id, m.backend_id
-    FROM moved,
-        unnest(
-            CAST(:positions AS INTEGER[]),
-            CAST(:bodies AS BYTEA[]),
-            CAST(:response_ids AS VARCHAR[]),
-            CAST(:backend_ids AS VARCHAR[])
-        ) AS m(position, body, response_id, backend_id)
-    """
-)
-
 _LEASED_COLUMNS = (
     threads.c.id,
     threads.c.session_id,
@@ -136,8 +100,7 @@ _LEASED_COLUMNS = (
 )
 
 
-def _leased(row: Row[tuple[object, ...]]) -> LeasedThread:
-    m = row._mapping
+def _leased(m: Mapping[Any, Any]) -> LeasedThread:
     return LeasedThread(
         id=m["id"],
         session_id=m["session_id"],
@@ -174,17 +137,23 @@ _ACQUIRE_BY_RESPONSE = (
 
 
 class ThreadRepository:
-    def __init__(self, engine: AsyncEngine, single_statements: AsyncEngine | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, single_statements: AsyncEngine | None = None, *, pg: PgTurnStatements | None = None
+    ) -> None:
         """`single_statements`: an engine in AUTOCOMMIT for the statements that are atomic by themselves, so they run
         without BEGIN/COMMIT round trips (its own pool: switching a pooled connection's isolation level on every
-        checkout costs more than the statement)."""
+        checkout costs more than the statement). `pg`: PostgreSQL's hot statements on asyncpg (store/pg_turns.py)."""
         self.engine = engine
         self._is_postgres = engine.dialect.name == "postgresql"
         self._single = single_statements or engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._pg = pg
 
     async def acquire_by_response(
         self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
     ) -> LeasedThread | None:
+        if self._pg is not None:
+            record = await self._pg.acquire_by_response(thread_id, owner, response_id, now_ms, token, lease_until_ms)
+            return _leased(record) if record is not None else None
         params = {
             "p_thread": thread_id,
             "p_owner": owner,
@@ -195,7 +164,7 @@ class ThreadRepository:
         }
         async with self._single.connect() as conn:
             row = (await conn.execute(_ACQUIRE_BY_RESPONSE, params)).first()
-        return _leased(row) if row is not None else None
+        return _leased(row._mapping) if row is not None else None
 
     async def why_not_continuable(
         self, *, owner: str, thread_id: str, response_id: str, now_ms: int
@@ -256,7 +225,7 @@ class ThreadRepository:
         )
         async with self._single.connect() as conn:
             row = (await conn.execute(stmt)).first()
-        return _leased(row) if row is not None else None
+        return _leased(row._mapping) if row is not None else None
 
     async def session_is_busy(self, *, owner: str, session: str, now_ms: int) -> bool:
         """Whether the session's thread is live but leased (or still being created) by another request."""
@@ -324,8 +293,8 @@ class ThreadRepository:
     async def commit_turn(self, commit: TurnCommit) -> bool:
         """Append the turn's messages and move the head, atomically, if this request still holds the lease."""
         added_bytes = sum(len(body) for body, _ in commit.rows)
-        if self._is_postgres and commit.rebind_session is None:
-            return await self._commit_in_one_statement(commit, added_bytes)
+        if self._pg is not None and commit.rebind_session is None:
+            return await self._commit_in_one_statement(self._pg, commit, added_bytes)
         async with self.engine.begin() as conn:
             moved = await conn.execute(
                 update(threads)
@@ -369,33 +338,29 @@ class ThreadRepository:
                 await self._rebind_session(conn, commit.rebind_session, commit.thread_id, commit.now_ms)
         return True
 
-    async def _commit_in_one_statement(self, commit: TurnCommit, added_bytes: int) -> bool:
+    @staticmethod
+    async def _commit_in_one_statement(pg: PgTurnStatements, commit: TurnCommit, added_bytes: int) -> bool:
         """PostgreSQL: the head move and the inserts as one statement, one round trip; no row inserted means the
         lease was lost and nothing changed."""
-        params = {
-            "thread_id": commit.thread_id,
-            "token": commit.lease_token,
-            "head": commit.head_message_id,
-            "n": len(commit.rows),
-            "added": added_bytes,
-            "ttl": commit.ttl_seconds,
-            "now": commit.now_ms,
-            "expires": commit.expires_ms,
-            "user_id": commit.metadata_user_id,
-            "positions": [commit.start_position + offset for offset in range(len(commit.rows))],
-            "bodies": [body for body, _ in commit.rows],
-            "response_ids": [response_id for _, response_id in commit.rows],
-            "backend_ids": [
-                commit.reply_backend_id if response_id is not None else None for _, response_id in commit.rows
-            ],
-            "u_in": commit.usage.input_tokens,
-            "u_out": commit.usage.output_tokens,
-            "u_cc": commit.usage.cache_creation_input_tokens,
-            "u_cr": commit.usage.cache_read_input_tokens,
-        }
-        async with self._single.connect() as conn:
-            inserted = await conn.execute(_COMMIT_TURN_PG, params)
-        return inserted.rowcount == len(commit.rows)
+        inserted = await pg.commit_turn(
+            commit.thread_id,
+            commit.lease_token,
+            commit.head_message_id,
+            added_bytes,
+            commit.ttl_seconds,
+            commit.now_ms,
+            commit.expires_ms,
+            commit.metadata_user_id,
+            [commit.start_position + offset for offset in range(len(commit.rows))],
+            [body for body, _ in commit.rows],
+            [response_id for _, response_id in commit.rows],
+            [commit.reply_backend_id if response_id is not None else None for _, response_id in commit.rows],
+            commit.usage.input_tokens,
+            commit.usage.output_tokens,
+            commit.usage.cache_creation_input_tokens,
+            commit.usage.cache_read_input_tokens,
+        )
+        return inserted == len(commit.rows)
 
     async def _rebind_session(
         self, conn: AsyncConnection, session: tuple[str, str], thread_id: str, now_ms: int
@@ -412,6 +377,8 @@ class ThreadRepository:
 
     async def renew_lease(self, *, thread_id: str, token: str, lease_until_ms: int) -> bool:
         """Extend a lease this request still holds (a long stream); False when it was lost."""
+        if self._pg is not None:
+            return await self._pg.renew(thread_id, token, lease_until_ms)
         async with self._single.connect() as conn:
             renewed = await conn.execute(
                 update(threads)
@@ -422,6 +389,9 @@ class ThreadRepository:
 
     async def release(self, *, thread_id: str, token: str) -> None:
         """Give the head back after a continue that stored nothing, so the same id can be continued again."""
+        if self._pg is not None:
+            await self._pg.release(thread_id, token)
+            return
         async with self._single.connect() as conn:
             await conn.execute(
                 update(threads)
@@ -439,6 +409,8 @@ class ThreadRepository:
             )
 
     async def load_history(self, thread_id: str) -> list[bytes]:
+        if self._pg is not None:
+            return await self._pg.load_history(thread_id)
         stmt = (
             select(thread_messages.c.body)
             .where(thread_messages.c.thread_id == thread_id)
@@ -446,182 +418,3 @@ class ThreadRepository:
         )
         async with self._single.connect() as conn:
             return [bytes(body) for body in (await conn.execute(stmt)).scalars()]
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadInfo:
-    id: str
-    session_id: str | None
-    created_ms: int
-    updated_ms: int
-    expires_ms: int
-    message_count: int
-    turn_count: int
-    byte_count: int
-    head_message_id: str
-    usage: TurnUsage
-
-
-@dataclass(frozen=True, slots=True)
-class ThreadExport:
-    system: bytes | None
-    tools: bytes | None
-    messages: list[bytes]
-
-
-_INFO_COLUMNS = (
-    threads.c.id,
-    threads.c.session_id,
-    threads.c.created_ms,
-    threads.c.updated_ms,
-    threads.c.expires_ms,
-    threads.c.head_position,
-    threads.c.turn_count,
-    threads.c.byte_count,
-    threads.c.head_message_id,
-    threads.c.usage_input_tokens,
-    threads.c.usage_output_tokens,
-    threads.c.usage_cache_creation_input_tokens,
-    threads.c.usage_cache_read_input_tokens,
-)
-
-
-def _info(m: RowMapping) -> ThreadInfo:
-    return ThreadInfo(
-        id=m["id"],
-        session_id=m["session_id"],
-        created_ms=m["created_ms"],
-        updated_ms=m["updated_ms"],
-        expires_ms=m["expires_ms"],
-        message_count=m["head_position"],
-        turn_count=m["turn_count"],
-        byte_count=m["byte_count"],
-        head_message_id=m["head_message_id"],
-        usage=TurnUsage(
-            input_tokens=m["usage_input_tokens"],
-            output_tokens=m["usage_output_tokens"],
-            cache_creation_input_tokens=m["usage_cache_creation_input_tokens"],
-            cache_read_input_tokens=m["usage_cache_read_input_tokens"],
-        ),
-    )
-
-
-def _live(owner: str, now_ms: int) -> ColumnElement[bool]:
-    return and_(threads.c.owner == owner, threads.c.expires_ms > now_ms, threads.c.head_message_id.is_not(None))
-
-
-class ThreadQueries:
-    """The owner's view of its threads (PROTOCOL §7) and the deletions of retention: purge and erasure."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
-
-    async def list_threads(
-        self, owner: str, *, now_ms: int, limit: int, after: str | None, session_id: str | None
-    ) -> tuple[list[ThreadInfo], bool] | None:
-        """A page of live threads, newest first, and whether more follow. None when `after` names no live thread."""
-        stmt = select(*_INFO_COLUMNS).where(_live(owner, now_ms))
-        if session_id is not None:
-            stmt = stmt.where(threads.c.session_id == session_id)
-        async with self.engine.connect() as conn:
-            if after is not None:
-                cursor = (
-                    await conn.execute(select(threads.c.updated_ms).where(threads.c.id == after, _live(owner, now_ms)))
-                ).first()
-                if cursor is None:
-                    return None
-                stmt = stmt.where(
-                    or_(
-                        threads.c.updated_ms < cursor.updated_ms,
-                        and_(threads.c.updated_ms == cursor.updated_ms, threads.c.id < after),
-                    )
-                )
-            stmt = stmt.order_by(threads.c.updated_ms.desc(), threads.c.id.desc()).limit(limit + 1)
-            rows = (await conn.execute(stmt)).all()
-        return [_info(row._mapping) for row in rows[:limit]], len(rows) > limit
-
-    async def thread_info(self, owner: str, thread_id: str, *, now_ms: int) -> ThreadInfo | None:
-        async with self.engine.connect() as conn:
-            row = (
-                await conn.execute(select(*_INFO_COLUMNS).where(threads.c.id == thread_id, _live(owner, now_ms)))
-            ).first()
-        return _info(row._mapping) if row is not None else None
-
-    async def export(self, owner: str, thread_id: str, *, now_ms: int) -> ThreadExport | None:
-        async with self.engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(threads.c.system, threads.c.tools, threads.c.head_position).where(
-                        threads.c.id == thread_id, _live(owner, now_ms)
-                    )
-                )
-            ).first()
-            if row is None:
-                return None
-            bodies = (
-                await conn.execute(
-                    select(thread_messages.c.body)
-                    .where(thread_messages.c.thread_id == thread_id, thread_messages.c.position < row.head_position)
-                    .order_by(thread_messages.c.position)
-                )
-            ).scalars()
-            return ThreadExport(system=row.system, tools=row.tools, messages=[bytes(body) for body in bodies])
-
-    async def session_thread(self, owner: str, session: str, *, now_ms: int) -> ThreadInfo | None:
-        bound = select(sessions.c.thread_id).where(sessions.c.owner == owner, sessions.c.name == session)
-        async with self.engine.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(*_INFO_COLUMNS).where(threads.c.id == bound.scalar_subquery(), _live(owner, now_ms))
-                )
-            ).first()
-        return _info(row._mapping) if row is not None else None
-
-    async def delete_thread(self, owner: str, thread_id: str, *, now_ms: int) -> tuple[bool, bool]:
-        """Erase one thread of the owner's (its messages and session binding go by cascade). Returns (whether it was
-        live, whether anything was deleted): an expired one is deleted all the same, another owner's never."""
-        async with self.engine.begin() as conn:
-            live = (
-                await conn.execute(select(threads.c.id).where(threads.c.id == thread_id, _live(owner, now_ms)))
-            ).first()
-            deleted = await conn.execute(delete(threads).where(threads.c.id == thread_id, threads.c.owner == owner))
-        return live is not None, deleted.rowcount > 0
-
-    async def purge_expired(self, *, now_ms: int, batch_size: int) -> list[str]:
-        """Delete one batch of expired threads that no request holds; returns their ids. Short transactions, and
-        concurrent purgers in other processes skip each other's rows."""
-        doomed = (
-            select(threads.c.id)
-            .where(
-                threads.c.expires_ms <= now_ms,
-                or_(threads.c.lease_token.is_(None), threads.c.lease_expires_ms <= now_ms),
-            )
-            .order_by(threads.c.expires_ms)
-            .limit(batch_size)
-            .with_for_update(skip_locked=True)
-        )
-        async with self.engine.begin() as conn:
-            ids = [row[0] for row in (await conn.execute(doomed)).all()]
-            if ids:
-                await conn.execute(delete(threads).where(threads.c.id.in_(ids)))
-        return ids
-
-    async def erase_batch(
-        self, *, batch_size: int, tenant_id: str | None = None, user_id: str | None = None, owner: str | None = None
-    ) -> list[str]:
-        """Delete one batch of the threads matching every given criterion, live or not; returns their ids."""
-        criteria = []
-        if tenant_id is not None:
-            criteria.append(threads.c.tenant_id == tenant_id)
-        if user_id is not None:
-            criteria.append(threads.c.metadata_user_id == user_id)
-        if owner is not None:
-            criteria.append(threads.c.owner == owner)
-        if not criteria:
-            raise ValueError("erasure needs at least one criterion")
-        chosen = select(threads.c.id).where(*criteria).limit(batch_size).with_for_update(skip_locked=True)
-        async with self.engine.begin() as conn:
-            ids = [row[0] for row in (await conn.execute(chosen)).all()]
-            if ids:
-                await conn.execute(delete(threads).where(threads.c.id.in_(ids)))
-        return ids

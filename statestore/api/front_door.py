@@ -1,0 +1,69 @@
+"""The server's outermost ASGI app. `POST /v1/messages`, the hot route, is served here through one layer
+(RequestContextMiddleware: request id, metrics, access log, error bodies) with the body limit applied while the body
+is read, and no router or dependency solving; every other request goes to the FastAPI app and its middleware."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
+
+from statestore.api.messages import handle_message
+from statestore.errors import RequestTooLarge
+from statestore.metrics import Metrics
+from statestore.middleware import RequestContextMiddleware
+
+HOT_ROUTE = "/v1/messages"
+
+
+def _hot_route(_scope: Scope) -> str:
+    return HOT_ROUTE
+
+
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None  # the server refuses a malformed length itself; counting still guards the body
+    return None
+
+
+class FrontDoor:
+    def __init__(self, app: FastAPI, *, metrics: Metrics, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self._hot = RequestContextMiddleware(self._messages, metrics, route_resolver=_hot_route)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == HOT_ROUTE and scope["method"] == "POST":
+            await self._hot(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await self._read_body(scope, receive)
+        query = scope["query_string"].decode("latin-1")
+        response = await handle_message(self.app.state.resources, scope["headers"], query, body)
+        await response(scope, receive, send)
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        declared = _declared_length(scope)
+        if declared is not None and declared > self.max_body_bytes:
+            raise self._too_large()  # answered before reading a byte of it
+        chunks: list[bytes] = []
+        received = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return b""  # the client went away; nothing will be answered
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_body_bytes:
+                raise self._too_large()
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _too_large(self) -> RequestTooLarge:
+        return RequestTooLarge(f"request body exceeds {self.max_body_bytes} bytes")

@@ -1,0 +1,149 @@
+"""The HTTP side of a threaded turn: forward the rebuilt request, and relay the reply (JSON or SSE) so that the turn
+is committed before the client can see its end (PROTOCOL §2): the JSON body after the commit, a stream's
+`message_stop` after it. Any failure gives the head back."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import orjson
+from starlette.responses import Response
+
+from statestore.api.responses import bytes_response, streaming_response
+from statestore.auth import Principal
+from statestore.errors import StatestoreError, StreamBrokenOff
+from statestore.threads import assembly, rules
+from statestore.threads.diagnostics import storable_backend_id
+from statestore.threads.service import CompletedReply, PreparedTurn, ThreadService
+from statestore.threads.turn import ThreadTurn
+from statestore.threads.usage import usage_of
+from statestore.upstream.client import (
+    StreamInterrupted,
+    UpstreamClient,
+    UpstreamResponse,
+    request_headers_for_upstream,
+    response_headers_for_client,
+)
+from statestore.upstream.reply_capture import ReplyAccumulator
+from statestore.upstream.sse import SSEParser
+
+
+def completed(message: dict[str, Any], backend_id: object) -> CompletedReply:
+    return CompletedReply(
+        row=assembly.stored_reply(message.get("content", [])),
+        backend_id=storable_backend_id(backend_id),
+        usage=usage_of(message),
+    )
+
+
+async def serve_threaded_turn(
+    service: ThreadService,
+    upstream: UpstreamClient,
+    *,
+    turn: ThreadTurn,
+    principal: Principal,
+    headers: list[tuple[bytes, bytes]],
+    query: str,
+) -> Response:
+    return await _ThreadedTurn(service, upstream).serve(turn, principal, headers, query)
+
+
+class _ThreadedTurn:
+    __slots__ = ("service", "upstream")
+
+    def __init__(self, service: ThreadService, upstream: UpstreamClient) -> None:
+        self.service = service
+        self.upstream = upstream
+
+    async def serve(
+        self, turn: ThreadTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str
+    ) -> Response:
+        prepared = await self.service.begin(turn, principal)
+        try:
+            return await self._forward(prepared, principal, headers, query)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.service.give_back(prepared)
+            raise
+
+    async def _forward(
+        self, prepared: PreparedTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str
+    ) -> Response:
+        upstream_headers = request_headers_for_upstream(
+            headers, threaded=True, credential=principal.upstream_credential
+        )
+        path = "/v1/messages" + (f"?{query}" if query else "")
+        response = await self.upstream.send("POST", path, upstream_headers, prepared.upstream_body)
+        content_type = response.header(b"content-type") or b""
+        if response.status != 200 or not content_type.startswith(b"text/event-stream"):
+            try:
+                body = await response.read()
+            finally:
+                await response.aclose()
+            if response.status != 200:
+                await self.service.give_back(prepared)
+                return bytes_response(
+                    response.status, body, response_headers_for_client(response.headers, keep_length=False)
+                )
+            return await self._complete_json(prepared, response.headers, body)
+
+        async def settle() -> None:
+            await response.aclose()
+            await self.service.give_back(prepared)  # a no-op once the turn is stored or given back
+
+        return streaming_response(
+            200,
+            self._relay_stream(prepared, response),
+            response_headers_for_client(response.headers, keep_length=False) + prepared.headers(),
+            on_close=settle,
+        )
+
+    async def _complete_json(
+        self, prepared: PreparedTurn, upstream_headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Response:
+        try:
+            message = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            message = None
+        headers = response_headers_for_client(upstream_headers, keep_length=False)
+        if not isinstance(message, dict) or message.get("type") != "message":
+            # Not a Message: relay it as it came, store nothing.
+            await self.service.give_back(prepared)
+            return bytes_response(200, body, headers)
+        backend_id = message.get("id")
+        message["id"] = prepared.response_id
+        if rules.storable(message):
+            await self.service.commit(prepared, completed(message, backend_id))
+            headers += prepared.headers()
+        else:
+            # Returned but not stored: no thread to name (a create's row is gone; a continue's head did not move).
+            await self.service.give_back(prepared)
+        return bytes_response(200, orjson.dumps(message), headers)
+
+    async def _relay_stream(self, prepared: PreparedTurn, response: UpstreamResponse) -> AsyncIterator[bytes]:
+        parser = SSEParser()
+        capture = ReplyAccumulator(prepared.response_id, anthropic_beta=prepared.anthropic_beta)
+        try:
+            async for chunk in response.chunks():
+                out: list[bytes] = []
+                for event in parser.feed(chunk):
+                    if event.event == "message_stop":
+                        # The end of the reply leaves only after the turn is durable.
+                        with anyio.CancelScope(shield=True):
+                            if capture.captured and rules.storable(capture.message):
+                                await self.service.commit(prepared, completed(capture.message, capture.backend_id))
+                            else:
+                                await self.service.give_back(prepared)
+                    out.append(capture.add(event))
+                if out:
+                    yield b"".join(out)
+        except StreamInterrupted as exc:
+            raise StreamBrokenOff(f"the backend stream broke off ({type(exc).__name__}); nothing stored") from exc
+        except StatestoreError as exc:
+            raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); message_stop withheld") from exc
+        finally:
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+                await self.service.give_back(prepared)  # a no-op once the turn is stored

@@ -1,0 +1,132 @@
+"""What a process builds once, and tears down once: the engines, the cache, the upstream client, and the services on
+them. One builder for the server's lifespan and for `statestore admin`, so both run the same wiring."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from statestore.admin import AdminService
+from statestore.auth import AdminTokens, Authenticator, KeysAuthenticator, PassthroughAuthenticator
+from statestore.clock import Clock, clock_from
+from statestore.config import Settings
+from statestore.metrics import Metrics
+from statestore.retention import Retention
+from statestore.store.admin_repository import AdminRepository
+from statestore.store.cache import HistoryCache, create_cache
+from statestore.store.engine import create_engine
+from statestore.store.pg_turns import PgTurnStatements
+from statestore.store.retention_queries import RetentionQueries
+from statestore.store.thread_reads import ThreadQueries
+from statestore.store.turn_writes import ThreadRepository
+from statestore.threads.policy import Policy
+from statestore.threads.policy_store import PolicyStore
+from statestore.threads.service import ThreadService
+from statestore.upstream.client import UpstreamClient
+
+
+@dataclass(frozen=True, slots=True)
+class Resources:
+    settings: Settings
+    engine: AsyncEngine
+    cache: HistoryCache
+    upstream: UpstreamClient
+    threads: ThreadService
+    authenticator: Authenticator
+    admin_tokens: AdminTokens
+    admin: AdminService
+    queries: ThreadQueries
+    retention: Retention
+    clock: Clock
+    metrics: Metrics
+
+    async def relay_credential(self, headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes] | None:
+        """keys mode: every request needs a statestore key, and the backend gets the configured credential.
+        passthrough: the client's own credential goes through, and the backend judges it."""
+        if self.settings.auth_mode != "keys":
+            return None
+        return (await self.authenticator.authenticate(headers)).upstream_credential
+
+
+def build_authenticator(settings: Settings, admin: AdminRepository) -> Authenticator:
+    if settings.auth_mode == "keys":
+        return KeysAuthenticator(
+            admin,
+            upstream_key=settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
+            tenant_upstream_keys={k: v.get_secret_value() for k, v in settings.tenant_upstream_keys.items()},
+            cache_seconds=settings.key_cache_seconds,
+        )
+    secret = settings.owner_secret.get_secret_value().encode() if settings.owner_secret else b""
+    return PassthroughAuthenticator(secret)
+
+
+@asynccontextmanager
+async def build_resources(
+    settings: Settings, *, metrics: Metrics | None = None, pool_size: int | None = None, serving: bool = True
+) -> AsyncIterator[Resources]:
+    """Everything wired, closed in reverse order on exit. `serving=False` (the admin CLI): small pools, and the
+    policy cache off so each command reads what is stored now."""
+    metrics = metrics or Metrics()
+    async with AsyncExitStack() as stack:
+        engine = create_engine(settings, pool_size=pool_size)
+        stack.push_async_callback(engine.dispose)
+        single_statements = create_engine(settings, autocommit=True, pool_size=pool_size)
+        stack.push_async_callback(single_statements.dispose)
+        clock = clock_from(settings.clock_offset_file)
+        cache = create_cache(settings.redis_url, settings.redis_prefix)
+        stack.push_async_callback(cache.aclose)
+        upstream = UpstreamClient(
+            settings.upstream_url,
+            connect_timeout=settings.upstream_connect_timeout,
+            read_timeout=settings.upstream_read_timeout,
+            max_connections=settings.upstream_max_connections,
+            metrics=metrics,
+        )
+        stack.push_async_callback(upstream.aclose)
+        pg_statements = await PgTurnStatements.open(settings) if serving else None
+        if pg_statements is not None:
+            stack.push_async_callback(pg_statements.aclose)
+        admin_repository = AdminRepository(engine)
+        policies = PolicyStore(
+            admin_repository,
+            fallback=Policy.from_settings(settings),
+            cache_seconds=settings.policy_cache_seconds if serving else 0,
+        )
+        authenticator = build_authenticator(settings, admin_repository)
+        retention = Retention(
+            queries=RetentionQueries(engine),
+            admin=admin_repository,
+            cache=cache,
+            clock=clock,
+            batch_size=settings.purge_batch_size,
+        )
+        yield Resources(
+            settings=settings,
+            engine=engine,
+            cache=cache,
+            upstream=upstream,
+            threads=ThreadService(
+                repository=ThreadRepository(engine, single_statements, pg=pg_statements),
+                cache=cache,
+                policies=policies,
+                lease_seconds=settings.lease_seconds,
+                metrics=metrics,
+                clock=clock,
+            ),
+            authenticator=authenticator,
+            admin_tokens=AdminTokens(settings.admin_token_table()),
+            admin=AdminService(
+                repository=admin_repository,
+                policies=policies,
+                retention=retention,
+                authenticator=authenticator,
+                clock=clock,
+            ),
+            queries=ThreadQueries(engine),
+            retention=retention,
+            clock=clock,
+            metrics=metrics,
+        )

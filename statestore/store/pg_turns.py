@@ -1,0 +1,125 @@
+"""PostgreSQL's hot path below SQLAlchemy: the statements every turn runs, as asyncpg prepared statements.
+
+SQLAlchemy Core keeps the schema, the migrations, SQLite and every cold path; these few statements are the ones a
+turn cannot avoid, and SQLAlchemy's execution layers cost more CPU than the statements themselves (bench/README.md).
+
+Two pools, told apart by durability. Taking, renewing and giving back a lease commit asynchronously
+(`synchronous_commit = off`): a lease lost in a crash is harmless, because the turn's commit checks the lease token,
+and a lease the database forgets only frees the thread sooner. The turn's commit waits for its WAL flush as usual,
+so a turn the client has seen the end of is durable (invariant 1): one durable flush per turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+from statestore.config import Settings
+
+# asyncpg prepares each statement once per connection and reuses it (its statement cache).
+ACQUIRE_BY_RESPONSE = """
+UPDATE threads SET lease_token = $5, lease_expires_ms = $6
+WHERE id = $1 AND owner = $2 AND head_message_id = $3 AND expires_ms > $4
+  AND (lease_token IS NULL OR lease_expires_ms <= $4)
+RETURNING id, session_id, system, tools, system_fp, tools_fp, output_config_fp, fixed_markers, head_position,
+  byte_count, ttl_seconds
+"""
+
+COMMIT_TURN = """
+WITH moved AS (
+    UPDATE threads SET
+        head_message_id = $3,
+        head_position = head_position + cardinality($9::integer[]),
+        byte_count = byte_count + $4,
+        turn_count = turn_count + 1,
+        usage_input_tokens = usage_input_tokens + $13,
+        usage_output_tokens = usage_output_tokens + $14,
+        usage_cache_creation_input_tokens = usage_cache_creation_input_tokens + $15,
+        usage_cache_read_input_tokens = usage_cache_read_input_tokens + $16,
+        lease_token = NULL,
+        lease_expires_ms = NULL,
+        ttl_seconds = $5,
+        updated_ms = $6,
+        expires_ms = $7,
+        metadata_user_id = COALESCE(metadata_user_id, $8::varchar)
+    WHERE id = $1 AND lease_token = $2
+    RETURNING id
+)
+INSERT INTO thread_messages (thread_id, position, body, response_id, backend_id)
+SELECT moved.id, m.position, m.body, m.response_id, m.backend_id
+FROM moved, unnest($9::integer[], $10::bytea[], $11::varchar[], $12::varchar[])
+    AS m(position, body, response_id, backend_id)
+"""
+
+RENEW_LEASE = "UPDATE threads SET lease_expires_ms = $3 WHERE id = $1 AND lease_token = $2"
+RELEASE = "UPDATE threads SET lease_token = NULL, lease_expires_ms = NULL WHERE id = $1 AND lease_token = $2"
+LOAD_HISTORY = "SELECT body FROM thread_messages WHERE thread_id = $1 ORDER BY position"
+
+
+def asyncpg_dsn(sqlalchemy_url: str) -> str:
+    return make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class PgTurnStatements:
+    def __init__(self, leases: asyncpg.Pool, durable: asyncpg.Pool, *, timeout: float) -> None:
+        self._leases = leases
+        self._durable = durable
+        self._timeout = timeout  # the wait for a pooled connection, as the engine's pool_timeout
+
+    @classmethod
+    async def open(cls, settings: Settings) -> PgTurnStatements | None:
+        """The pools, or None when the database is not PostgreSQL. Connections are made on first use."""
+        if not settings.database_url.startswith("postgresql"):
+            return None
+        dsn = asyncpg_dsn(settings.database_url)
+        timeout = settings.database_timeout_seconds
+        # The bounds mirror the engine's: a hung database fails a turn within `timeout` (503), it never holds it.
+        common: dict[str, Any] = {
+            "min_size": 0,
+            "max_size": settings.database_pool_size,
+            "timeout": timeout,
+            "command_timeout": timeout,
+            "max_inactive_connection_lifetime": 1800,
+        }
+        leases = await asyncpg.create_pool(
+            dsn, server_settings={"application_name": "statestore", "synchronous_commit": "off"}, **common
+        )
+        try:
+            durable = await asyncpg.create_pool(dsn, server_settings={"application_name": "statestore"}, **common)
+        except BaseException:
+            await leases.close()
+            raise
+        return cls(leases, durable, timeout=timeout)
+
+    async def aclose(self) -> None:
+        await self._leases.close()
+        await self._durable.close()
+
+    async def acquire_by_response(self, *args: Any) -> asyncpg.Record | None:
+        """(thread, owner, head response id, now, token, lease until) → the leased row, or None."""
+        async with self._leases.acquire(timeout=self._timeout) as conn:
+            row: asyncpg.Record | None = await conn.fetchrow(ACQUIRE_BY_RESPONSE, *args)
+        return row
+
+    async def renew(self, thread_id: str, token: str, lease_until_ms: int) -> bool:
+        async with self._leases.acquire(timeout=self._timeout) as conn:
+            status: str = await conn.execute(RENEW_LEASE, thread_id, token, lease_until_ms)
+        return status == "UPDATE 1"
+
+    async def release(self, thread_id: str, token: str) -> None:
+        async with self._leases.acquire(timeout=self._timeout) as conn:
+            await conn.execute(RELEASE, thread_id, token)
+
+    async def commit_turn(self, *args: Any) -> int:
+        """The head move and the inserts as one statement, one round trip; returns the rows inserted (0: the lease
+        was lost and nothing changed)."""
+        async with self._durable.acquire(timeout=self._timeout) as conn:
+            status: str = await conn.execute(COMMIT_TURN, *args)
+        return int(status.rsplit(" ", 1)[-1])
+
+    async def load_history(self, thread_id: str) -> list[bytes]:
+        async with self._durable.acquire(timeout=self._timeout) as conn:
+            rows = await conn.fetch(LOAD_HISTORY, thread_id)
+        return [row[0] for row in rows]

@@ -1,0 +1,143 @@
+"""The owner's view of its threads (PROTOCOL §7): list, metadata, export, sessions. Cold paths, SQLAlchemy Core."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.elements import ColumnElement
+
+from statestore.store.schema import sessions, thread_messages, threads
+from statestore.store.turn_writes import TurnUsage
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadInfo:
+    id: str
+    session_id: str | None
+    created_ms: int
+    updated_ms: int
+    expires_ms: int
+    message_count: int
+    turn_count: int
+    byte_count: int
+    head_message_id: str
+    usage: TurnUsage
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadExport:
+    system: bytes | None
+    tools: bytes | None
+    messages: list[bytes]
+
+
+_INFO_COLUMNS = (
+    threads.c.id,
+    threads.c.session_id,
+    threads.c.created_ms,
+    threads.c.updated_ms,
+    threads.c.expires_ms,
+    threads.c.head_position,
+    threads.c.turn_count,
+    threads.c.byte_count,
+    threads.c.head_message_id,
+    threads.c.usage_input_tokens,
+    threads.c.usage_output_tokens,
+    threads.c.usage_cache_creation_input_tokens,
+    threads.c.usage_cache_read_input_tokens,
+)
+
+
+def _info(m: RowMapping) -> ThreadInfo:
+    return ThreadInfo(
+        id=m["id"],
+        session_id=m["session_id"],
+        created_ms=m["created_ms"],
+        updated_ms=m["updated_ms"],
+        expires_ms=m["expires_ms"],
+        message_count=m["head_position"],
+        turn_count=m["turn_count"],
+        byte_count=m["byte_count"],
+        head_message_id=m["head_message_id"],
+        usage=TurnUsage(
+            input_tokens=m["usage_input_tokens"],
+            output_tokens=m["usage_output_tokens"],
+            cache_creation_input_tokens=m["usage_cache_creation_input_tokens"],
+            cache_read_input_tokens=m["usage_cache_read_input_tokens"],
+        ),
+    )
+
+
+def live(owner: str, now_ms: int) -> ColumnElement[bool]:
+    return and_(threads.c.owner == owner, threads.c.expires_ms > now_ms, threads.c.head_message_id.is_not(None))
+
+
+class ThreadQueries:
+    """The owner's view of its threads (PROTOCOL §7)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def list_threads(
+        self, owner: str, *, now_ms: int, limit: int, after: str | None, session_id: str | None
+    ) -> tuple[list[ThreadInfo], bool] | None:
+        """A page of live threads, newest first, and whether more follow. None when `after` names no live thread."""
+        stmt = select(*_INFO_COLUMNS).where(live(owner, now_ms))
+        if session_id is not None:
+            stmt = stmt.where(threads.c.session_id == session_id)
+        async with self.engine.connect() as conn:
+            if after is not None:
+                cursor = (
+                    await conn.execute(select(threads.c.updated_ms).where(threads.c.id == after, live(owner, now_ms)))
+                ).first()
+                if cursor is None:
+                    return None
+                stmt = stmt.where(
+                    or_(
+                        threads.c.updated_ms < cursor.updated_ms,
+                        and_(threads.c.updated_ms == cursor.updated_ms, threads.c.id < after),
+                    )
+                )
+            stmt = stmt.order_by(threads.c.updated_ms.desc(), threads.c.id.desc()).limit(limit + 1)
+            rows = (await conn.execute(stmt)).all()
+        return [_info(row._mapping) for row in rows[:limit]], len(rows) > limit
+
+    async def thread_info(self, owner: str, thread_id: str, *, now_ms: int) -> ThreadInfo | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(select(*_INFO_COLUMNS).where(threads.c.id == thread_id, live(owner, now_ms)))
+            ).first()
+        return _info(row._mapping) if row is not None else None
+
+    async def export(self, owner: str, thread_id: str, *, now_ms: int) -> ThreadExport | None:
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(threads.c.system, threads.c.tools, threads.c.head_position).where(
+                        threads.c.id == thread_id, live(owner, now_ms)
+                    )
+                )
+            ).first()
+            if row is None:
+                return None
+            bodies = (
+                await conn.execute(
+                    select(thread_messages.c.body)
+                    .where(thread_messages.c.thread_id == thread_id, thread_messages.c.position < row.head_position)
+                    .order_by(thread_messages.c.position)
+                )
+            ).scalars()
+            return ThreadExport(system=row.system, tools=row.tools, messages=[bytes(body) for body in bodies])
+
+    async def session_thread(self, owner: str, session: str, *, now_ms: int) -> ThreadInfo | None:
+        bound = select(sessions.c.thread_id).where(sessions.c.owner == owner, sessions.c.name == session)
+        async with self.engine.connect() as conn:
+            row = (
+                await conn.execute(
+                    select(*_INFO_COLUMNS).where(threads.c.id == bound.scalar_subquery(), live(owner, now_ms))
+                )
+            ).first()
+        return _info(row._mapping) if row is not None else None
