@@ -13,13 +13,16 @@ from bench.procs import REPO
 
 KIB = 1024
 SIZES = {"2k": 8 * KIB, "20k": 80 * KIB, "200k": 800 * KIB}  # ≈ tokens, at ~4 bytes of JSON per token
+# The same sizes with a history of plain text (cheap to parse): the shape where a stateless relay costs least, so
+# where a threaded continue's fixed cost shows most (bench/conversation.py, `shape_of`).
+TEXT_SIZES = {"20k-text": 80 * KIB, "200k-text": 800 * KIB}
 ALL_ARMS = ["A", "R", "B", "C", "D"]
 
 
 def quick() -> Options:
     return Options(
         mode="quick",
-        sizes=SIZES,
+        sizes=SIZES | TEXT_SIZES,
         plan_parts={
             "latency": LatencyPlan(rounds=2, batch=12, modes=["json", "stream"], arms=ALL_ARMS),
             "open_loop": OpenLoopPlan(rounds=1, seconds=1.0, rates={"2k": 50}, delay_ms=0, arms=ALL_ARMS),
@@ -43,7 +46,7 @@ def quick() -> Options:
 def full() -> Options:
     return Options(
         mode="full",
-        sizes=SIZES,
+        sizes=SIZES | TEXT_SIZES,
         plan_parts={
             "latency": LatencyPlan(rounds=8, batch=40, modes=["json", "stream"], arms=ALL_ARMS),
             "open_loop": OpenLoopPlan(rounds=3, seconds=4.0, rates={"2k": 50, "200k": 10}, delay_ms=0, arms=ALL_ARMS),

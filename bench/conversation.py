@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -171,9 +171,21 @@ def _fields(stream: bool) -> dict[str, Any]:
     return {"model": MODEL, "max_tokens": MAX_TOKENS, "stream": stream}
 
 
-def build_conversation(target_bytes: int, *, seed: int = 7, growth_budget: float = 0.12) -> Conversation:
+Shape = Literal["agent", "text"]
+
+
+def shape_of(size_label: str) -> Shape:
+    """A size label ending in `-text` ("200k-text") asks for the plain-text shape."""
+    return "text" if size_label.endswith("-text") else "agent"
+
+
+def build_conversation(
+    target_bytes: int, *, seed: int = 7, growth_budget: float = 0.12, shape: Shape = "agent"
+) -> Conversation:
     """A conversation whose full request body (see `FullBody`) is about `target_bytes` at the middle of a thread's
-    life: a thread is created at `target - budget/2` and retired after `budget` of growth."""
+    life: a thread is created at `target - budget/2` and retired after `budget` of growth. `agent`: an agent's
+    history (thinking with signatures, tool calls and results); `text`: a chat of plain-text turns, the cheapest
+    shape to parse."""
     rng = random.Random(seed * 1_000_003 + target_bytes)
     system = [
         {
@@ -199,6 +211,14 @@ def build_conversation(target_bytes: int, *, seed: int = 7, growth_budget: float
 
     # Scale block sizes with the target so an 8 KB history still has every kind of block.
     scale = 1.0 if target_bytes >= 60_000 else 0.35
+    while shape == "text" and used < history_budget - 400:
+        add({"role": "user", "content": _text(rng, int(rng.randint(120, 900) * scale))})
+        add(
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": _text(rng, int(rng.randint(300, 2000) * scale))}],
+            }
+        )
     while used < history_budget - 400:
         add({"role": "user", "content": [{"type": "text", "text": _text(rng, int(rng.randint(120, 500) * scale))}]})
         for _ in range(rng.randint(1, 4)):

@@ -89,7 +89,9 @@ class LoadGenerator:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.results = Results()
-        self.conversations = {label: conv.build_conversation(size) for label, size in plan.sizes.items()}
+        self.conversations = {
+            label: conv.build_conversation(size, shape=conv.shape_of(label)) for label, size in plan.sizes.items()
+        }
         self.full_bodies = {
             (label, mode): conv.FullBody(c, stream=mode == "stream")
             for label, c in self.conversations.items()

@@ -73,7 +73,10 @@ async def build_resources(
     async with AsyncExitStack() as stack:
         engine = create_engine(settings, pool_size=pool_size)
         stack.push_async_callback(engine.dispose)
-        single_statements = create_engine(settings, autocommit=True, pool_size=pool_size)
+        postgres = settings.database_url.startswith("postgresql")
+        # On PostgreSQL the hot single statements run on asyncpg (store/pg_turns.py): this engine keeps the cold ones.
+        single_size = max(2, (pool_size or settings.database_pool_size) // 4) if postgres else pool_size
+        single_statements = create_engine(settings, autocommit=True, pool_size=single_size)
         stack.push_async_callback(single_statements.dispose)
         clock = clock_from(settings.clock_offset_file)
         cache = create_cache(settings.redis_url, settings.redis_prefix)

@@ -78,16 +78,24 @@ class PgTurnStatements:
         # The bounds mirror the engine's: a hung database fails a turn within `timeout` (503), it never holds it.
         common: dict[str, Any] = {
             "min_size": 0,
-            "max_size": settings.database_pool_size,
             "timeout": timeout,
             "command_timeout": timeout,
             "max_inactive_connection_lifetime": 1800,
         }
+        # Lease statements are short and never wait for a flush: half the connections serve them.
         leases = await asyncpg.create_pool(
-            dsn, server_settings={"application_name": "statestore", "synchronous_commit": "off"}, **common
+            dsn,
+            max_size=max(2, settings.database_pool_size // 2),
+            server_settings={"application_name": "statestore", "synchronous_commit": "off"},
+            **common,
         )
         try:
-            durable = await asyncpg.create_pool(dsn, server_settings={"application_name": "statestore"}, **common)
+            durable = await asyncpg.create_pool(
+                dsn,
+                max_size=settings.database_pool_size,
+                server_settings={"application_name": "statestore"},
+                **common,
+            )
         except BaseException:
             await leases.close()
             raise
