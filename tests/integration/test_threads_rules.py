@@ -497,7 +497,6 @@ def test_invalid_session_id_is_rejected(raw: RawThreads, backend: FakeBackend, s
         pytest.param({"type": "create", "previous_message_id": "msg_x"}, True, id="create-with-id"),
         pytest.param({"type": "fork"}, True, id="unknown-type"),
         pytest.param("create", True, id="not-an-object"),
-        pytest.param(None, True, id="null"),
     ],
 )
 def test_malformed_thread_field_is_a_plain_400(raw: RawThreads, backend: FakeBackend, thread: Any, beta: bool) -> None:

@@ -728,6 +728,11 @@ def _settled_descriptors(server: ServerProcess, peers: dict[int, str]) -> Counte
     return last
 
 
+# The pools of a process with database_pool_size 10, no overflow: transactions 10, single statements 10 // 4,
+# prepared turns 10 and leases 10 // 2 (deploy/README.md's connection budget).
+POOL_BUDGET = 10 + 2 + 10 + 5
+
+
 def _assert_no_descriptor_leak(before: Counter[str], after: Counter[str]) -> None:
     """Files and pipes as before; connections within what the pools may hold at the test's concurrency (a leak of
     one a failed turn would be hundreds)."""
@@ -735,7 +740,7 @@ def _assert_no_descriptor_leak(before: Counter[str], after: Counter[str]) -> Non
     assert after["other"] <= before["other"] + 2 and after["socket"] <= before["socket"] + 2, (before, after)
     assert (after["listen"], after["client"]) == (1, 0), after
     assert after["backend"] <= SLOTS and after["redis"] <= max(before["redis"], SLOTS), (before, after)
-    assert after["postgres"] <= 2 * 10, after  # two pools (transactions, single statements) of 10, no overflow
+    assert after["postgres"] <= POOL_BUDGET, after
 
 
 def test_a_thousand_faulty_turns_leak_nothing(
@@ -831,7 +836,8 @@ def test_a_thousand_faulty_turns_leak_nothing(
         fds_after = _settled_descriptors(server, peers)
         connections_after = statestore_connections(fresh_pg_url)
         _assert_no_descriptor_leak(fds_before, fds_after)
-        assert sum(connections_after.values()) <= max(sum(connections_before.values()), 1), (
+        # Pools open connections lazily, so more load may open more of them, never past the budget.
+        assert sum(connections_after.values()) <= POOL_BUDGET, (
             connections_before,
             connections_after,
         )
