@@ -216,7 +216,8 @@ class Replica:
                 stderr=subprocess.STDOUT,
             )  # fmt: skip
 
-    def wait_until_ready(self, timeout: float = 30.0) -> None:
+    # As long as tests/support/server.py waits: three replicas importing at once on a loaded 2-core machine are slow.
+    def wait_until_ready(self, timeout: float = 60.0) -> None:
         def ready() -> bool:
             if self.process.poll() is not None:
                 raise RuntimeError(f"replica {self.name} exited with {self.process.returncode}:\n{self.log()}")
