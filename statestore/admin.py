@@ -4,14 +4,24 @@ Each change is audited: who, when, what, before and after; never message content
 from __future__ import annotations
 
 import secrets
+import types
+import typing
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from statestore.auth import Authenticator, hash_key, new_api_key
 from statestore.clock import Clock
 from statestore.errors import InvalidRequest, NotFound, StatestoreError
 from statestore.retention import Retention
-from statestore.store.admin_repository import DEFAULT_SCOPE, AdminRepository, ApiKey, AuditEntry, Tenant
+from statestore.store.admin_repository import (
+    DEFAULT_SCOPE,
+    AdminRepository,
+    ApiKey,
+    AuditEntry,
+    AuditFilter,
+    Tenant,
+)
 from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 
@@ -24,6 +34,48 @@ MAX_THREAD_BYTES_LIMIT = 2**63 - 1  # policies.max_thread_bytes is a 64-bit inte
 class Conflict(StatestoreError):
     status = 409
     error_type = "invalid_request_error"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyField:
+    """A policy field as a form shows it: its name, its value's kind ("bool", "int", "float" or "str"), and whether
+    it may be left empty (None)."""
+
+    name: str
+    kind: str
+    optional: bool
+
+
+def policy_fields() -> tuple[PolicyField, ...]:
+    """Every field of Policy, read from the dataclass itself, so a field added there reaches every face unchanged."""
+    hints = typing.get_type_hints(Policy)
+    found = []
+    for name in POLICY_FIELDS:
+        hint = hints[name]
+        members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        kinds = [m for m in members if m is not type(None)]
+        kind = kinds[0].__name__ if len(kinds) == 1 and kinds[0] in (bool, int, float, str) else "str"
+        found.append(PolicyField(name=name, kind=kind, optional=len(kinds) < len(members)))
+    return tuple(found)
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyLayers:
+    """Every policy that could govern a scope, most specific first absent ones as None; `effective` and `source`
+    are what governs it now ("tenant", "default" or "settings")."""
+
+    tenant: Policy | None
+    default: Policy | None
+    settings: Policy
+    effective: Policy
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class DailyUsage:
+    day: int  # days since the epoch, UTC
+    turns: int
+    bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +209,15 @@ class AdminService:
         stored = await self.repository.get_policy(DEFAULT_SCOPE)
         return (stored, "default") if stored is not None else (self.policies.fallback, "settings")
 
+    async def policy_layers(self, scope: str) -> PolicyLayers:
+        scope_id = await self._scope(scope)
+        own = await self.repository.get_policy(scope_id) if scope_id != DEFAULT_SCOPE else None
+        default = await self.repository.get_policy(DEFAULT_SCOPE)
+        effective, source = await self.policy(scope)
+        return PolicyLayers(
+            tenant=own, default=default, settings=self.policies.fallback, effective=effective, source=source
+        )
+
     async def put_policy(self, scope: str, values: dict[str, Any], *, actor: str) -> Policy:
         policy = validate_policy(values)
         scope_id = await self._scope(scope)
@@ -180,11 +241,22 @@ class AdminService:
 
     # -- audit, retention, stats ---------------------------------------------------------------------------------
 
-    async def audit(self, *, limit: int, before_id: int | None) -> tuple[list[AuditEntry], bool]:
-        """Up to `limit` entries, newest first, older than `before_id` if given; and whether older ones remain."""
+    async def audit(
+        self,
+        *,
+        limit: int,
+        before_id: int | None,
+        actor: str | None = None,
+        action: str | None = None,
+        tenant: str | None = None,
+    ) -> tuple[list[AuditEntry], bool]:
+        """Up to `limit` entries, newest first, older than `before_id` if given, by `actor`, of `action` (or its
+        prefix), about `tenant`; and whether older ones remain."""
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000")
-        entries = await self.repository.audit_entries(limit=limit + 1, before_id=before_id)
+        tenant_id = (await self.tenant(tenant)).id if tenant else None
+        filters = AuditFilter(actor=actor or None, action=action or None, tenant_id=tenant_id)
+        entries = await self.repository.audit_entries(limit=limit + 1, before_id=before_id, filters=filters)
         return entries[:limit], len(entries) > limit
 
     async def purge(self, *, actor: str) -> int:
@@ -196,10 +268,32 @@ class AdminService:
         tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
         return await self.retention.erase(actor=actor, tenant_id=tenant_id, user_id=user_id)
 
+    async def erasable(self, *, tenant: str | None, user_id: str | None) -> int:
+        """How many threads `erase` with the same criteria would delete now: what a confirmation shows."""
+        if tenant is None and user_id is None:
+            raise InvalidRequest("erasure needs a tenant, a user_id, or both")
+        tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
+        return await self.repository.count_erasable(tenant_id=tenant_id, user_id=user_id)
+
+    async def daily_usage(self, days: int) -> list[DailyUsage]:
+        """Turns and bytes stored on each of the last `days` UTC days, today last; days without a turn as zeros."""
+        today = self.clock() // 86_400_000
+        counted = await self.repository.daily_usage(since_day=today - days + 1)
+        found = []
+        for day in range(today - days + 1, today + 1):
+            turns, size = counted.get(day, (0, 0))
+            found.append(DailyUsage(day=day, turns=turns, bytes=size))
+        return found
+
     async def stats(self, tenant: str | None = None) -> dict[str, int]:
         tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
         return await self.repository.stats(now_ms=self.clock(), tenant_id=tenant_id)
 
 
-def as_dict(value: Tenant | ApiKey | AuditEntry | Policy) -> dict[str, Any]:
+def day_label(day: int) -> str:
+    """A day counted since the epoch, as YYYY-MM-DD (UTC)."""
+    return (datetime(1970, 1, 1, tzinfo=UTC) + timedelta(days=day)).strftime("%Y-%m-%d")
+
+
+def as_dict(value: Tenant | ApiKey | AuditEntry | Policy | DailyUsage) -> dict[str, Any]:
     return asdict(value)

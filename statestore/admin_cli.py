@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
-from statestore.admin import AdminService, as_dict
+from statestore.admin import AdminService, as_dict, day_label
 from statestore.config import Settings
 from statestore.errors import StatestoreError
 from statestore.resources import build_resources
@@ -128,7 +128,9 @@ async def policy_delete(admin: AdminService, args: argparse.Namespace) -> tuple[
 
 
 async def audit(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
-    entries, _ = await admin.audit(limit=args.limit, before_id=None)
+    entries, _ = await admin.audit(
+        limit=args.limit, before_id=None, actor=args.by, action=args.action, tenant=args.tenant
+    )
     rows = [as_dict(e) for e in entries]
     shown = [{**r, "when": _time(r["at_ms"])} for r in rows]
     return {"data": rows}, _table(shown, ["id", "when", "actor", "action", "target"])
@@ -142,6 +144,12 @@ async def erase(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str
 async def stats(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
     values = await admin.stats(args.tenant)
     return values, "\n".join(f"{k}: {v}" for k, v in values.items())
+
+
+async def usage(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    days = [as_dict(d) for d in await admin.daily_usage(args.days)]
+    rows = [{**d, "day": day_label(d["day"])} for d in days]
+    return {"data": rows}, _table(rows, ["day", "turns", "bytes"])
 
 
 async def purge(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
@@ -263,6 +271,9 @@ def add_commands(commands: Any) -> None:
 
     p = groups.add_parser("audit", parents=[common], help="recent admin changes, newest first")
     p.add_argument("--limit", type=int, default=50)
+    p.add_argument("--by", help="only entries by this actor (an admin token's name, or cli:<login>)")
+    p.add_argument("--action", help="only this action, or its prefix: policy, policy.put, key, tenant, erase")
+    p.add_argument("--tenant", help="only entries about this tenant (id or name): it, its policy, keys, erasures")
     p.set_defaults(operation=audit)
     p = groups.add_parser("erase", parents=[common], help="erase every thread of a tenant and/or a metadata.user_id")
     p.add_argument("--tenant", help="tenant id or name")
@@ -271,5 +282,8 @@ def add_commands(commands: Any) -> None:
     p = groups.add_parser("stats", parents=[common], help="live threads, bytes, purged and erased totals")
     p.add_argument("--tenant", help="tenant id or name")
     p.set_defaults(operation=stats)
+    p = groups.add_parser("usage", parents=[common], help="turns and bytes stored per UTC day, counted at commit")
+    p.add_argument("--days", type=int, default=30)
+    p.set_defaults(operation=usage)
     p = groups.add_parser("purge", parents=[common], help="delete expired threads now (same as `statestore purge`)")
     p.set_defaults(operation=purge)

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from statestore import __version__
+from statestore import __version__, console
 from statestore.api import admin as admin_api
 from statestore.api import health, messages
 from statestore.api import threads as threads_api
@@ -83,6 +83,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(health.router)
     app.include_router(threads_api.router)
     app.include_router(admin_api.router)
+    app.include_router(console.router)
     app.include_router(messages.router)
     app.include_router(messages.fallback_router)
 

@@ -149,3 +149,17 @@ class AdminTokens:
             if hmac.compare_digest(digest, presented):
                 found = actor
         return found
+
+    def identify(self, token: str) -> tuple[str, bytes] | None:
+        """The name and digest of the admin token `token`, or None: the console's sign-in."""
+        presented = hashlib.sha256(token.strip().encode()).digest()
+        found = None
+        for digest, actor in self._digests:
+            if hmac.compare_digest(digest, presented):
+                found = (actor, digest)
+        return found
+
+    def digests_named(self, name: str) -> list[bytes]:
+        """The digests of the configured tokens called `name`: the keys that sign that token's console sessions, so
+        a session ends when its token is removed from the configuration."""
+        return [digest for digest, actor in self._digests if actor == name]

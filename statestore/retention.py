@@ -56,7 +56,9 @@ class Retention:
                 total += len(ids)
             if len(ids) < self.batch_size:
                 break
-        if actor is not None:
+        if actor is None:
+            await self.admin.set_counter("purger_last_run_ms", self.clock())
+        else:
             await self.admin.record(
                 actor=actor, action="purge", target=None, after={"threads": total}, now_ms=self.clock()
             )

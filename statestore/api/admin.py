@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from statestore.admin import AdminService, as_dict
+from statestore.admin import AdminService, as_dict, day_label
 from statestore.api.deps import ResourcesDep
 from statestore.errors import AuthenticationFailed, PermissionDenied
 from statestore.threads.policy import Policy
@@ -128,12 +128,16 @@ async def delete_policy(scope: str, actor: Actor, admin: Admin) -> dict[str, Any
 
 @router.get("/audit")
 async def audit(
+    *,
     actor: Actor,
     admin: Admin,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     before: Annotated[int | None, Query(ge=1, le=2**31 - 1)] = None,
+    by: Annotated[str | None, Query(alias="actor", max_length=200)] = None,
+    action: Annotated[str | None, Query(max_length=100)] = None,
+    tenant: Annotated[str | None, Query(max_length=200)] = None,
 ) -> dict[str, Any]:
-    entries, has_more = await admin.audit(limit=limit, before_id=before)
+    entries, has_more = await admin.audit(limit=limit, before_id=before, actor=by, action=action, tenant=tenant)
     return {"data": [as_dict(e) for e in entries], "has_more": has_more}
 
 
@@ -145,6 +149,14 @@ async def purge(actor: Actor, admin: Admin) -> dict[str, int]:
 @router.post("/erase")
 async def erase(body: EraseIn, actor: Actor, admin: Admin) -> dict[str, int]:
     return {"erased_threads": await admin.erase(actor=actor, tenant=body.tenant, user_id=body.user_id)}
+
+
+@router.get("/usage")
+async def usage(
+    actor: Actor, admin: Admin, days: Annotated[int, Query(ge=1, le=366)] = 30
+) -> dict[str, list[dict[str, Any]]]:
+    """Turns and bytes stored on each of the last `days` UTC days, oldest first, counted as each turn commits."""
+    return {"data": [{**as_dict(d), "day": day_label(d.day)} for d in await admin.daily_usage(days)]}
 
 
 @router.get("/stats")

@@ -13,7 +13,7 @@ from sqlalchemy import and_, delete, func, insert, not_, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from statestore.store.schema import api_keys, audit_log, counters, policies, tenants, threads
+from statestore.store.schema import api_keys, audit_log, counters, daily_usage, policies, tenants, threads
 from statestore.threads.policy import Policy
 
 DEFAULT_SCOPE = "default"
@@ -53,6 +53,33 @@ class AuditEntry:
     target: str | None
     before: Any
     after: Any
+
+
+@dataclass(frozen=True, slots=True)
+class AuditFilter:
+    """Audit entries by who (the admin token's name), what (an action or its prefix: "policy" or "policy.put") and
+    which tenant (entries on the tenant, its policy, its keys, and erasures of its threads)."""
+
+    actor: str | None = None
+    action: str | None = None
+    tenant_id: str | None = None
+
+    def criteria(self) -> list[Any]:
+        found: list[Any] = []
+        if self.actor:
+            found.append(audit_log.c.actor == self.actor)
+        if self.action:
+            prefix = audit_log.c.action.startswith(self.action + ".", autoescape=True)
+            found.append(or_(audit_log.c.action == self.action, prefix))
+        if self.tenant_id:
+            found.append(
+                or_(
+                    audit_log.c.target == self.tenant_id,
+                    audit_log.c.target.in_(select(api_keys.c.id).where(api_keys.c.tenant_id == self.tenant_id)),
+                    audit_log.c.target.startswith(f"tenant={self.tenant_id}", autoescape=True),
+                )
+            )
+        return found
 
 
 def _tenant(row: RowMapping) -> Tenant:
@@ -286,11 +313,15 @@ class AdminRepository:
         async with self.engine.begin() as conn:
             await self._audit(conn, actor=actor, action=action, target=target, before=None, after=after, now_ms=now_ms)
 
-    async def audit_entries(self, *, limit: int, before_id: int | None = None) -> list[AuditEntry]:
+    async def audit_entries(
+        self, *, limit: int, before_id: int | None = None, filters: AuditFilter | None = None
+    ) -> list[AuditEntry]:
         """Newest first."""
         stmt = select(audit_log).order_by(audit_log.c.id.desc()).limit(limit)
         if before_id is not None:
             stmt = stmt.where(audit_log.c.id < before_id)
+        if filters is not None:
+            stmt = stmt.where(*filters.criteria())
         async with self.engine.connect() as conn:
             rows = (await conn.execute(stmt)).mappings().all()
         return [
@@ -305,6 +336,32 @@ class AdminRepository:
             )
             for row in rows
         ]
+
+    async def set_counter(self, name: str, value: int) -> None:
+        async with self.engine.begin() as conn:
+            changed = await conn.execute(update(counters).where(counters.c.name == name).values(value=value))
+            if changed.rowcount == 0:
+                await conn.execute(insert(counters).values(name=name, value=value))
+
+    async def daily_usage(self, *, since_day: int) -> dict[int, tuple[int, int]]:
+        """Day (since the epoch) → (turns, bytes stored), for the days from `since_day` that saw a turn."""
+        stmt = (
+            select(daily_usage.c.day, func.sum(daily_usage.c.turns), func.sum(daily_usage.c.bytes))
+            .where(daily_usage.c.day >= since_day)
+            .group_by(daily_usage.c.day)
+        )
+        async with self.engine.connect() as conn:
+            return {int(day): (int(turns), int(size)) for day, turns, size in await conn.execute(stmt)}
+
+    async def count_erasable(self, *, tenant_id: str | None, user_id: str | None) -> int:
+        """How many threads, live or not, an erasure with these criteria would delete now."""
+        criteria = []
+        if tenant_id is not None:
+            criteria.append(threads.c.tenant_id == tenant_id)
+        if user_id is not None:
+            criteria.append(threads.c.metadata_user_id == user_id)
+        async with self.engine.connect() as conn:
+            return int((await conn.execute(select(func.count()).select_from(threads).where(*criteria))).scalar_one())
 
     async def add_to_counter(self, name: str, amount: int) -> None:
         if amount == 0:
@@ -341,4 +398,6 @@ class AdminRepository:
             "expired_awaiting_purge": int(awaiting_purge),
             "purged_threads_total": int(totals.get("purged_threads", 0)),
             "erased_threads_total": int(totals.get("erased_threads", 0)),
+            # 0 until the background purger has run once against this database.
+            "purger_last_run_ms": int(totals.get("purger_last_run_ms", 0)),
         }

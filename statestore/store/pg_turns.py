@@ -27,6 +27,8 @@ RETURNING id, session_id, system, tools, system_fp, tools_fp, output_config_fp, 
   byte_count, ttl_seconds
 """
 
+# The day's usage counters (the console's charts) move in the same statement as the head: counted exactly when the
+# turn is stored, without a scan of history or another round trip.
 COMMIT_TURN = """
 WITH moved AS (
     UPDATE threads SET
@@ -46,6 +48,11 @@ WITH moved AS (
         metadata_user_id = COALESCE(metadata_user_id, $8::varchar)
     WHERE id = $1 AND lease_token = $2
     RETURNING id
+), counted AS (
+    INSERT INTO daily_usage (day, shard, turns, bytes)
+    SELECT $17, $18, 1, $4 FROM moved
+    ON CONFLICT (day, shard) DO UPDATE
+    SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
 )
 INSERT INTO thread_messages (thread_id, position, body, response_id, backend_id)
 SELECT moved.id, m.position, m.body, m.response_id, m.backend_id

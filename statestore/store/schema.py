@@ -155,3 +155,14 @@ counters = Table(
     Column("name", String(64), primary_key=True),
     Column("value", BigInteger, nullable=False),
 )
+
+# Turns and stored bytes per UTC day, added to by each turn's commit (never counted from history): the console's
+# charts. A day's count is spread over a few shard rows so concurrent commits do not queue on one row lock.
+daily_usage = Table(
+    "daily_usage",
+    metadata,
+    Column("day", Integer, primary_key=True, autoincrement=False),  # days since the epoch, UTC
+    Column("shard", Integer, primary_key=True, autoincrement=False),
+    Column("turns", BigInteger, nullable=False),
+    Column("bytes", BigInteger, nullable=False),
+)

@@ -8,6 +8,7 @@ double append.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -17,10 +18,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.store.pg_turns import PgTurnStatements
-from statestore.store.schema import sessions, thread_messages, threads
+from statestore.store.schema import daily_usage, sessions, thread_messages, threads
 from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread, TurnCommit, TurnUsage
 
 __all__ = ["ContinueRefusal", "LeasedThread", "NewThread", "ThreadRepository", "TurnCommit", "TurnUsage"]
+
+DAY_MS = 86_400_000
+# Rows a day's usage is spread over: concurrent commits on PostgreSQL would otherwise all wait on one row's lock.
+USAGE_SHARDS = 16
+
+
+def usage_key(commit: TurnCommit) -> tuple[int, int]:
+    """The daily_usage row a commit adds to: its UTC day, and a shard chosen by thread so one thread's turns, which
+    never run concurrently, share a row."""
+    return commit.now_ms // DAY_MS, zlib.crc32(commit.thread_id.encode()) % USAGE_SHARDS
 
 
 _LEASED_COLUMNS = (
@@ -272,9 +283,22 @@ class ThreadRepository:
                     for offset, (body, response_id) in enumerate(commit.rows)
                 ],
             )
+            await self._count_usage(conn, commit, added_bytes)
             if commit.rebind_session is not None:
                 await self._rebind_session(conn, commit.rebind_session, commit.thread_id, commit.now_ms)
         return True
+
+    async def _count_usage(self, conn: AsyncConnection, commit: TurnCommit, added_bytes: int) -> None:
+        """The day's counters, in the commit's transaction (PostgreSQL's one-statement commit does this in a CTE)."""
+        day, shard = usage_key(commit)
+        dialect_insert = postgresql.insert if self._is_postgres else sqlite.insert
+        stmt = dialect_insert(daily_usage).values(day=day, shard=shard, turns=1, bytes=added_bytes)
+        await conn.execute(
+            stmt.on_conflict_do_update(
+                index_elements=[daily_usage.c.day, daily_usage.c.shard],
+                set_={"turns": daily_usage.c.turns + 1, "bytes": daily_usage.c.bytes + stmt.excluded.bytes},
+            )
+        )
 
     @staticmethod
     async def _commit_in_one_statement(pg: PgTurnStatements, commit: TurnCommit, added_bytes: int) -> bool:
@@ -297,6 +321,7 @@ class ThreadRepository:
             commit.usage.output_tokens,
             commit.usage.cache_creation_input_tokens,
             commit.usage.cache_read_input_tokens,
+            *usage_key(commit),
         )
         return inserted == len(commit.rows)
 
