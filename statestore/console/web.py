@@ -29,7 +29,7 @@ SECURITY_HEADERS = {
     "content-security-policy": CSP,
     "x-content-type-options": "nosniff",
     "x-frame-options": "DENY",
-    "referrer-policy": "no-referrer",
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
     "cross-origin-opener-policy": "same-origin",
 }
@@ -73,7 +73,7 @@ class ConsoleRefusal(Exception):
 
 
 def page(template: str, status: int = 200, **context: Any) -> HTMLResponse:
-    html = templates.get_template(template).render(prefix=PREFIX, **context)
+    html = templates.get_template(template).render(**{"prefix": PREFIX, "notice": None, "section": "", **context})
     return HTMLResponse(html, status_code=status, headers=SECURITY_HEADERS)
 
 

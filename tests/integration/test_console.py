@@ -1,0 +1,425 @@
+"""The admin console (/admin/console) in a real browser: Debian's chromium, headless, driven by Selenium.
+
+An admin signs in with an admin token, changes a policy and sees it govern the next turn and appear in the audit log
+under the token's name, creates a key and sees it once, revokes it, and erases a user's threads after a confirmation
+that counts them. A bad token, a form without its CSRF token, a form posted from another site and a tenant name
+carrying HTML and script are refused or shown as text.
+
+With STATESTORE_CONSOLE_SCREENSHOTS=<folder> the tests save a screenshot of each page there (docs/console/ holds the
+ones the README shows: `make console-screenshots`)."""
+
+from __future__ import annotations
+
+import http.server
+import os
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium.webdriver import Chrome
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support import expected_conditions
+from selenium.webdriver.support.ui import WebDriverWait
+
+from statestore.console.sessions import COOKIE
+from tests.support.admin_api import (
+    ADMIN_TOKEN,
+    ADMIN_TOKENS,
+    UPSTREAM_KEY,
+    AdminApi,
+    Api,
+    created,
+    error_of,
+    migrated_database,
+    start_server,
+    unique,
+)
+from tests.support.browser import headless_chromium, missing_browser
+from tests.support.fake_backend import FakeBackend
+from tests.support.redis_keys import own_redis_prefix
+from tests.support.server import StatestoreServer
+
+CONSOLE = "/admin/console"
+SCREENSHOTS = os.environ.get("STATESTORE_CONSOLE_SCREENSHOTS")
+
+
+@pytest.fixture(scope="module")
+async def console_db(postgres_admin_url: str) -> AsyncIterator[str]:
+    async with migrated_database(postgres_admin_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def console_server(console_db: str, redis_url: str, fake_backend_process: FakeBackend) -> Iterator[StatestoreServer]:
+    """keys mode, so a key made in the console is a credential a client can use at once."""
+    with own_redis_prefix(redis_url) as prefix:
+        server = start_server(
+            console_db,
+            fake_backend_process.url,
+            redis_url,
+            prefix,
+            {
+                "STATESTORE_AUTH_MODE": "keys",
+                "STATESTORE_UPSTREAM_API_KEY": UPSTREAM_KEY,
+                "STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS,
+                "STATESTORE_KEY_CACHE_SECONDS": "0",
+                "STATESTORE_POLICY_CACHE_SECONDS": "0",
+            },
+        )
+        yield server
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Chrome]:
+    problem = missing_browser()
+    if problem is not None:
+        pytest.fail(problem)
+    with headless_chromium() as driver:
+        yield driver
+
+
+@pytest.fixture
+def admin(console_server: StatestoreServer) -> Iterator[AdminApi]:
+    with AdminApi(console_server.url) as api:
+        yield api
+
+
+@pytest.fixture
+def console(browser: Chrome, console_server: StatestoreServer) -> Chrome:
+    """The browser signed in with the "ops" admin token."""
+    browser.delete_all_cookies()
+    sign_in(browser, console_server, ADMIN_TOKEN)
+    assert browser.find_element(By.ID, "actor").text == "ops"
+    return browser
+
+
+# -- helpers ---------------------------------------------------------------------------------------------------------
+
+
+def go(driver: Chrome, server: StatestoreServer, path: str) -> None:
+    driver.get(server.url + CONSOLE + path)
+
+
+def click_and_wait(driver: Chrome, element: WebElement) -> None:
+    """Click something that loads a new page, and wait until the old one is gone."""
+    page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(page))
+
+
+def press(driver: Chrome, element_id: str) -> None:
+    click_and_wait(driver, driver.find_element(By.ID, element_id))
+
+
+def sign_in(driver: Chrome, server: StatestoreServer, token: str) -> None:
+    go(driver, server, "/sign-in")
+    driver.find_element(By.ID, "token").send_keys(token)
+    press(driver, "sign-in")
+
+
+def text_of(driver: Chrome, element_id: str) -> str:
+    return driver.find_element(By.ID, element_id).text
+
+
+def present(driver: Chrome, element_id: str) -> bool:
+    return bool(driver.find_elements(By.ID, element_id))
+
+
+def screenshot(driver: Chrome, name: str) -> None:
+    if SCREENSHOTS:
+        Path(SCREENSHOTS).mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(Path(SCREENSHOTS) / f"{name}.png"))
+
+
+def audit_rows(driver: Chrome) -> list[dict[str, str]]:
+    rows = []
+    for row in driver.find_elements(By.CSS_SELECTOR, "#audit tr.entry"):
+        cell = {name: row.find_element(By.CLASS_NAME, name).text for name in ("actor", "action", "target", "after")}
+        rows.append(cell)
+    return rows
+
+
+def tenant_names(admin: AdminApi) -> list[str]:
+    return [t["name"] for t in admin.ok("GET", "/tenants")["data"]]
+
+
+# -- sign-in ---------------------------------------------------------------------------------------------------------
+
+
+def test_a_bad_token_is_refused_and_a_session_is_a_strict_httponly_cookie(
+    browser: Chrome, console_server: StatestoreServer
+) -> None:
+    browser.delete_all_cookies()
+    go(browser, console_server, "")
+    assert browser.current_url.endswith(CONSOLE + "/sign-in"), "signed out, every page leads to the sign-in"
+    screenshot(browser, "sign-in")
+
+    sign_in(browser, console_server, "adm-not-a-real-token-0000")
+    assert text_of(browser, "sign-in-error") == "That is not an admin token."
+    assert browser.get_cookie(COOKIE) is None
+    go(browser, console_server, "/tenants")
+    assert browser.current_url.endswith(CONSOLE + "/sign-in")
+
+    sign_in(browser, console_server, ADMIN_TOKEN)
+    assert text_of(browser, "actor") == "ops"
+    cookie = browser.get_cookie(COOKIE)
+    assert cookie is not None
+    assert (cookie["httpOnly"], cookie["sameSite"], cookie["secure"], cookie["path"]) == (
+        True,
+        "Strict",
+        False,
+        CONSOLE,
+    )
+    # Script in the page could not read it even if some ran.
+    assert COOKIE not in browser.execute_script("return document.cookie")
+
+    press(browser, "sign-out")
+    assert browser.current_url.endswith("/sign-in?notice=signed-out")
+    assert browser.get_cookie(COOKIE) is None
+    go(browser, console_server, "")
+    assert browser.current_url.endswith(CONSOLE + "/sign-in")
+
+
+def test_every_page_carries_a_strict_content_security_policy(console_server: StatestoreServer) -> None:
+    with httpx.Client(base_url=console_server.url) as http:
+        for path in ("/sign-in", "", "/tenants", "/audit"):
+            response = http.get(CONSOLE + path)
+            policy = response.headers["content-security-policy"]
+            assert "default-src 'none'" in policy and "script-src" not in policy
+            assert "form-action 'self'" in policy and "frame-ancestors 'none'" in policy
+            assert response.headers["x-frame-options"] == "DENY"
+            assert response.headers["cache-control"] == "no-store"
+        # A forged cookie is no session.
+        http.cookies.set(COOKIE, "b3Bz.9999999999.nonce.0000", path=CONSOLE)
+        assert http.get(CONSOLE + "/tenants").headers["location"].endswith(CONSOLE + "/sign-in")
+
+
+def test_the_console_is_off_without_admin_tokens(pg_server: StatestoreServer) -> None:
+    response = httpx.get(pg_server.url + CONSOLE + "/sign-in")
+    assert response.status_code == 404
+    assert "STATESTORE_ADMIN_TOKENS" in response.text
+
+
+# -- keys ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_key_is_shown_once_works_and_is_refused_once_revoked(
+    console: Chrome, console_server: StatestoreServer
+) -> None:
+    name = unique("acme")
+    go(console, console_server, "/tenants")
+    console.find_element(By.ID, "name").send_keys(name)
+    press(console, "create-tenant")
+    assert text_of(console, "tenant-title") == name
+    tenant_url = console.current_url
+
+    console.find_element(By.ID, "label").send_keys("ci runner")
+    press(console, "create-key")
+    secret = text_of(console, "new-key-secret")
+    assert secret.startswith("ssk_")
+    screenshot(console, "tenant")
+    with Api(console_server.url, secret) as client:
+        created(client.create("made with a key from the console"))
+
+    # Shown once: the page again has no trace of it.
+    console.get(tenant_url)
+    assert not present(console, "new-key")
+    assert secret not in console.page_source
+    row = console.find_element(By.CSS_SELECTOR, "#keys tbody tr")
+    assert row.find_element(By.CLASS_NAME, "key-state").text == "active"
+    assert secret[:10] in row.text  # the display prefix only
+
+    click_and_wait(console, row.find_element(By.CLASS_NAME, "revoke"))
+    assert "Key revoked" in text_of(console, "notice")
+    state = console.find_element(By.CSS_SELECTOR, "#keys tbody tr .key-state").text
+    assert state.startswith("revoked")
+    with Api(console_server.url, secret) as client:
+        error_of(client.create("refused now"), 401, "authentication_error")
+
+    go(console, console_server, f"/audit?tenant={name}&action=key")
+    actions = [(r["actor"], r["action"]) for r in audit_rows(console)]
+    assert actions == [("ops", "key.revoke"), ("ops", "key.create")]
+
+
+# -- policies --------------------------------------------------------------------------------------------------------
+
+
+def test_a_policy_changed_in_the_console_governs_the_next_turn_and_is_audited(
+    console: Chrome, console_server: StatestoreServer, admin: AdminApi
+) -> None:
+    tenant, key = admin.tenant_with_key()
+    with Api(console_server.url, key) as client:
+        created(client.create("threads are on"))
+
+        go(console, console_server, f"/policies?scope={tenant['id']}")
+        assert text_of(console, "scope-name") == tenant["name"]
+        assert text_of(console, "policy-source") in ("default", "settings")
+        # Every field of the policy, each with the layer it comes from.
+        fields = [e.get_attribute("id") for e in console.find_elements(By.CSS_SELECTOR, "#layers tbody tr")]
+        policy_now = admin.ok("GET", f"/policies/{tenant['id']}")["policy"]
+        assert fields == [f"layer-{name}" for name in policy_now]
+
+        # Refused beside the field, nothing stored.
+        ttl = console.find_element(By.ID, "field-default_ttl_seconds")
+        ttl.clear()
+        ttl.send_keys(str(policy_now["max_ttl_seconds"] + 1))
+        press(console, "save-policy")
+        assert "must not exceed max_ttl_seconds" in text_of(console, "error-default_ttl_seconds")
+        assert console.find_element(By.ID, "field-default_ttl_seconds").get_attribute("value") == str(
+            policy_now["max_ttl_seconds"] + 1
+        )
+        screenshot(console, "policies-invalid")
+        assert admin.ok("GET", f"/policies/{tenant['id']}")["source"] != "tenant"
+
+        ttl = console.find_element(By.ID, "field-default_ttl_seconds")
+        ttl.clear()
+        ttl.send_keys("600")
+        checkbox = console.find_element(By.ID, "field-threads_enabled")
+        assert checkbox.is_selected()
+        checkbox.click()
+        press(console, "save-policy")
+        assert "Policy saved" in text_of(console, "notice")
+        assert text_of(console, "policy-source") == "tenant"
+        screenshot(console, "policies")
+
+        # The next turn follows it.
+        error_of(client.create("threads are off now"), 400, "invalid_request_error", "thread_unsupported_request")
+        assert client.stateless("stateless still works").status_code == 200
+
+    go(console, console_server, f"/audit?action=policy&tenant={tenant['id']}")
+    [entry] = audit_rows(console)
+    assert (entry["actor"], entry["action"], entry["target"]) == ("ops", "policy.put", tenant["id"])
+    assert '"threads_enabled":false' in entry["after"] and '"default_ttl_seconds":600' in entry["after"]
+
+
+# -- erasure ---------------------------------------------------------------------------------------------------------
+
+
+def test_erasing_a_users_threads_shows_how_many_first(
+    console: Chrome, console_server: StatestoreServer, admin: AdminApi
+) -> None:
+    tenant, key = admin.tenant_with_key()
+    user_id, other = unique("user"), unique("user")
+    with Api(console_server.url, key) as client:
+        for index in range(3):
+            created(client.create(f"turn {index}", metadata={"user_id": user_id}))
+        created(client.create("someone else's", metadata={"user_id": other}))
+
+    go(console, console_server, "/erasure")
+    console.find_element(By.ID, "user_id").send_keys(user_id)
+    press(console, "preview-erasure")
+    assert text_of(console, "erase-count") == "3"
+    screenshot(console, "erasure-confirm")
+    assert admin.stats(tenant["id"])["live_threads"] == 4, "the confirmation deletes nothing"
+
+    press(console, "confirm-erasure")
+    assert text_of(console, "erased-count") == "3"
+    assert admin.stats(tenant["id"])["live_threads"] == 1
+
+    go(console, console_server, "/audit?action=erase&actor=ops")
+    assert f"user_id={user_id}" in audit_rows(console)[0]["target"]
+
+
+# -- refusals --------------------------------------------------------------------------------------------------------
+
+
+def test_a_form_without_its_csrf_token_is_refused(
+    console: Chrome, console_server: StatestoreServer, admin: AdminApi
+) -> None:
+    name = unique("no-csrf")
+    go(console, console_server, "/tenants")
+    console.execute_script("document.querySelector('form.card input[name=csrf]').remove()")
+    console.find_element(By.ID, "name").send_keys(name)
+    press(console, "create-tenant")
+    assert "CSRF token is missing or wrong" in text_of(console, "refusal")
+    assert name not in tenant_names(admin)
+
+
+class _AttackerSite:
+    """A page on another site (localhost, where the console is 127.0.0.1) holding a form aimed at the console."""
+
+    def __init__(self, html: str) -> None:
+        body = html.encode()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                self.send_response(200)
+                self.send_header("content-type", "text/html; charset=utf-8")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                return None
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://localhost:{self.server.server_address[1]}/"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_form_posted_from_another_site_is_refused_even_with_a_valid_csrf_token(
+    console: Chrome, console_server: StatestoreServer, admin: AdminApi
+) -> None:
+    go(console, console_server, "/tenants")
+    csrf = console.find_element(By.CSS_SELECTOR, "input[name=csrf]").get_attribute("value")
+    name = unique("cross-site")
+    site = _AttackerSite(
+        f'<form method="post" action="{console_server.url}{CONSOLE}/tenants">'
+        f'<input type="hidden" name="csrf" value="{csrf}"><input type="hidden" name="name" value="{name}">'
+        '<button id="go" type="submit">win a prize</button></form>'
+    )
+    try:
+        console.get(site.url)
+        press(console, "go")
+    finally:
+        site.close()
+    assert "posted from another site" in text_of(console, "refusal")
+    assert name not in tenant_names(admin)
+
+
+def test_a_tenant_name_carrying_html_and_script_is_shown_as_text(
+    console: Chrome, console_server: StatestoreServer, admin: AdminApi
+) -> None:
+    name = f"<img src=x onerror=\"document.title='owned'\"><script>document.title='owned'</script>{unique('t')}"
+    go(console, console_server, "/tenants")
+    console.find_element(By.ID, "name").send_keys(name)
+    press(console, "create-tenant")
+    assert text_of(console, "tenant-title") == name
+    assert console.title != "owned"
+    assert not console.find_elements(By.CSS_SELECTOR, "main img, main script")
+    assert "&lt;script&gt;" in console.page_source
+
+    go(console, console_server, "/tenants")
+    assert name in [e.text for e in console.find_elements(By.CLASS_NAME, "tenant-name")]
+    go(console, console_server, "/erasure")
+    assert console.title != "owned" and not console.find_elements(By.CSS_SELECTOR, "main img, main script")
+    assert name in tenant_names(admin)
+
+
+# -- every page ------------------------------------------------------------------------------------------------------
+
+
+def test_every_page_renders_signed_in(console: Chrome, console_server: StatestoreServer, admin: AdminApi) -> None:
+    """Last in the module, so the overview has the turns of the tests above to chart."""
+    go(console, console_server, "")
+    assert int(text_of(console, "live-threads")) == admin.stats()["live_threads"]
+    bars = console.find_elements(By.CSS_SELECTOR, "figure.chart rect")
+    assert len(bars) == 60 and any(float(bar.get_attribute("height") or 0) > 0 for bar in bars)
+    press(console, "purge")
+    assert "purged" in text_of(console, "notice")
+    screenshot(console, "overview")
+    for path, shot in (("/tenants", "tenants"), ("/audit", "audit"), ("/erasure", "erasure")):
+        go(console, console_server, path)
+        assert console.find_element(By.TAG_NAME, "h1").text
+        screenshot(console, shot)
+    go(console, console_server, "/audit?actor=ops")
+    assert {row["actor"] for row in audit_rows(console)} == {"ops"}
