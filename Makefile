@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test lint install services bench clean
+.PHONY: run test lint install services browser console-screenshots bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,8 +45,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check deploy
 	$(BIN)/python deploy/constraints.py check
 
-test: $(STAMP) lint services $(NODE_DEPS)
+# Debian's chromium and chromedriver for the console's browser tests: installed in CI, else named with the command.
+browser:
+	@scripts/ensure-browser.sh
+
+test: $(STAMP) lint services browser $(NODE_DEPS)
 	@scripts/run-tests.sh
+
+# The README's pictures of the admin console (docs/console/*.png), taken by its browser tests.
+console-screenshots: $(STAMP) services browser
+	STATESTORE_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest -q tests/integration/test_console.py
 
 bench: $(STAMP) services
 	$(BIN)/python -m bench $(BENCH_ARGS)

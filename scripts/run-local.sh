@@ -30,4 +30,7 @@ fi
 
 "$bin/statestore" migrate
 echo "statestore on http://127.0.0.1:$port — try the README's curl and SDK examples"
+if [ -n "${STATESTORE_ADMIN_TOKENS:-}" ]; then
+  echo "admin console on http://127.0.0.1:$port/admin/console (sign in with an admin token)"
+fi
 "$bin/statestore" serve --port "$port"

@@ -59,7 +59,15 @@ def size(count: int) -> str:
     return f"{count} B"
 
 
+def shown(value: object) -> str:
+    """A policy value as the API spells it (true/false, not Python's True/False); "—" for a layer that is absent."""
+    if value is None:
+        return "—"
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
+
+
 templates.filters["when"] = when
+templates.filters["shown"] = shown
 templates.filters["size"] = size
 
 

@@ -108,7 +108,10 @@ def click_and_wait(driver: Chrome, element: WebElement) -> None:
     """Click something that loads a new page, and wait until the old one is gone."""
     page = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    WebDriverWait(driver, 20).until(expected_conditions.staleness_of(page))
+    wait = WebDriverWait(driver, 20)
+    wait.until(expected_conditions.staleness_of(page))
+    # The old page is gone; the new one may still be arriving.
+    wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
 def press(driver: Chrome, element_id: str) -> None:
