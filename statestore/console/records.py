@@ -21,7 +21,9 @@ async def audit_page(request: Request) -> Response:
     session = signed_in(request)
     filters = query_of(request, "actor", "action", "tenant")
     before_text = request.query_params.get("before", "")
-    before = int(before_text) if before_text.isdigit() and len(before_text) < 11 else None
+    # Audit ids are 32-bit: anything else is no page marker (the newest page).
+    before = int(before_text) if before_text.isdigit() and len(before_text) <= 10 else None
+    before = before if before is not None and 0 < before < 2**31 else None
     admin = resources_of(request).admin
     entries, has_more = await admin.audit(
         limit=AUDIT_PAGE,

@@ -28,6 +28,7 @@ from statestore.console.sessions import COOKIE
 from tests.support.admin_api import (
     ADMIN_TOKEN,
     ADMIN_TOKENS,
+    AUDITOR_TOKEN,
     UPSTREAM_KEY,
     AdminApi,
     Api,
@@ -406,6 +407,25 @@ def test_a_tenant_name_carrying_html_and_script_is_shown_as_text(
     go(console, console_server, "/erasure")
     assert console.title != "owned" and not console.find_elements(By.CSS_SELECTOR, "main img, main script")
     assert name in tenant_names(admin)
+
+
+# -- audit -----------------------------------------------------------------------------------------------------------
+
+
+def test_the_audit_log_pages_through_a_filter(console: Chrome, console_server: StatestoreServer) -> None:
+    prefix = unique("paged")
+    with AdminApi(console_server.url, AUDITOR_TOKEN) as auditor:
+        made = [auditor.create_tenant(f"{prefix}-{index:02}")["id"] for index in range(51)]
+    go(console, console_server, "/audit?actor=auditor&action=tenant.create")
+    first = audit_rows(console)
+    assert len(first) == 50 and {(r["actor"], r["action"]) for r in first} == {("auditor", "tenant.create")}
+    assert not present(console, "newest")
+    press(console, "older")
+    rest = audit_rows(console)
+    assert [r["target"] for r in first + rest][:51] == made[::-1]
+    assert not present(console, "older")
+    press(console, "newest")
+    assert audit_rows(console) == first
 
 
 # -- every page ------------------------------------------------------------------------------------------------------
