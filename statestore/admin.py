@@ -255,6 +255,9 @@ class AdminService:
         if not 1 <= limit <= 1000:
             raise InvalidRequest("limit must be between 1 and 1000")
         tenant_id = (await self.tenant(tenant)).id if tenant else None
+        if "\x00" in (actor or "") + (action or ""):
+            # No actor or action with a NUL was ever recorded, and PostgreSQL cannot even compare one.
+            return [], False
         filters = AuditFilter(actor=actor or None, action=action or None, tenant_id=tenant_id)
         entries = await self.repository.audit_entries(limit=limit + 1, before_id=before_id, filters=filters)
         return entries[:limit], len(entries) > limit
@@ -273,6 +276,8 @@ class AdminService:
         if tenant is None and user_id is None:
             raise InvalidRequest("erasure needs a tenant, a user_id, or both")
         tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
+        if user_id is not None and "\x00" in user_id:
+            return 0  # never stored: a NUL cannot be in metadata.user_id
         return await self.repository.count_erasable(tenant_id=tenant_id, user_id=user_id)
 
     async def daily_usage(self, days: int) -> list[DailyUsage]:

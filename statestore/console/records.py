@@ -48,8 +48,8 @@ async def audit_page(request: Request) -> Response:
 def _criteria(form: dict[str, str]) -> tuple[str | None, str | None]:
     tenant = form.get("tenant", "").strip() or None
     user_id = form.get("user_id", "").strip() or None
-    if user_id is not None and len(user_id) > 256:
-        raise InvalidRequest("a user_id is at most 256 characters")
+    if user_id is not None and (len(user_id) > 256 or "\x00" in user_id):
+        raise InvalidRequest("a user_id is at most 256 characters, none of them NUL")
     return tenant, user_id
 
 

@@ -208,6 +208,32 @@ def test_the_console_is_off_without_admin_tokens(pg_server: StatestoreServer) ->
     assert "STATESTORE_ADMIN_TOKENS" in response.text
 
 
+def test_hostile_input_gets_a_page_never_a_server_error(console_server: StatestoreServer) -> None:
+    with httpx.Client(base_url=console_server.url + CONSOLE, timeout=20) as http:
+        signed_in = http.post("/sign-in", data={"token": ADMIN_TOKEN})
+        assert signed_in.status_code == 303 and COOKIE in http.cookies
+        page = http.get("/tenants").text
+        csrf = page.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+        for method, path, data, status in (
+            ("POST", "/erasure/preview", {"csrf": csrf, "user_id": "a\x00b"}, 400),
+            ("POST", "/erasure/preview", {"csrf": csrf}, 400),
+            ("POST", "/erasure/preview", {"csrf": csrf, "tenant": "no-such-tenant"}, 404),
+            ("POST", "/tenants", {"csrf": csrf, "name": "x" * 201}, 400),
+            ("POST", "/tenants", {"csrf": csrf, "name": "ten_looks_like_an_id"}, 400),
+            ("POST", "/policies/default", {"csrf": csrf, "max_messages": "1" * 40}, 400),
+            ("POST", "/keys/key_missing/revoke", {"csrf": csrf}, 404),
+            ("GET", "/tenants/no-such-tenant", None, 404),
+            ("GET", "/audit?actor=a%00b&action=%00&before=99999999999", None, 200),
+            ("GET", "/audit?tenant=no-such-tenant", None, 404),
+            ("GET", "/policies?scope=no-such-tenant", None, 404),
+        ):
+            response = http.request(method, path, data=data)
+            assert response.status_code == status, (path, response.text)
+            assert response.headers["content-type"].startswith("text/html"), path
+        # A form that is not urlencoded is refused.
+        assert http.post("/tenants", json={"csrf": csrf, "name": "json"}).status_code == 415
+
+
 # -- keys ------------------------------------------------------------------------------------------------------------
 
 
