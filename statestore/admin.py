@@ -38,12 +38,13 @@ class Conflict(StatestoreError):
 
 @dataclass(frozen=True, slots=True)
 class PolicyField:
-    """A policy field as a form shows it: its name, its value's kind ("bool", "int", "float" or "str"), and whether
-    it may be left empty (None)."""
+    """A policy field as a form shows it: its name, its value's kind ("bool", "int", "float", "str", or "choice" with
+    its `choices`), and whether it may be left empty (None)."""
 
     name: str
     kind: str
     optional: bool
+    choices: tuple[str, ...] = ()
 
 
 def policy_fields() -> tuple[PolicyField, ...]:
@@ -52,10 +53,17 @@ def policy_fields() -> tuple[PolicyField, ...]:
     found = []
     for name in POLICY_FIELDS:
         hint = hints[name]
-        members = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+        members = typing.get_args(hint) if union else (hint,)
         kinds = [m for m in members if m is not type(None)]
-        kind = kinds[0].__name__ if len(kinds) == 1 and kinds[0] in (bool, int, float, str) else "str"
-        found.append(PolicyField(name=name, kind=kind, optional=len(kinds) < len(members)))
+        optional = len(kinds) < len(members)
+        only = kinds[0] if len(kinds) == 1 else str
+        if typing.get_origin(only) is typing.Literal:
+            choices = tuple(str(choice) for choice in typing.get_args(only))
+            found.append(PolicyField(name=name, kind="choice", optional=optional, choices=choices))
+            continue
+        kind = only.__name__ if only in (bool, int, float, str) else "str"
+        found.append(PolicyField(name=name, kind=kind, optional=optional))
     return tuple(found)
 
 

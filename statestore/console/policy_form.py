@@ -58,6 +58,8 @@ def _parse(field: PolicyField, form: Mapping[str, str]) -> Any:
         if not text.lstrip("-").isdigit() or len(text) > 20:
             raise ValueError("must be a whole number")
         return int(text)
+    if field.kind == "choice" and text not in field.choices:
+        raise ValueError(f"must be one of {', '.join(field.choices)}")
     if field.kind == "float":
         try:
             return float(text)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from typing import Literal, Optional
 
 import pytest
 
@@ -100,6 +101,8 @@ class _WiderPolicy:
     threads_enabled: bool
     label: str | None
     ratio: float
+    strategy: Literal["keep", "trim"]
+    limit: Optional[int]  # noqa: UP045 - the older spelling must be understood too
 
 
 def test_a_field_added_to_the_policy_reaches_the_form_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -107,10 +110,19 @@ def test_a_field_added_to_the_policy_reaches_the_form_unchanged(monkeypatch: pyt
     monkeypatch.setattr(admin, "Policy", _WiderPolicy)
     monkeypatch.setattr(admin, "POLICY_FIELDS", tuple(f.name for f in dataclasses.fields(_WiderPolicy)))
     fields = {f.name: (f.kind, f.optional) for f in admin.policy_fields()}
-    assert fields == {"threads_enabled": ("bool", False), "label": ("str", True), "ratio": ("float", False)}
+    assert fields == {
+        "threads_enabled": ("bool", False),
+        "label": ("str", True),
+        "ratio": ("float", False),
+        "strategy": ("choice", False),
+        "limit": ("int", True),
+    }
+    assert admin.policy_fields()[3].choices == ("keep", "trim")
     monkeypatch.setattr(admin, "validate_policy", lambda values: _WiderPolicy(**values))
     monkeypatch.setattr(policy_form, "validate_policy", lambda values: _WiderPolicy(**values))
-    parsed, _, errors = policy_form.policy_from_form({"label": "", "ratio": "0.5"})
+    _, _, errors = policy_form.policy_from_form({"ratio": "0.5", "strategy": "drop"})
+    assert errors == {"strategy": "strategy must be one of keep, trim"}
+    parsed, _, errors = policy_form.policy_from_form({"label": "", "ratio": "0.5", "strategy": "trim", "limit": ""})
     assert errors == {}
     values: object = parsed
-    assert values == _WiderPolicy(threads_enabled=False, label=None, ratio=0.5)
+    assert values == _WiderPolicy(threads_enabled=False, label=None, ratio=0.5, strategy="trim", limit=None)
