@@ -13,10 +13,13 @@ from sqlalchemy import and_, delete, func, insert, not_, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from statestore.store.audit_filter import AuditFilter
 from statestore.store.schema import api_keys, audit_log, counters, daily_usage, policies, tenants, threads
 from statestore.threads.policy import Policy
 
 DEFAULT_SCOPE = "default"
+
+__all__ = ["DEFAULT_SCOPE", "AdminRepository", "ApiKey", "AuditEntry", "AuditFilter", "KeyOwner", "Tenant"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,33 +56,6 @@ class AuditEntry:
     target: str | None
     before: Any
     after: Any
-
-
-@dataclass(frozen=True, slots=True)
-class AuditFilter:
-    """Audit entries by who (the admin token's name), what (an action or its prefix: "policy" or "policy.put") and
-    which tenant (entries on the tenant, its policy, its keys, and erasures of its threads)."""
-
-    actor: str | None = None
-    action: str | None = None
-    tenant_id: str | None = None
-
-    def criteria(self) -> list[Any]:
-        found: list[Any] = []
-        if self.actor:
-            found.append(audit_log.c.actor == self.actor)
-        if self.action:
-            prefix = audit_log.c.action.startswith(self.action + ".", autoescape=True)
-            found.append(or_(audit_log.c.action == self.action, prefix))
-        if self.tenant_id:
-            found.append(
-                or_(
-                    audit_log.c.target == self.tenant_id,
-                    audit_log.c.target.in_(select(api_keys.c.id).where(api_keys.c.tenant_id == self.tenant_id)),
-                    audit_log.c.target.startswith(f"tenant={self.tenant_id}", autoescape=True),
-                )
-            )
-        return found
 
 
 def _tenant(row: RowMapping) -> Tenant:
