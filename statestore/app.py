@@ -26,6 +26,8 @@ from statestore.errors import InvalidRequest, MethodNotAllowed, NotFound, States
 from statestore.metrics import Metrics
 from statestore.middleware import BodySizeLimitMiddleware, RequestContextMiddleware, error_response, request_id_of
 from statestore.resources import build_resources
+from statestore.responses import conversation_routes
+from statestore.responses import routes as responses_routes
 from statestore.retention import run_purger
 from statestore.store.engine import UNSTORABLE_VALUE_ERRORS
 from statestore.store.migrate import pending_revision
@@ -85,6 +87,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin_api.router)
     app.include_router(console.router)
     app.include_router(messages.router)
+    app.include_router(responses_routes.router)
+    app.include_router(conversation_routes.router)
     app.include_router(messages.fallback_router)
 
     @app.exception_handler(StatestoreError)

@@ -23,6 +23,8 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     redis_prefix: str = Field(default="ss:", min_length=1, max_length=64)
     upstream_url: str = "https://api.anthropic.com"
+    # The Chat Completions backend behind the Responses front door (RESPONSES.md); unset, those routes answer 400.
+    chat_upstream_url: str | None = None
     upstream_connect_timeout: float = Field(default=10.0, gt=0)
     # Generous: a long extended-thinking stream can be silent between events for minutes.
     upstream_read_timeout: float = Field(default=600.0, gt=0)
@@ -62,6 +64,16 @@ class Settings(BaseSettings):
     @field_validator("upstream_url")
     @classmethod
     def _upstream_is_http(cls, value: str) -> str:
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://")
+        return value.rstrip("/")
+
+    @field_validator("chat_upstream_url")
+    @classmethod
+    def _chat_upstream_is_http(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        assert value is not None
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")

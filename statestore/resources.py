@@ -14,6 +14,9 @@ from statestore.auth import AdminTokens, Authenticator, KeysAuthenticator, Passt
 from statestore.clock import Clock, clock_from
 from statestore.config import Settings
 from statestore.metrics import Metrics
+from statestore.responses.conversation_store import ConversationStore
+from statestore.responses.store import ResponseStore
+from statestore.responses.turns import ResponseTurns
 from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache, create_cache
@@ -42,6 +45,9 @@ class Resources:
     retention: Retention
     clock: Clock
     metrics: Metrics
+    # The Responses front door: None when no Chat Completions backend is configured.
+    chat_upstream: UpstreamClient
+    responses: ResponseTurns | None
 
     async def relay_credential(self, headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes] | None:
         """keys mode: every request needs a statestore key, and the backend gets the configured credential.
@@ -89,6 +95,14 @@ async def build_resources(
             metrics=metrics,
         )
         stack.push_async_callback(upstream.aclose)
+        chat_upstream = UpstreamClient(
+            settings.chat_upstream_url or settings.upstream_url,
+            connect_timeout=settings.upstream_connect_timeout,
+            read_timeout=settings.upstream_read_timeout,
+            max_connections=settings.upstream_max_connections,
+            metrics=metrics,
+        )
+        stack.push_async_callback(chat_upstream.aclose)
         pg_statements = await PgTurnStatements.open(settings) if serving else None
         if pg_statements is not None:
             stack.push_async_callback(pg_statements.aclose)
@@ -132,4 +146,15 @@ async def build_resources(
             retention=retention,
             clock=clock,
             metrics=metrics,
+            chat_upstream=chat_upstream,
+            responses=ResponseTurns(
+                responses=ResponseStore(engine),
+                conversations=ConversationStore(engine),
+                cache=cache,
+                policies=policies,
+                clock=clock,
+                lease_seconds=settings.lease_seconds,
+            )
+            if settings.chat_upstream_url
+            else None,
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 from statestore.clock import Clock
 from statestore.store.admin_repository import AdminRepository
@@ -31,6 +32,10 @@ class Retention:
         # Threads whose rows are gone but whose cache entries could not be deleted (Redis unreachable); retried on
         # every purge until they are. Unservable meanwhile: every read starts from the rows.
         self.cache_debt: set[str] = set()
+
+    async def forget_in_cache(self, keys: list[str]) -> None:
+        """Drop cache entries whose rows are gone (a deleted response's tree, say), retried later when unreachable."""
+        await self._forget_in_cache(keys)
 
     async def _forget_in_cache(self, thread_ids: list[str]) -> None:
         if not await self.cache.delete_many(thread_ids):
@@ -56,12 +61,12 @@ class Retention:
                 total += len(ids)
             if len(ids) < self.batch_size:
                 break
+        responses, conversations = await self._purge_responses()
         if actor is None:
             await self.admin.set_counter("purger_last_run_ms", self.clock())
         else:
-            await self.admin.record(
-                actor=actor, action="purge", target=None, after={"threads": total}, now_ms=self.clock()
-            )
+            after = {"threads": total, "responses": responses, "conversations": conversations}
+            await self.admin.record(actor=actor, action="purge", target=None, after=after, now_ms=self.clock())
         if total:
             log.info("purged expired threads", extra={"threads": total})
         return total
@@ -77,6 +82,7 @@ class Retention:
                 total += len(ids)
             if len(ids) < self.batch_size:
                 break
+        responses, conversations = await self._erase_responses(tenant_id, user_id)
         target = ",".join(f"{k}={v}" for k, v in (("tenant", tenant_id), ("user_id", user_id)) if v is not None)
         # The audit target column holds 200 characters; a long user_id is shortened there, whole in `after`.
         target = target if len(target) <= 200 else target[:199] + "…"
@@ -84,11 +90,54 @@ class Retention:
             actor=actor,
             action="erase",
             target=target,
-            after={"threads": total, "tenant_id": tenant_id, "user_id": user_id},
+            after={
+                "threads": total,
+                "responses": responses,
+                "conversations": conversations,
+                "tenant_id": tenant_id,
+                "user_id": user_id,
+            },
             now_ms=self.clock(),
         )
         log.info("erased threads", extra={"threads": total, "actor": actor})
         return total
+
+    async def _drain(self, batch: Callable[[], Awaitable[list[str]]], counter: str, cache_prefix: str | None) -> int:
+        total = 0
+        while True:
+            ids = await batch()
+            if ids:
+                if cache_prefix is not None:
+                    await self._forget_in_cache([cache_prefix + i for i in ids])
+                await self.admin.add_to_counter(counter, len(ids))
+                total += len(ids)
+            if len(ids) < self.batch_size:
+                return total
+
+    async def _purge_responses(self) -> tuple[int, int]:
+        """Expired response trees and conversations (the Responses front door), batch by batch."""
+        now, size = self.clock(), self.batch_size
+        responses = await self._drain(
+            lambda: self.queries.purge_expired_responses(now_ms=now, batch_size=size), "purged_responses", "resp:"
+        )
+        conversations = await self._drain(
+            lambda: self.queries.purge_expired_conversations(now_ms=now, batch_size=size), "purged_conversations", None
+        )
+        return responses, conversations
+
+    async def _erase_responses(self, tenant_id: str | None, user_id: str | None) -> tuple[int, int]:
+        size = self.batch_size
+        responses = await self._drain(
+            lambda: self.queries.erase_responses_batch(batch_size=size, tenant_id=tenant_id, user_id=user_id),
+            "erased_responses",
+            "resp:",
+        )
+        conversations = await self._drain(
+            lambda: self.queries.erase_conversations_batch(batch_size=size, tenant_id=tenant_id, user_id=user_id),
+            "erased_conversations",
+            None,
+        )
+        return responses, conversations
 
     async def delete_thread(self, owner: str, thread_id: str) -> bool:
         """Erase one of the owner's threads now; True when it was live. The cache entry goes only with the rows: a

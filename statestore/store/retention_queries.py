@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy import delete, or_, select
+from typing import Any
+
+from sqlalchemy import Table, delete, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statestore.store.schema import threads
+from statestore.store.schema import conversations, responses, threads
 from statestore.store.thread_reads import live
 
 
@@ -61,3 +63,68 @@ class RetentionQueries:
             if ids:
                 await conn.execute(delete(threads).where(threads.c.id.in_(ids)))
         return ids
+
+    # -- the Responses front door: responses go by tree (a tree is kept while any of its responses is live, since
+    # -- each holds items its descendants' contexts are made of), conversations one by one.
+
+    async def purge_expired_responses(self, *, now_ms: int, batch_size: int) -> list[str]:
+        """Delete the responses of a batch of trees whose every response has expired; returns their ids."""
+        trees = (
+            select(responses.c.root_id)
+            .group_by(responses.c.root_id)
+            .having(func.max(responses.c.expires_ms) <= now_ms)
+            .limit(batch_size)
+        )
+        return await self._delete_trees(trees)
+
+    async def _delete_trees(self, trees: Any) -> list[str]:
+        async with self.engine.begin() as conn:
+            roots = [row[0] for row in (await conn.execute(trees)).all()]
+            if not roots:
+                return []
+            ids = [row[0] for row in (await conn.execute(select(responses.c.id).where(responses.c.root_id.in_(roots))))]
+            await conn.execute(delete(responses).where(responses.c.root_id.in_(roots)))
+        return ids
+
+    async def erase_responses_batch(
+        self, *, batch_size: int, tenant_id: str | None = None, user_id: str | None = None
+    ) -> list[str]:
+        """Delete a batch of the trees holding a response that matches every criterion (a whole tree: its
+        descendants' contexts hold the matching items); returns the deleted response ids."""
+        criteria = _criteria(responses, tenant_id, user_id)
+        return await self._delete_trees(select(responses.c.root_id).where(*criteria).distinct().limit(batch_size))
+
+    async def purge_expired_conversations(self, *, now_ms: int, batch_size: int) -> list[str]:
+        doomed = (
+            select(conversations.c.id)
+            .where(
+                conversations.c.expires_ms <= now_ms,
+                or_(conversations.c.lease_token.is_(None), conversations.c.lease_expires_ms <= now_ms),
+            )
+            .limit(batch_size)
+        )
+        return await self._delete_conversations(doomed)
+
+    async def erase_conversations_batch(
+        self, *, batch_size: int, tenant_id: str | None = None, user_id: str | None = None
+    ) -> list[str]:
+        criteria = _criteria(conversations, tenant_id, user_id)
+        return await self._delete_conversations(select(conversations.c.id).where(*criteria).limit(batch_size))
+
+    async def _delete_conversations(self, chosen: Any) -> list[str]:
+        async with self.engine.begin() as conn:
+            ids = [row[0] for row in (await conn.execute(chosen)).all()]
+            if ids:
+                await conn.execute(delete(conversations).where(conversations.c.id.in_(ids)))
+        return ids
+
+
+def _criteria(table: Table, tenant_id: str | None, user_id: str | None) -> list[Any]:
+    criteria = []
+    if tenant_id is not None:
+        criteria.append(table.c.tenant_id == tenant_id)
+    if user_id is not None:
+        criteria.append(table.c.metadata_user_id == user_id)
+    if not criteria:
+        raise ValueError("erasure needs at least one criterion")
+    return criteria

@@ -166,3 +166,73 @@ daily_usage = Table(
     Column("turns", BigInteger, nullable=False),
     Column("bytes", BigInteger, nullable=False),
 )
+
+# -- the Responses front door (RESPONSES.md) ------------------------------------------------------------------------
+
+# One row a stored response. A response points to its parent; `root_id` names the first response of its tree, which
+# is kept while any response of the tree is live (a continue refreshes only its own row's expiry).
+responses = Table(
+    "responses",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("owner", String(80), nullable=False),
+    Column("tenant_id", String(40), nullable=True),
+    Column("metadata_user_id", String(512), nullable=True),
+    Column("parent_id", String(40), nullable=True),
+    Column("root_id", String(40), nullable=False),
+    Column("conversation_id", String(40), nullable=True),
+    Column("depth", Integer, nullable=False),
+    # Bytes of rendered context from the root through this response: the policy's size bound, checked in O(1).
+    Column("chain_bytes", BigInteger, nullable=False),
+    Column("body", LargeBinary, nullable=False),  # the Response JSON as returned
+    Column("created_ms", BigInteger, nullable=False),
+    Column("expires_ms", BigInteger, nullable=False),
+    Index(None, "root_id", "expires_ms"),
+    Index(None, "expires_ms"),
+    Index(None, "tenant_id"),
+    Index(None, "metadata_user_id"),
+)
+
+# A response's input items (then its output items), each as its Responses JSON and its rendered Chat Completions
+# bytes (kind "message": a whole message; "call": a tool_calls entry; "none": not sent).
+response_items = Table(
+    "response_items",
+    metadata,
+    Column("response_id", String(40), ForeignKey("responses.id", ondelete="CASCADE"), primary_key=True),
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    Column("is_output", Boolean, nullable=False),
+    Column("item_id", String(200), nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("kind", String(8), nullable=False),
+    Column("rendered", LargeBinary, nullable=False),
+)
+
+conversations = Table(
+    "conversations",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("owner", String(80), nullable=False),
+    Column("tenant_id", String(40), nullable=True),
+    Column("metadata_user_id", String(512), nullable=True),
+    Column("metadata", LargeBinary, nullable=False),
+    Column("next_position", Integer, nullable=False, server_default="0"),
+    Column("lease_token", String(40), nullable=True),
+    Column("lease_expires_ms", BigInteger, nullable=True),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("expires_ms", BigInteger, nullable=False),
+    Index(None, "expires_ms"),
+    Index(None, "tenant_id"),
+    Index(None, "metadata_user_id"),
+)
+
+conversation_items = Table(
+    "conversation_items",
+    metadata,
+    Column("conversation_id", String(40), ForeignKey("conversations.id", ondelete="CASCADE"), primary_key=True),
+    Column("position", Integer, primary_key=True, autoincrement=False),
+    Column("item_id", String(200), nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Column("kind", String(8), nullable=False),
+    Column("rendered", LargeBinary, nullable=False),
+    Index(None, "conversation_id", "item_id"),
+)

@@ -1,0 +1,52 @@
+"""Calls to the Chat Completions backend: its headers, and its errors relayed in OpenAI's shape."""
+
+from __future__ import annotations
+
+import orjson
+
+from statestore.auth import Principal
+from statestore.responses.errors import BackendError
+from statestore.upstream.client import UpstreamClient, UpstreamResponse
+
+CHAT_PATH = "/v1/chat/completions"
+
+
+def backend_headers(headers: list[tuple[bytes, bytes]], principal: Principal) -> list[tuple[bytes, bytes]]:
+    """keys mode: the configured credential as a bearer token; passthrough: the client's own credential."""
+    out = [(b"content-type", b"application/json"), (b"accept-encoding", b"identity")]
+    if principal.upstream_credential is not None:
+        return [*out, (b"authorization", b"Bearer " + principal.upstream_credential[1])]
+    for name, value in headers:
+        if name == b"authorization":
+            return [*out, (name, value)]
+        if name == b"x-api-key":
+            return [*out, (b"authorization", b"Bearer " + value)]
+    return out
+
+
+async def call_backend(
+    upstream: UpstreamClient, headers: list[tuple[bytes, bytes]], principal: Principal, body: bytes
+) -> UpstreamResponse:
+    response = await upstream.send("POST", CHAT_PATH, backend_headers(headers, principal), body)
+    if response.status >= 300:
+        try:
+            raw = await response.read()
+        finally:
+            await response.aclose()
+        raise relayed_error(response.status, raw)
+    return response
+
+
+def relayed_error(status: int, raw: bytes) -> BackendError:
+    """The backend's error with its status; its message when it gave one in OpenAI's shape."""
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        parsed = None
+    error = parsed.get("error") if isinstance(parsed, dict) else None
+    if isinstance(error, dict) and isinstance(error.get("message"), str):
+        relayed = BackendError(error["message"], status=status, param=error.get("param"), code=error.get("code"))
+        if isinstance(error.get("type"), str):
+            relayed.error_type = error["type"]  # type: ignore[misc]
+        return relayed
+    return BackendError(f"the model backend answered {status}", status=status)

@@ -1,0 +1,86 @@
+"""Errors of the Responses front door, in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`."""
+
+from __future__ import annotations
+
+import orjson
+
+from statestore.errors import StatestoreError
+
+# OpenAI's `type` for statestore's own rejections of other front-door errors (auth, size, ...).
+_OPENAI_TYPES = {
+    "invalid_request_error": "invalid_request_error",
+    "authentication_error": "invalid_request_error",
+    "permission_error": "invalid_request_error",
+    "not_found_error": "invalid_request_error",
+    "request_too_large": "invalid_request_error",
+    "timeout_error": "server_error",
+}
+
+
+class OpenAIError(StatestoreError):
+    """Rendered in OpenAI's error shape wherever the app renders a StatestoreError."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str, *, status: int | None = None, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        if status is not None:
+            self.status = status  # type: ignore[misc]
+        self.param = param
+        self.code = code
+
+    def body(self, request_id: str) -> bytes:
+        return orjson.dumps(
+            {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+        )
+
+
+class BadRequest(OpenAIError):
+    pass
+
+
+class NotFound(OpenAIError):
+    status = 404
+
+
+class BackendError(OpenAIError):
+    """A Chat Completions backend's error, relayed with its status."""
+
+    status = 502
+    error_type = "server_error"
+
+
+def previous_response_not_found(response_id: str) -> BadRequest:
+    return BadRequest(
+        f"Previous response with id '{response_id}' not found.",
+        param="previous_response_id",
+        code="previous_response_not_found",
+    )
+
+
+def response_not_found(response_id: str) -> NotFound:
+    return NotFound(f"Response with id '{response_id}' not found.")
+
+
+def conversation_not_found(conversation_id: str) -> NotFound:
+    return NotFound(f"Conversation with id '{conversation_id}' not found.", param="conversation")
+
+
+def conversation_locked() -> BadRequest:
+    return BadRequest(
+        "Another request is operating on this conversation. Please try again after it completes.",
+        param="conversation",
+        code="conversation_locked",
+    )
+
+
+def as_openai(error: StatestoreError) -> OpenAIError:
+    """Any statestore rejection (authentication, body size, an unreachable backend) in OpenAI's shape."""
+    if isinstance(error, OpenAIError):
+        return error
+    converted = OpenAIError(error.message, status=error.status)
+    converted.error_type = _OPENAI_TYPES.get(error.error_type, "server_error")  # type: ignore[misc]
+    if error.status == 401:
+        converted.code = "invalid_api_key"
+    return converted

@@ -1,0 +1,216 @@
+"""`/v1/responses`: a turn (JSON or SSE), retrieve, delete, input_items."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from statestore.api.deps import ResourcesDep
+from statestore.api.responses import bytes_response, streaming_response
+from statestore.errors import StatestoreError, StreamBrokenOff
+from statestore.resources import Resources
+from statestore.responses.backend import call_backend
+from statestore.responses.context import cache_key
+from statestore.responses.errors import BackendError, BadRequest, as_openai, response_not_found
+from statestore.responses.ids import looks_like
+from statestore.responses.reply import output_of
+from statestore.responses.request import read_turn
+from statestore.responses.stream import ChunkTranslator, SequencedEvents
+from statestore.responses.turns import PreparedResponse, ResponseTurns
+from statestore.store.engine import DATABASE_ERRORS
+from statestore.upstream.client import StreamInterrupted, UpstreamResponse
+from statestore.upstream.sse import SSEParser
+
+router = APIRouter(tags=["responses"])
+JSON = [(b"content-type", b"application/json")]
+SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
+
+
+def json_response(value: Any, status: int = 200) -> Response:
+    return bytes_response(status, orjson.dumps(value), JSON)
+
+
+def read_json(raw: bytes) -> dict[str, Any]:
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadRequest("We could not parse the JSON body of your request.", code="invalid_json") from None
+    if not isinstance(parsed, dict):
+        raise BadRequest("The request body must be a JSON object.", code="invalid_json")
+    return parsed
+
+
+def turns_of(resources: Resources) -> ResponseTurns:
+    turns = resources.responses
+    if turns is None:
+        raise BadRequest("No Chat Completions backend is configured (STATESTORE_CHAT_UPSTREAM_URL).", code="no_backend")
+    return turns
+
+
+def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    return next((value for key, value in headers if key == name), None)
+
+
+@router.post("/v1/responses")
+async def create_response(request: Request, resources: ResourcesDep) -> Response:
+    try:
+        return await _create(request, resources)
+    except StatestoreError as exc:
+        raise as_openai(exc) from None
+
+
+async def _create(request: Request, resources: ResourcesDep) -> Response:
+    headers = request.headers.raw
+    principal = await resources.authenticator.authenticate(headers)
+    turns = turns_of(resources)
+    turn = read_turn(read_json(await request.body()))
+    prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"))
+    try:
+        upstream = await call_backend(resources.chat_upstream, headers, principal, prepared.backend_body())
+    except BaseException:
+        await turns.give_back(prepared)
+        raise
+    if not turn.stream:
+        try:
+            raw = await upstream.read()
+        finally:
+            await upstream.aclose()
+        try:
+            output, status, incomplete, usage = output_of(orjson.loads(raw) if raw else None)
+        except orjson.JSONDecodeError:
+            await turns.give_back(prepared)
+            raise BackendError("the model backend's reply is not JSON") from None
+        except BaseException:
+            await turns.give_back(prepared)
+            raise
+        response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
+        try:
+            committed = await turns.commit(prepared, response)
+        finally:
+            await turns.give_back(prepared)
+        if not committed:
+            raise BadRequest("The conversation's lease was lost; nothing was stored.", code="conversation_locked")
+        return json_response(response)
+
+    async def close() -> None:
+        await upstream.aclose()
+        await turns.give_back(prepared)
+
+    return streaming_response(200, _events(turns, prepared, upstream), SSE, on_close=close)
+
+
+async def _events(turns: ResponseTurns, prepared: PreparedResponse, upstream: UpstreamResponse) -> AsyncIterator[bytes]:
+    numbered = SequencedEvents()
+    skeleton = turns.response(prepared, status="in_progress", output=[], usage=None)
+    yield numbered.frame({"type": "response.created", "response": skeleton})
+    yield numbered.frame({"type": "response.in_progress", "response": skeleton})
+    parser, translator = SSEParser(), ChunkTranslator()
+    try:
+        async for chunk in upstream.chunks():
+            for event in parser.feed(chunk):
+                for translated in translator.feed(event.data):
+                    yield numbered.frame(translated)
+    except StreamInterrupted as exc:
+        raise StreamBrokenOff(f"the backend stream broke off ({exc}); nothing stored") from exc
+    except StatestoreError as exc:
+        raise StreamBrokenOff(f"the backend stream was malformed ({exc.message}); nothing stored") from exc
+    if not translator.complete:
+        raise StreamBrokenOff("the backend stream ended before its reply did; nothing stored")
+    closing, output, status, incomplete, usage = translator.finish()
+    for closing_event in closing:
+        yield numbered.frame(closing_event)
+    response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
+    try:
+        committed = await turns.commit(prepared, response)
+    except DATABASE_ERRORS as exc:
+        raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); completion withheld") from exc
+    if not committed:
+        raise StreamBrokenOff("the conversation's lease was lost; completion withheld")
+    final = "response.completed" if status == "completed" else "response.incomplete"
+    yield numbered.frame({"type": final, "response": response})
+
+
+async def _owner(request: Request, resources: Resources) -> str:
+    return (await resources.authenticator.authenticate(request.headers.raw)).owner
+
+
+@router.get("/v1/responses/{response_id}")
+async def retrieve_response(response_id: str, request: Request, resources: ResourcesDep) -> Response:
+    try:
+        owner = await _owner(request, resources)
+        turns = turns_of(resources)
+        row = (
+            await turns.responses.get(owner, response_id, now_ms=resources.clock())
+            if looks_like("resp_", response_id)
+            else None
+        )
+        if row is None:
+            raise response_not_found(response_id)
+        return bytes_response(200, row.body, JSON)
+    except StatestoreError as exc:
+        raise as_openai(exc) from None
+
+
+@router.delete("/v1/responses/{response_id}")
+async def delete_response(response_id: str, request: Request, resources: ResourcesDep) -> Response:
+    try:
+        owner = await _owner(request, resources)
+        turns = turns_of(resources)
+        tree = (
+            await turns.responses.delete(owner, response_id, now_ms=resources.clock())
+            if looks_like("resp_", response_id)
+            else None
+        )
+        if tree is None:
+            raise response_not_found(response_id)
+        await resources.retention.forget_in_cache([cache_key(i) for i in tree])
+        return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
+    except StatestoreError as exc:
+        raise as_openai(exc) from None
+
+
+def page(bodies: list[bytes], has_more: bool) -> Response:
+    """An OpenAI list page from stored item bodies, joined without parsing them again."""
+    first = orjson.loads(bodies[0])["id"] if bodies else None
+    last = orjson.loads(bodies[-1])["id"] if bodies else None
+    head = orjson.dumps({"object": "list", "first_id": first, "last_id": last, "has_more": has_more})
+    return bytes_response(200, head[:-1] + b',"data":[' + b",".join(bodies) + b"]}", JSON)
+
+
+def list_params(request: Request) -> tuple[bool, str | None, int]:
+    query = request.query_params
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise BadRequest("Invalid 'order': 'asc' or 'desc'.", param="order", code="invalid_value")
+    raw_limit = query.get("limit", "20")
+    if not raw_limit.isdigit() or not 1 <= int(raw_limit) <= 100:
+        raise BadRequest("Invalid 'limit': between 1 and 100.", param="limit", code="invalid_value")
+    return order == "desc", query.get("after"), int(raw_limit)
+
+
+@router.get("/v1/responses/{response_id}/input_items")
+async def list_input_items(response_id: str, request: Request, resources: ResourcesDep) -> Response:
+    try:
+        owner = await _owner(request, resources)
+        descending, after, limit = list_params(request)
+        turns = turns_of(resources)
+        now = resources.clock()
+        bodies = (
+            await turns.responses.input_items(owner, response_id, now_ms=now)
+            if looks_like("resp_", response_id)
+            else None
+        )
+        if bodies is None:
+            raise response_not_found(response_id)
+        if descending:
+            bodies.reverse()
+        if after is not None:
+            ids = [orjson.loads(b)["id"] for b in bodies]
+            bodies = bodies[ids.index(after) + 1 :] if after in ids else bodies
+        return page(bodies[:limit], len(bodies) > limit)
+    except StatestoreError as exc:
+        raise as_openai(exc) from None

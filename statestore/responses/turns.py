@@ -1,0 +1,196 @@
+"""A Responses turn apart from HTTP: prepare (owner, policy, context, lease), then commit the completed reply, or
+give the conversation back. Nothing is stored before `commit`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from statestore.auth import Principal
+from statestore.clock import Clock
+from statestore.responses.context import chain_context, remember_head, truncated
+from statestore.responses.conversation_store import ConversationStore, Locked
+from statestore.responses.errors import (
+    BadRequest,
+    conversation_locked,
+    conversation_not_found,
+    previous_response_not_found,
+)
+from statestore.responses.ids import looks_like, new_id
+from statestore.responses.items import StoredItem, join_rendered, join_segments, stored
+from statestore.responses.reply import response_object
+from statestore.responses.request import TurnRequest, chat_body
+from statestore.responses.store import NewResponse, ResponseRow, ResponseStore
+from statestore.store.cache import HistoryCache
+from statestore.threads.ids import new_lease_token
+from statestore.threads.policy import Policy
+from statestore.threads.policy_store import PolicyStore
+
+
+@dataclass(slots=True)
+class PreparedResponse:
+    turn: TurnRequest
+    principal: Principal
+    response_id: str
+    created_at: int
+    ttl_ms: int
+    parent: ResponseRow | None
+    context: bytes  # the stored chain's (or conversation's) messages, untruncated
+    inputs: list[StoredItem]
+    lease: str | None = None
+    done: bool = field(default=False)
+
+    def backend_body(self) -> bytes:
+        instructions = self.turn.instructions
+        system = orjson.dumps({"role": "system", "content": instructions}) if instructions is not None else b""
+        sent = truncated(self.context, self.turn.truncation)
+        messages = join_segments([system, sent, join_rendered((i.kind, i.rendered) for i in self.inputs)])
+        return chat_body(self.turn.chat_params, messages, stream=self.turn.stream)
+
+
+class ResponseTurns:
+    def __init__(
+        self,
+        *,
+        responses: ResponseStore,
+        conversations: ConversationStore,
+        cache: HistoryCache,
+        policies: PolicyStore,
+        clock: Clock,
+        lease_seconds: int,
+    ) -> None:
+        self.responses = responses
+        self.conversations = conversations
+        self.cache = cache
+        self.policies = policies
+        self.clock = clock
+        self.lease_ms = lease_seconds * 1000
+
+    async def policy(self, principal: Principal, *, storing: bool) -> Policy:
+        policy = await self.policies.for_tenant(principal.tenant_id)
+        if storing and not policy.threads_enabled:
+            raise BadRequest(
+                "Storing responses is disabled by this deployment's retention policy; send store: false.",
+                param="store",
+                code="storage_disabled",
+            )
+        return policy
+
+    async def prepare(self, turn: TurnRequest, principal: Principal, ttl_header: bytes | None) -> PreparedResponse:
+        policy = await self.policy(principal, storing=turn.store)
+        now = self.clock()
+        prepared = PreparedResponse(
+            turn=turn,
+            principal=principal,
+            response_id=new_id("resp_"),
+            created_at=int(time.time()),
+            ttl_ms=policy.ttl_for(ttl_header, None) * 1000,
+            parent=None,
+            context=b"",
+            inputs=[stored(item) for item in turn.input],
+        )
+        if turn.previous_response_id is not None:
+            previous = turn.previous_response_id
+            parent = (
+                await self.responses.get(principal.owner, previous, now_ms=now)
+                if looks_like("resp_", previous)
+                else None
+            )
+            if parent is None:
+                raise previous_response_not_found(previous)
+            prepared.parent = parent
+            prepared.context = await chain_context(self.responses, self.cache, parent)
+        elif turn.conversation_id is not None:
+            conversation = turn.conversation_id
+            if not looks_like("conv_", conversation):
+                raise conversation_not_found(conversation)
+            token = new_lease_token()
+            try:
+                await self.conversations.lease(
+                    principal.owner, conversation, token=token, now_ms=now, until_ms=now + self.lease_ms
+                )
+            except Locked:
+                raise conversation_locked() from None
+            except LookupError:
+                raise conversation_not_found(conversation) from None
+            prepared.lease = token
+            try:
+                prepared.context = await self.conversations.context(conversation)
+            except BaseException:
+                await self.give_back(prepared)
+                raise
+        segment = sum(len(i.rendered) for i in prepared.inputs)
+        chain = prepared.parent.chain_bytes if prepared.parent else len(prepared.context)
+        if turn.store and chain + segment > policy.max_thread_bytes:
+            await self.give_back(prepared)
+            raise BadRequest(
+                f"The conversation would exceed this deployment's limit of {policy.max_thread_bytes} bytes.",
+                param="input",
+                code="context_too_large",
+            )
+        return prepared
+
+    def response(
+        self,
+        prepared: PreparedResponse,
+        *,
+        status: str,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None,
+        incomplete: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        return response_object(
+            prepared.response_id,
+            prepared.turn,
+            created_at=prepared.created_at,
+            status=status,
+            output=output,
+            usage=usage,
+            incomplete_details=incomplete,
+        )
+
+    async def commit(self, prepared: PreparedResponse, response: dict[str, Any]) -> bool:
+        """Store the completed turn (store: true), appending to its conversation. False when it could not be."""
+        turn = prepared.turn
+        if not turn.store:
+            await self.give_back(prepared)
+            return True
+        outputs = [stored(item) for item in response["output"]]
+        segment = join_rendered((i.kind, i.rendered) for i in [*prepared.inputs, *outputs])
+        now = self.clock()
+        new = NewResponse(
+            id=prepared.response_id,
+            owner=prepared.principal.owner,
+            tenant_id=prepared.principal.tenant_id,
+            metadata_user_id=turn.metadata.get("user_id"),
+            parent=prepared.parent,
+            conversation_id=turn.conversation_id,
+            segment_bytes=len(segment),
+            body=orjson.dumps(response),
+            created_ms=now,
+            expires_ms=now + prepared.ttl_ms,
+            inputs=prepared.inputs,
+            outputs=outputs,
+        )
+        committed = await self.responses.commit(new, conversation_lease=prepared.lease)
+        prepared.done = True
+        if committed and turn.conversation_id is None:
+            depth = prepared.parent.depth + 1 if prepared.parent else 0
+            await remember_head(
+                self.cache,
+                response_id=prepared.response_id,
+                depth=depth,
+                joined=join_segments([prepared.context, segment]),
+                parent_id=prepared.parent.id if prepared.parent else None,
+                ttl_ms=prepared.ttl_ms,
+            )
+        return committed
+
+    async def give_back(self, prepared: PreparedResponse) -> None:
+        """The turn ends without a commit: its conversation is free again."""
+        if prepared.lease is not None and not prepared.done and prepared.turn.conversation_id is not None:
+            prepared.done = True
+            await self.conversations.release(prepared.turn.conversation_id, prepared.lease)
