@@ -22,6 +22,7 @@ cleanup() { [ -n "$echo_pid" ] && kill "$echo_pid" 2>/dev/null || true; }
 trap cleanup EXIT INT TERM
 
 if [ -z "${STATESTORE_UPSTREAM_URL:-}" ]; then
+  export STATESTORE_CHAT_UPSTREAM_URL="${STATESTORE_CHAT_UPSTREAM_URL:-http://127.0.0.1:$echo_port}"
   "$bin/statestore" echo-backend --port "$echo_port" &
   echo_pid=$!
   export STATESTORE_UPSTREAM_URL="http://127.0.0.1:$echo_port"

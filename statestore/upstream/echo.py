@@ -5,6 +5,7 @@ Raw ASGI on uvicorn (uvloop and httptools when installed); `statestore echo-back
 Routes
     POST /v1/messages               a reply derived from the request, as JSON or, with `"stream": true`, as SSE
     POST /v1/messages/count_tokens  {"input_tokens": N}, the same estimate as a reply's usage.input_tokens
+    POST /v1/chat/completions       a Chat Completions reply, JSON or SSE (statestore/upstream/echo_chat.py)
     GET  /v1/models[/{id}]          one model, `echo-1`; any other id is 404 not_found_error
     anything else                   404 not_found_error
 Every response, errors included, has a `request-id` header; errors have the API's error body.
@@ -48,7 +49,7 @@ import orjson
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from statestore.upstream import wire
+from statestore.upstream import echo_chat, wire
 
 MODEL_ID = "echo-1"
 MODEL_INFO: wire.JSONObject = {
@@ -329,6 +330,8 @@ class EchoApp:
             await self._messages(receive, send, request_id)
         elif method == "POST" and path == "/v1/messages/count_tokens":
             await self._count_tokens(receive, send, request_id)
+        elif method == "POST" and path == echo_chat.PATH:
+            await self._chat(receive, send, request_id)
         elif method == "GET" and path == "/v1/models":
             page = {"data": [MODEL_INFO], "has_more": False, "first_id": MODEL_ID, "last_id": MODEL_ID}
             await send_json(send, 200, orjson.dumps(page), request_id)
@@ -365,6 +368,27 @@ class EchoApp:
                 await asyncio.sleep(max(0.0, started + self.delay_seconds * index / len(events) - loop.time()))
             await send({"type": "http.response.body", "body": event, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    async def _chat(self, receive: Receive, send: Send, request_id: str) -> None:
+        body = await read_body(receive)
+        try:
+            request = orjson.loads(body) if body is not None else None
+        except orjson.JSONDecodeError:
+            request = None
+        problem = "the body must be a JSON object" if not isinstance(request, dict) else None
+        problem = problem or echo_chat.validate_chat_request(request)  # type: ignore[arg-type]
+        if problem is not None:
+            await send_json(send, 400, echo_chat.chat_error_body(problem), request_id)
+            return
+        assert isinstance(request, dict)
+        reply = echo_chat.chat_reply(request)
+        if request.get("stream") is True:
+            include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            await self._stream(send, echo_chat.chunk_events(reply, include_usage=include_usage), request_id)
+            return
+        if self.delay_seconds:
+            await asyncio.sleep(self.delay_seconds)
+        await send_json(send, 200, orjson.dumps(reply), request_id)
 
     async def _count_tokens(self, receive: Receive, send: Send, request_id: str) -> None:
         request = await parse_request(receive, send, request_id)
