@@ -29,6 +29,10 @@ as `/v1/sessions`); only `raw`, `error` and `close` make sense there. An action 
     {"kind": "raw", "status": 200, "headers": {...}, "chunks": ["...", ...]}   these body bytes (latin-1), one
                                                       chunk per write, for replies no real backend would send
     {"kind": "close"}                                 close the connection without any response
+    {"kind": "chat", "path": "/v1/chat/completions", "message": {...}, "finish_reason": "stop", "usage": {...}}
+                                                      a Chat Completions reply with this assistant message (the
+                                                      request is checked as strictly as the echo's); "echo" with
+                                                      that path is the echo's chat reply, shaping fields apply
 
 and, on any action, "delay_seconds": s (sleep before answering). Shaping for "echo"/"message":
 
@@ -64,9 +68,9 @@ import httpx
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from statestore.upstream import echo, wire
+from statestore.upstream import echo, echo_chat, wire
 
-_KINDS = frozenset({"echo", "message", "error", "raw", "close"})
+_KINDS = frozenset({"echo", "message", "chat", "error", "raw", "close"})
 _NUMBERS = ("delay_seconds", "cut_after_events", "cut_after_bytes", "stall_after_events", "stall_seconds")
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +85,8 @@ def _validate_action(action: object) -> str | None:
         value = action.get(field)
         if value is not None and (not isinstance(value, int | float) or isinstance(value, bool) or value < 0):
             return f"{field} must be a non-negative number"
+    if kind == "chat" and (action.get("path") != echo_chat.PATH or not isinstance(action.get("message"), dict)):
+        return f"a chat action needs path {echo_chat.PATH} and a message object"
     if kind == "message" and not isinstance(action.get("message"), dict):
         return "a message action needs a message object"
     if kind == "message" and not isinstance(action["message"].get("content"), list):
@@ -227,6 +233,9 @@ class FakeBackendApp:
                 await send({"type": "http.response.body", "body": chunk.encode("latin-1"), "more_body": True})
             await send({"type": "http.response.body", "body": b"", "more_body": False})
             return
+        if action.get("path") == echo_chat.PATH:
+            await self._play_chat(action, body, send, request_id)
+            return
         try:
             request = orjson.loads(body)
         except orjson.JSONDecodeError:
@@ -241,8 +250,36 @@ class FakeBackendApp:
         else:
             await self._play_json(action, orjson.dumps(reply), send, request_id)
 
+    async def _play_chat(self, action: wire.JSONObject, body: bytes, send: Send, request_id: str) -> None:
+        """A Chat Completions reply: the echo's, or the scripted message, finish_reason and usage in its place."""
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            request = None
+        problem = echo_chat.validate_chat_request(request) if isinstance(request, dict) else "a JSON object body"
+        if problem is not None or not isinstance(request, dict):
+            await echo.send_json(send, 400, echo_chat.chat_error_body(problem or "invalid request"), request_id)
+            return
+        reply = echo_chat.chat_reply(request)
+        if action["kind"] == "chat":
+            choice = {**reply["choices"][0], "message": action["message"]}
+            choice["finish_reason"] = action.get("finish_reason", "stop")
+            reply = {**reply, "choices": [choice], "usage": action.get("usage", reply["usage"])}
+        if request.get("stream") is True:
+            include_usage = bool((request.get("stream_options") or {}).get("include_usage"))
+            await self._play_stream(
+                action, echo_chat.chunk_events(reply, include_usage=include_usage), send, request_id
+            )
+        else:
+            await self._play_json(action, orjson.dumps(reply), send, request_id)
+
     async def _send_error(self, send: Send, action: wire.JSONObject, request_id: str) -> None:
         error: Mapping[str, Any] = action["error"]
+        if action.get("path") == echo_chat.PATH:  # OpenAI's error shape
+            status = int(action.get("status") or 500)
+            body = orjson.dumps({"error": {"param": None, "code": None, **error}})
+            await echo.send_json(send, status, body, request_id)
+            return
         error_type = str(error.get("type", "api_error"))
         status = int(action.get("status") or wire.ERROR_STATUS.get(error_type, 500))
         extra: dict[str, str] = dict(action.get("headers", {}))
@@ -328,6 +365,11 @@ def message_action(content: Sequence[Mapping[str, Any]], **fields: Any) -> wire.
     """A scripted reply: `fields` are Message fields (stop_reason, usage, model, id, ...) or shaping fields."""
     shaping = {key: fields.pop(key) for key in list(fields) if key in (*_NUMBERS, "error_after_events", "error")}
     return {"kind": "message", "message": {"content": list(content), **fields}, **shaping}
+
+
+def chat_action(message: Mapping[str, Any], **fields: Any) -> wire.JSONObject:
+    """A scripted Chat Completions reply (`finish_reason`, `usage`, or shaping fields such as cut_after_events)."""
+    return {"kind": "chat", "path": echo_chat.PATH, "message": dict(message), **fields}
 
 
 def _opt(headers: Mapping[str, str] | None) -> wire.JSONObject:
