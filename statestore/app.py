@@ -28,6 +28,7 @@ from statestore.middleware import BodySizeLimitMiddleware, RequestContextMiddlew
 from statestore.resources import build_resources
 from statestore.responses import conversation_routes
 from statestore.responses import routes as responses_routes
+from statestore.responses.errors import OPENAI_PATHS, as_openai
 from statestore.retention import run_purger
 from statestore.store.engine import UNSTORABLE_VALUE_ERRORS
 from statestore.store.migrate import pending_revision
@@ -36,6 +37,8 @@ log = logging.getLogger(__name__)
 
 
 def _error_response(request: Request, error: StatestoreError) -> Response:
+    if request.url.path.startswith(OPENAI_PATHS):
+        error = as_openai(error)  # the Responses front door answers in OpenAI's error shape
     return error_response(error, request_id_of(request.scope))
 
 

@@ -24,6 +24,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from statestore.errors import InternalError, RequestTooLarge, StatestoreError, StreamBrokenOff
+from statestore.responses.errors import OPENAI_PATHS, as_openai
 from statestore.logs import new_request_id, request_id_var
 from statestore.metrics import OTHER, Metrics
 
@@ -209,7 +210,7 @@ class BodySizeLimitMiddleware:
         declared = _content_length(scope)
         if declared is not None and declared > self.max_bytes:
             # Answer before reading a byte of it.
-            await send_error(send, self._error(), request_id_of(scope))
+            await send_error(send, self._error(scope), request_id_of(scope))
             return
 
         received = 0
@@ -244,10 +245,12 @@ class BodySizeLimitMiddleware:
             if not exceeded or responded_before:
                 raise
         if exceeded and not responded_before:
-            await send_error(send, self._error(), request_id_of(scope))
+            await send_error(send, self._error(scope), request_id_of(scope))
 
-    def _error(self) -> RequestTooLarge:
-        return RequestTooLarge(f"request body exceeds {self.max_bytes} bytes")
+    def _error(self, scope: Scope) -> StatestoreError:
+        error = RequestTooLarge(f"request body exceeds {self.max_bytes} bytes")
+        # The Responses front door answers in OpenAI's error shape.
+        return as_openai(error) if scope["path"].startswith(OPENAI_PATHS) else error
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -6,6 +6,9 @@ import orjson
 
 from statestore.errors import StatestoreError
 
+# The routes whose errors are in OpenAI's shape.
+OPENAI_PATHS = ("/v1/responses", "/v1/conversations")
+
 # OpenAI's `type` for statestore's own rejections of other front-door errors (auth, size, ...).
 _OPENAI_TYPES = {
     "invalid_request_error": "invalid_request_error",

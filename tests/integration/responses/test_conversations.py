@@ -1,0 +1,110 @@
+"""`client.conversations.*` and turns on a conversation: items appended only when a turn completes, never
+interleaved, and a second turn refused while one holds the conversation."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from tests.integration.responses.conftest import Rows, chat_requests, other_key
+from tests.support.fake_backend import FakeBackend
+from tests.support.server import StatestoreServer
+
+SLOW = {"kind": "echo", "path": "/v1/chat/completions", "delay_seconds": 1.5}
+
+
+def test_conversation_crud_and_items(openai_client: openai.OpenAI) -> None:
+    conversation = openai_client.conversations.create(
+        items=[{"type": "message", "role": "user", "content": "remember 42"}], metadata={"topic": "numbers"}
+    )
+    assert conversation.id.startswith("conv_") and conversation.metadata == {"topic": "numbers"}
+    assert openai_client.conversations.retrieve(conversation.id).id == conversation.id
+    updated = openai_client.conversations.update(conversation.id, metadata={"topic": "maths"})
+    assert updated.metadata == {"topic": "maths"}
+    added = openai_client.conversations.items.create(
+        conversation.id, items=[{"type": "message", "role": "user", "content": "and 7"}]
+    )
+    assert [item.id for item in added.data][0].startswith("msg_")
+    listed = openai_client.conversations.items.list(conversation.id, order="asc")
+    assert [item.content[0].text for item in listed.data] == ["remember 42", "and 7"]  # type: ignore[union-attr]
+    newest_first = openai_client.conversations.items.list(conversation.id)
+    assert [item.content[0].text for item in newest_first.data] == ["and 7", "remember 42"]  # type: ignore[union-attr]
+    first_id = listed.data[0].id
+    assert openai_client.conversations.items.retrieve(first_id, conversation_id=conversation.id).id == first_id
+    openai_client.conversations.items.delete(first_id, conversation_id=conversation.id)
+    assert [i.id for i in openai_client.conversations.items.list(conversation.id)] == [listed.data[1].id]
+    deleted = openai_client.conversations.delete(conversation.id)
+    assert deleted.deleted is True
+    with pytest.raises(openai.NotFoundError):
+        openai_client.conversations.retrieve(conversation.id)
+
+
+def test_turns_on_a_conversation_see_and_extend_its_items(openai_client: openai.OpenAI, backend: FakeBackend) -> None:
+    conversation = openai_client.conversations.create(items=[{"role": "user", "content": "hi"}])
+    first = openai_client.responses.create(model="echo-1", input="one", conversation=conversation.id)
+    assert first.conversation is not None and first.conversation.id == conversation.id
+    with openai_client.responses.stream(model="echo-1", input="two", conversation={"id": conversation.id}) as stream:
+        stream.get_final_response()
+    assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["hi", "one", "echo: one", "two"]
+    items = openai_client.conversations.items.list(conversation.id, order="asc")
+    assert [i.role for i in items.data] == ["user", "user", "assistant", "user", "assistant"]  # type: ignore[union-attr]
+    with pytest.raises(openai.BadRequestError):
+        openai_client.responses.create(
+            model="echo-1", input="x", conversation=conversation.id, previous_response_id=first.id
+        )
+
+
+def test_an_unknown_or_foreign_conversation_is_not_found(
+    openai_client: openai.OpenAI, responses_server: StatestoreServer
+) -> None:
+    conversation = openai_client.conversations.create()
+    with pytest.raises(openai.NotFoundError):
+        openai_client.responses.create(model="echo-1", input="x", conversation="conv_nope")
+    with openai.OpenAI(base_url=responses_server.url + "/v1", api_key=other_key(), max_retries=0) as stranger:
+        with pytest.raises(openai.NotFoundError):
+            stranger.responses.create(model="echo-1", input="x", conversation=conversation.id)
+        with pytest.raises(openai.NotFoundError):
+            stranger.conversations.items.list(conversation.id)
+        with pytest.raises(openai.NotFoundError):
+            stranger.conversations.delete(conversation.id)
+
+
+async def _backend_received(backend: FakeBackend, count: int) -> None:
+    while len(chat_requests(backend)) < count:
+        await asyncio.sleep(0.02)
+
+
+async def test_concurrent_turns_on_one_conversation(
+    async_openai_client: openai.AsyncOpenAI, backend: FakeBackend, rows: Rows, api_key: str
+) -> None:
+    client = async_openai_client
+    conversation = await client.conversations.create()
+    backend.script(SLOW)
+    first = asyncio.create_task(client.responses.create(model="echo-1", input="first", conversation=conversation.id))
+    await asyncio.wait_for(_backend_received(backend, 1), 10)
+    with pytest.raises(openai.BadRequestError) as locked:
+        await client.responses.create(model="echo-1", input="second", conversation=conversation.id)
+    assert locked.value.code == "conversation_locked" and locked.value.param == "conversation"  # type: ignore[attr-defined]
+    with pytest.raises(openai.BadRequestError) as adding:
+        await client.conversations.items.create(conversation.id, items=[{"role": "user", "content": "sneak"}])
+    assert adding.value.code == "conversation_locked"
+    await first
+    after = await client.responses.create(model="echo-1", input="third", conversation=conversation.id)
+    assert after.output_text == "echo: third"
+    items = await client.conversations.items.list(conversation.id, order="asc")
+    assert [i.content[0].text for i in items.data] == ["first", "echo: first", "third", "echo: third"]  # type: ignore[union-attr]
+    # many at once: exactly one wins each time, and items never interleave
+    backend.script(SLOW)
+    results = await asyncio.gather(
+        *(client.responses.create(model="echo-1", input=f"r{i}", conversation=conversation.id) for i in range(5)),
+        return_exceptions=True,
+    )
+    winners = [r for r in results if not isinstance(r, BaseException)]
+    assert len(winners) == 1
+    assert all(isinstance(r, openai.BadRequestError) and r.code == "conversation_locked" for r in results if r not in winners)
+    items = await client.conversations.items.list(conversation.id, order="asc")
+    texts = [i.content[0].text for i in items.data]  # type: ignore[union-attr]
+    assert texts[4:] == [winners[0].output[0].content[0].text.removeprefix("echo: "), winners[0].output_text]  # type: ignore[union-attr]
+    assert (await rows.counts(api_key))["conversation_items"] == 6
