@@ -143,7 +143,7 @@ def _reasoning(item: dict[str, Any], param: str) -> dict[str, Any]:
 def normalise_input(value: object, param: str = "input") -> list[dict[str, Any]]:
     """`input` (a string or a list of items) as normalised Responses items, or a 400 naming the bad field."""
     if isinstance(value, str):
-        return [_message({"role": "user", "content": value}, f"{param}")]
+        return [_message({"role": "user", "content": _text(value, param)}, param)]
     if not isinstance(value, list):
         raise _bad(f"Invalid type for '{param}': a string or an array of items expected.", param)
     items = []
