@@ -1,0 +1,169 @@
+"""Responses and conversations under statestore's owners, tenants, policies, TTL, purge, erasure, audit and stats:
+keys mode, a clock the tests move forward, and the admin API."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+
+import openai
+import pytest
+
+from tests.integration.responses.conftest import last_chat_request
+from tests.support.admin_api import (
+    ADMIN_TOKENS,
+    UPSTREAM_KEY,
+    AdminApi,
+    ClockFile,
+    Database,
+    RedisKeys,
+    migrated_database,
+    start_server,
+)
+from tests.support.fake_backend import FakeBackend
+from tests.support.redis_keys import own_redis_prefix
+from tests.support.server import StatestoreServer
+
+
+@pytest.fixture(scope="module")
+async def retention_db(postgres_admin_url: str) -> AsyncIterator[str]:
+    async with migrated_database(postgres_admin_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def prefix(redis_url: str) -> Iterator[str]:
+    with own_redis_prefix(redis_url) as value:
+        yield value
+
+
+@pytest.fixture(scope="module")
+def clock(tmp_path_factory: pytest.TempPathFactory) -> ClockFile:
+    return ClockFile(tmp_path_factory.mktemp("clock") / "offset")
+
+
+@pytest.fixture(scope="module")
+def server(
+    retention_db: str, redis_url: str, prefix: str, clock: ClockFile, fake_backend_process: FakeBackend
+) -> Iterator[StatestoreServer]:
+    env = {
+        "STATESTORE_AUTH_MODE": "keys",
+        "STATESTORE_UPSTREAM_API_KEY": UPSTREAM_KEY,
+        "STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS,
+        "STATESTORE_KEY_CACHE_SECONDS": "0",
+        "STATESTORE_POLICY_CACHE_SECONDS": "0",
+        "STATESTORE_CLOCK_OFFSET_FILE": str(clock.path),
+        "STATESTORE_DEFAULT_TTL_SECONDS": "60",
+        "STATESTORE_MAX_TTL_SECONDS": "300",
+        "STATESTORE_PURGE_INTERVAL_SECONDS": "3600",
+        "STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url,
+    }
+    running = start_server(retention_db, fake_backend_process.url, redis_url, prefix, env)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def admin(server: StatestoreServer) -> Iterator[AdminApi]:
+    with AdminApi(server.url) as api:
+        yield api
+
+
+@pytest.fixture(scope="module")
+def cache(redis_url: str, prefix: str) -> Iterator[RedisKeys]:
+    keys = RedisKeys(redis_url, prefix)
+    yield keys
+    keys.close()
+
+
+def _client(server: StatestoreServer, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
+
+
+def test_tenants_stats_and_erasure_by_tenant(server: StatestoreServer, admin: AdminApi, backend: FakeBackend) -> None:
+    tenant, key = admin.tenant_with_key()
+    other_tenant, other_key = admin.tenant_with_key()
+    with _client(server, key) as mine, _client(server, other_key) as theirs:
+        first = mine.responses.create(model="echo-1", input="a")
+        # keys mode: the backend gets the configured credential, never the client's statestore key
+        assert last_chat_request(backend).header("authorization") == f"Bearer {UPSTREAM_KEY}"
+        mine.responses.create(model="echo-1", input="b", previous_response_id=first.id)
+        conversation = mine.conversations.create(items=[{"role": "user", "content": "x"}])
+        kept = theirs.responses.create(model="echo-1", input="c")
+        with pytest.raises(openai.NotFoundError):
+            theirs.responses.retrieve(first.id)
+        stats = admin.stats(tenant["id"])
+        assert (stats["live_responses"], stats["live_conversations"]) == (2, 1)
+        before = admin.stats()
+        admin.ok("POST", "/erase", {"tenant": tenant["id"]})
+        after = admin.stats()
+        assert after["erased_responses_total"] - before["erased_responses_total"] == 2
+        assert after["erased_conversations_total"] - before["erased_conversations_total"] == 1
+        with pytest.raises(openai.NotFoundError):
+            mine.responses.retrieve(first.id)
+        with pytest.raises(openai.NotFoundError):
+            mine.conversations.retrieve(conversation.id)
+        assert theirs.responses.retrieve(kept.id).id == kept.id
+        audit = admin.audit()[0]
+        assert audit["action"] == "erase" and audit["after"]["responses"] == 2
+        assert other_tenant["id"] != tenant["id"]
+
+
+def test_erasure_by_user_id_takes_whole_trees_and_their_cache(
+    server: StatestoreServer, admin: AdminApi, cache: RedisKeys, retention_db: str
+) -> None:
+    _, key = admin.tenant_with_key()
+    with _client(server, key) as client:
+        root = client.responses.create(model="echo-1", input="anonymous")
+        head = client.responses.create(
+            model="echo-1", input="mine", previous_response_id=root.id, metadata={"user_id": "user-erase-1"}
+        )
+        assert cache.keys_of(f"resp:{head.id}")
+        conversation = client.conversations.create(metadata={"user_id": "user-erase-1"})
+        admin.ok("POST", "/erase", {"user_id": "user-erase-1"})
+        for gone in (root.id, head.id):
+            with pytest.raises(openai.NotFoundError):
+                client.responses.retrieve(gone)
+        with pytest.raises(openai.NotFoundError):
+            client.conversations.retrieve(conversation.id)
+        assert not cache.keys_of(f"resp:{head.id}")
+    assert Database(retention_db).value("SELECT count(*) FROM response_items WHERE response_id = $1", head.id) == 0
+
+
+def test_ttl_purge_and_a_tree_kept_while_any_response_lives(
+    server: StatestoreServer, admin: AdminApi, clock: ClockFile, backend: FakeBackend, cache: RedisKeys, retention_db: str
+) -> None:
+    _, key = admin.tenant_with_key()
+    with _client(server, key) as client:
+        old = client.responses.create(model="echo-1", input="old")
+        clock.advance(40)
+        newer = client.responses.create(model="echo-1", input="newer", previous_response_id=old.id)
+        conversation = client.conversations.create()
+        clock.advance(30)  # `old` has expired; `newer` lives, and its context holds old's items
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(old.id)
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(model="echo-1", input="x", previous_response_id=old.id)
+        admin.purge()
+        cache.client.delete(*[f"{cache.prefix}{{resp:{newer.id}}}:{part}" for part in ("h", "n")])
+        client.responses.create(model="echo-1", input="still", previous_response_id=newer.id)
+        assert [m["content"] for m in last_chat_request(backend).json()["messages"]] == [
+            "old", "echo: old", "newer", "echo: newer", "still",
+        ]  # fmt: skip
+        clock.advance(301)
+        admin.purge()
+        database = Database(retention_db)
+        assert database.value("SELECT count(*) FROM responses WHERE root_id = $1", old.id) == 0
+        assert database.value("SELECT count(*) FROM conversations WHERE id = $1", conversation.id) == 0
+        assert not cache.keys_of(f"resp:{newer.id}")
+
+
+def test_a_policy_without_storage_refuses_stored_turns(server: StatestoreServer, admin: AdminApi) -> None:
+    tenant, key = admin.tenant_with_key()
+    admin.put_policy(tenant["id"], threads_enabled=False)
+    with _client(server, key) as client:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(model="echo-1", input="x")
+        assert refused.value.param == "store"  # type: ignore[attr-defined]
+        assert client.responses.create(model="echo-1", input="x", store=False).output_text == "echo: x"
+        with pytest.raises(openai.BadRequestError):
+            client.conversations.create()
