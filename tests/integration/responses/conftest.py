@@ -104,8 +104,8 @@ class Rows:
                 conversation_items = (
                     await conn.execute(
                         text(
-                            "SELECT count(*) FROM conversation_items i JOIN conversations c ON c.id = i.conversation_id "
-                            "WHERE c.owner = :o"
+                            "SELECT count(*) FROM conversation_items i "
+                            "JOIN conversations c ON c.id = i.conversation_id WHERE c.owner = :o"
                         ),
                         {"o": owner},
                     )
@@ -131,3 +131,12 @@ def last_chat_request(backend: FakeBackend) -> RecordedRequest:
 
 def other_key() -> str:
     return f"sk-other-{secrets.token_hex(8)}"
+
+
+def texts(items: Any) -> list[str]:
+    """The first content part's text of each item (the SDK's item types are wide unions)."""
+    return [str(item.model_dump()["content"][0]["text"]) for item in items]
+
+
+def id_of(item: Any) -> str:
+    return str(item.id)

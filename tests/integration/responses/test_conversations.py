@@ -8,7 +8,7 @@ import asyncio
 import openai
 import pytest
 
-from tests.integration.responses.conftest import Rows, chat_requests, other_key
+from tests.integration.responses.conftest import Rows, chat_requests, id_of, other_key, texts
 from tests.support.fake_backend import FakeBackend
 from tests.support.server import StatestoreServer
 
@@ -26,15 +26,15 @@ def test_conversation_crud_and_items(openai_client: openai.OpenAI) -> None:
     added = openai_client.conversations.items.create(
         conversation.id, items=[{"type": "message", "role": "user", "content": "and 7"}]
     )
-    assert [item.id for item in added.data][0].startswith("msg_")
+    assert id_of(added.data[0]).startswith("msg_")
     listed = openai_client.conversations.items.list(conversation.id, order="asc")
-    assert [item.content[0].text for item in listed.data] == ["remember 42", "and 7"]  # type: ignore[union-attr]
+    assert texts(listed.data) == ["remember 42", "and 7"]
     newest_first = openai_client.conversations.items.list(conversation.id)
-    assert [item.content[0].text for item in newest_first.data] == ["and 7", "remember 42"]  # type: ignore[union-attr]
-    first_id = listed.data[0].id
+    assert texts(newest_first.data) == ["and 7", "remember 42"]
+    first_id = id_of(listed.data[0])
     assert openai_client.conversations.items.retrieve(first_id, conversation_id=conversation.id).id == first_id
     openai_client.conversations.items.delete(first_id, conversation_id=conversation.id)
-    assert [i.id for i in openai_client.conversations.items.list(conversation.id)] == [listed.data[1].id]
+    assert [i.id for i in openai_client.conversations.items.list(conversation.id)] == [id_of(listed.data[1])]
     deleted = openai_client.conversations.delete(conversation.id)
     assert deleted.deleted is True
     with pytest.raises(openai.NotFoundError):
@@ -49,7 +49,7 @@ def test_turns_on_a_conversation_see_and_extend_its_items(openai_client: openai.
         stream.get_final_response()
     assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["hi", "one", "echo: one", "two"]
     items = openai_client.conversations.items.list(conversation.id, order="asc")
-    assert [i.role for i in items.data] == ["user", "user", "assistant", "user", "assistant"]  # type: ignore[union-attr]
+    assert [i.model_dump()["role"] for i in items.data] == ["user", "user", "assistant", "user", "assistant"]
     with pytest.raises(openai.BadRequestError):
         openai_client.responses.create(
             model="echo-1", input="x", conversation=conversation.id, previous_response_id=first.id
@@ -86,7 +86,7 @@ async def test_concurrent_turns_on_one_conversation(
     await asyncio.wait_for(_backend_received(backend, 1), 10)
     with pytest.raises(openai.BadRequestError) as locked:
         await client.responses.create(model="echo-1", input="second", conversation=conversation.id)
-    assert locked.value.code == "conversation_locked" and locked.value.param == "conversation"  # type: ignore[attr-defined]
+    assert locked.value.code == "conversation_locked" and locked.value.param == "conversation"
     with pytest.raises(openai.BadRequestError) as adding:
         await client.conversations.items.create(conversation.id, items=[{"role": "user", "content": "sneak"}])
     assert adding.value.code == "conversation_locked"
@@ -94,7 +94,7 @@ async def test_concurrent_turns_on_one_conversation(
     after = await client.responses.create(model="echo-1", input="third", conversation=conversation.id)
     assert after.output_text == "echo: third"
     items = await client.conversations.items.list(conversation.id, order="asc")
-    assert [i.content[0].text for i in items.data] == ["first", "echo: first", "third", "echo: third"]  # type: ignore[union-attr]
+    assert texts(items.data) == ["first", "echo: first", "third", "echo: third"]
     # many at once: exactly one wins each time, and items never interleave
     backend.script(SLOW)
     results = await asyncio.gather(
@@ -103,8 +103,10 @@ async def test_concurrent_turns_on_one_conversation(
     )
     winners = [r for r in results if not isinstance(r, BaseException)]
     assert len(winners) == 1
-    assert all(isinstance(r, openai.BadRequestError) and r.code == "conversation_locked" for r in results if r not in winners)
+    assert all(
+        isinstance(r, openai.BadRequestError) and r.code == "conversation_locked" for r in results if r not in winners
+    )
     items = await client.conversations.items.list(conversation.id, order="asc")
-    texts = [i.content[0].text for i in items.data]  # type: ignore[union-attr]
-    assert texts[4:] == [winners[0].output[0].content[0].text.removeprefix("echo: "), winners[0].output_text]  # type: ignore[union-attr]
+    said = texts(items.data)
+    assert said[4:] == [winners[0].output_text.removeprefix("echo: "), winners[0].output_text]
     assert (await rows.counts(api_key))["conversation_items"] == 6

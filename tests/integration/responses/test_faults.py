@@ -26,9 +26,9 @@ async def test_a_cut_backend_stream_stores_nothing(
     for cut in (0, 1, 3, 5):
         for where in ({"previous_response_id": head.id}, {"conversation": conversation.id}):
             backend.script({"kind": "echo", "path": CHAT, "cut_after_events": cut})
-            with pytest.raises(openai.APIConnectionError):
-                with openai_client.responses.stream(model="echo-1", input="say a few more words", **where) as s:  # type: ignore[arg-type]
-                    list(s)
+            stream = openai_client.responses.stream(model="echo-1", input="say a few more words", extra_body=where)
+            with pytest.raises(openai.APIConnectionError), stream as events:
+                list(events)
     backend.script({"kind": "echo", "path": CHAT, "cut_after_bytes": 20})
     with pytest.raises(openai.APIError):
         openai_client.responses.create(model="echo-1", input="x", previous_response_id=head.id)
@@ -37,7 +37,10 @@ async def test_a_cut_backend_stream_stores_nothing(
         openai_client.responses.create(model="echo-1", input="x", conversation=conversation.id)
     assert await rows.counts(api_key) == before
     # the conversation was given back every time: the next turn goes through
-    assert openai_client.responses.create(model="echo-1", input="ok", conversation=conversation.id).output_text == "echo: ok"
+    assert (
+        openai_client.responses.create(model="echo-1", input="ok", conversation=conversation.id).output_text
+        == "echo: ok"
+    )
 
 
 async def test_a_client_that_leaves_stores_nothing(
@@ -66,8 +69,16 @@ async def test_a_client_that_leaves_stores_nothing(
 HOSTILE: list[tuple[Any, int, str | None]] = [
     ({"model": "echo-1", "input": [{"type": "computer_call", "id": "x"}]}, 400, "input[0]"),
     ({"model": "echo-1", "input": [{"role": "wizard", "content": "hi"}]}, 400, "input[0].role"),
-    ({"model": "echo-1", "input": [{"role": "user", "content": [{"type": "input_audio"}]}]}, 400, "input[0].content[0]"),
-    ({"model": "echo-1", "input": [{"type": "function_call", "call_id": 5, "name": "f", "arguments": "{}"}]}, 400, "input[0].call_id"),
+    (
+        {"model": "echo-1", "input": [{"role": "user", "content": [{"type": "input_audio"}]}]},
+        400,
+        "input[0].content[0]",
+    ),
+    (
+        {"model": "echo-1", "input": [{"type": "function_call", "call_id": 5, "name": "f", "arguments": "{}"}]},
+        400,
+        "input[0].call_id",
+    ),
     ({"model": "echo-1", "input": 42}, 400, "input"),
     ({"model": "echo-1"}, 400, "input"),
     ({"input": "hi"}, 400, "model"),
@@ -102,10 +113,17 @@ async def test_hostile_inputs_are_refused_in_openais_shape(
             assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_request_error"
         huge = await http.post("/v1/responses", content=b"x" * (33 * 1024 * 1024))
         assert huge.status_code == 413 and set(huge.json()["error"]) == {"message", "type", "param", "code"}
-        for path in ("/v1/responses/resp_nope", "/v1/responses/%00", "/v1/responses/resp_x/input_items", "/v1/conversations/conv_x"):
+        for path in (
+            "/v1/responses/resp_nope",
+            "/v1/responses/%00",
+            "/v1/responses/resp_x/input_items",
+            "/v1/conversations/conv_x",
+        ):
             answer = await http.get(path)
             assert answer.status_code == 404 and answer.json()["error"]["type"] == "invalid_request_error", path
-        anonymous = await http.post("/v1/responses", json={"model": "echo-1", "input": "hi"}, headers={"authorization": ""})
+        anonymous = await http.post(
+            "/v1/responses", json={"model": "echo-1", "input": "hi"}, headers={"authorization": ""}
+        )
         assert anonymous.status_code == 401 and set(anonymous.json()["error"]) == {"message", "type", "param", "code"}
     assert chat_requests(backend) == []
     assert await rows.counts(api_key) == before

@@ -3,14 +3,13 @@ or was rebuilt from the database (Redis flushed), and branching from an old resp
 
 from __future__ import annotations
 
+import openai
 import orjson
 import redis
 
 from tests.integration.responses.conftest import last_chat_request
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import drop_prefix
-
-import openai
 
 TURNS = 1000
 
@@ -28,7 +27,7 @@ def test_a_thousand_turn_chain_rebuilds_byte_identically(
     previous = None
     for turn in range(TURNS):
         response = openai_client.responses.create(
-            model="echo-1", input=f"turn {turn} ✓ \"quoted\"", previous_response_id=previous
+            model="echo-1", input=f'turn {turn} ✓ "quoted"', previous_response_id=previous
         )
         ids.append(response.id)
         previous = response.id
@@ -52,7 +51,7 @@ def test_a_thousand_turn_chain_rebuilds_byte_identically(
 
     expected = []
     for turn in range(TURNS):
-        said = f"turn {turn} ✓ \"quoted\""
+        said = f'turn {turn} ✓ "quoted"'
         expected += [{"role": "user", "content": said}, {"role": "assistant", "content": f"echo: {said}"}]
     assert orjson.loads(warm)["messages"] == [*expected, {"role": "user", "content": "next"}]
 

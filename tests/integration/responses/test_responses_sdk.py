@@ -9,11 +9,11 @@ import openai
 import orjson
 import pytest
 
-from tests.integration.responses.conftest import Rows, chat_requests, last_chat_request, other_key
+from tests.integration.responses.conftest import Rows, chat_requests, id_of, last_chat_request, other_key, texts
 from tests.support.fake_backend import FakeBackend, chat_action
 from tests.support.server import StatestoreServer
 
-WEATHER = {
+WEATHER: Any = {
     "type": "function",
     "name": "get_weather",
     "description": "Weather for a city",
@@ -22,10 +22,12 @@ WEATHER = {
 }
 
 
-def test_a_chain_sends_the_full_translated_history_every_turn(openai_client: openai.OpenAI, backend: FakeBackend) -> None:
+def test_a_chain_sends_the_full_translated_history_every_turn(
+    openai_client: openai.OpenAI, backend: FakeBackend
+) -> None:
     first = openai_client.responses.create(model="echo-1", input="hello", instructions="Be brief.")
     assert first.output_text == "echo: hello"
-    assert first.status == "completed" and first.id.startswith("resp_") and first.output[0].id.startswith("msg_")
+    assert first.status == "completed" and first.id.startswith("resp_") and id_of(first.output[0]).startswith("msg_")
     second = openai_client.responses.create(model="echo-1", input="again", previous_response_id=first.id)
     third = openai_client.responses.create(
         model="echo-1", input=[{"role": "user", "content": [{"type": "input_text", "text": "third"}]}],
@@ -66,12 +68,12 @@ def test_retrieve_input_items_and_delete(openai_client: openai.OpenAI, backend: 
     assert retrieved.model_dump() == second.model_dump()
     items = openai_client.responses.input_items.list(second.id)
     # this response's own input only, newest first (order=desc by default)
-    assert [(i.type, i.role, i.content[0].text) for i in items.data] == [  # type: ignore[union-attr]
+    assert [(i.type, i.model_dump()["role"], text) for i, text in zip(items.data, texts(items.data), strict=True)] == [
         ("message", "developer", "terse"),
         ("message", "user", "two"),
     ]
     ascending = openai_client.responses.input_items.list(second.id, order="asc", limit=1)
-    assert ascending.data[0].content[0].text == "two" and ascending.has_more  # type: ignore[union-attr]
+    assert texts(ascending.data) == ["two"] and ascending.has_more
     openai_client.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError) as missing:
         openai_client.responses.retrieve(first.id)
@@ -98,7 +100,9 @@ def _comparable(response: Any, *, same_turn: bool = False) -> dict[str, Any]:
     return dumped
 
 
-def test_streamed_and_non_streamed_turns_give_the_same_response(openai_client: openai.OpenAI, backend: FakeBackend) -> None:
+def test_streamed_and_non_streamed_turns_give_the_same_response(
+    openai_client: openai.OpenAI, backend: FakeBackend
+) -> None:
     first = openai_client.responses.create(model="echo-1", input="hello there")
     plain = openai_client.responses.create(
         model="echo-1", input="please call get_weather now", previous_response_id=first.id, tools=[WEATHER]
@@ -143,13 +147,13 @@ def test_branching_from_an_older_response(openai_client: openai.OpenAI, backend:
 async def test_store_false_stores_nothing(openai_client: openai.OpenAI, rows: Rows, api_key: str) -> None:
     before = await rows.counts(api_key)
     unstored = openai_client.responses.create(model="echo-1", input="secret", store=False)
-    assert unstored.store is False and unstored.output_text == "echo: secret"
+    assert unstored.model_dump()["store"] is False and unstored.output_text == "echo: secret"
     assert await rows.counts(api_key) == before
     with pytest.raises(openai.NotFoundError):
         openai_client.responses.retrieve(unstored.id)
     with pytest.raises(openai.BadRequestError) as refused:
         openai_client.responses.create(model="echo-1", input="x", previous_response_id=unstored.id)
-    assert refused.value.body == {  # type: ignore[comparison-overlap]
+    assert refused.value.body == {
         "message": f"Previous response with id '{unstored.id}' not found.",
         "type": "invalid_request_error",
         "param": "previous_response_id",
@@ -173,23 +177,26 @@ def test_another_owners_response_is_not_found(openai_client: openai.OpenAI, resp
     assert openai_client.responses.retrieve(mine.id).id == mine.id
 
 
-def test_function_calls_outputs_images_and_formats_translate(openai_client: openai.OpenAI, backend: FakeBackend) -> None:
+def test_function_calls_outputs_images_and_formats_translate(
+    openai_client: openai.OpenAI, backend: FakeBackend
+) -> None:
     first = openai_client.responses.create(model="echo-1", input="please call get_weather", tools=[WEATHER])
     call = first.output[-1]
-    assert call.type == "function_call" and call.name == "get_weather" and call.id.startswith("fc_")
-    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    assert call.type == "function_call" and call.name == "get_weather" and id_of(call).startswith("fc_")
+    schema: Any = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    user_turn: Any = {
+        "role": "user",
+        "content": [
+            {"type": "input_text", "text": "and this?"},
+            {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "low"},
+        ],
+    }
     second = openai_client.responses.create(
         model="echo-1",
         previous_response_id=first.id,
         input=[
             {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
-            {
-                "role": "user",
-                "content": [
-                    {"type": "input_text", "text": "and this?"},
-                    {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "low"},
-                ],
-            },
+            user_turn,
         ],
         tools=[WEATHER],
         tool_choice={"type": "function", "name": "get_weather"},
@@ -206,7 +213,11 @@ def test_function_calls_outputs_images_and_formats_translate(openai_client: open
             "role": "assistant",
             "content": None,
             "tool_calls": [
-                {"id": call.call_id, "type": "function", "function": {"name": "get_weather", "arguments": call.arguments}}
+                {
+                    "id": call.call_id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": call.arguments},
+                }
             ],
         },
         {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"},
@@ -230,15 +241,26 @@ def test_function_calls_outputs_images_and_formats_translate(openai_client: open
         }
     ]
     assert sent["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
-    assert (sent["parallel_tool_calls"], sent["temperature"], sent["top_p"], sent["max_tokens"]) == (False, 0.5, 0.9, 500)
+    assert (sent["parallel_tool_calls"], sent["temperature"], sent["top_p"], sent["max_tokens"]) == (
+        False,
+        0.5,
+        0.9,
+        500,
+    )
     assert sent["response_format"] == {
         "type": "json_schema",
         "json_schema": {"name": "reply", "schema": schema, "strict": True},
     }
-    assert second.tools[0].name == "get_weather" and second.temperature == 0.5 and second.max_output_tokens == 500
+    assert (
+        second.tools[0].model_dump()["name"] == "get_weather"
+        and second.temperature == 0.5
+        and second.max_output_tokens == 500
+    )
 
 
-def test_length_is_incomplete_and_continuable_and_usage_maps(openai_client: openai.OpenAI, backend: FakeBackend) -> None:
+def test_length_is_incomplete_and_continuable_and_usage_maps(
+    openai_client: openai.OpenAI, backend: FakeBackend
+) -> None:
     usage = {
         "prompt_tokens": 40,
         "completion_tokens": 7,
@@ -265,7 +287,9 @@ def test_length_is_incomplete_and_continuable_and_usage_maps(openai_client: open
     assert following.status == "completed"
 
 
-def test_backend_errors_are_relayed_with_their_status(openai_client: openai.OpenAI, backend: FakeBackend, rows: Rows) -> None:
+def test_backend_errors_are_relayed_with_their_status(
+    openai_client: openai.OpenAI, backend: FakeBackend, rows: Rows
+) -> None:
     backend.script(
         {
             "kind": "error",
@@ -276,7 +300,12 @@ def test_backend_errors_are_relayed_with_their_status(openai_client: openai.Open
     )
     with pytest.raises(openai.RateLimitError) as limited:
         openai_client.responses.create(model="echo-1", input="x")
-    assert limited.value.body == {"message": "Slow down", "type": "rate_limit_error", "param": None, "code": "rate_limit"}  # type: ignore[comparison-overlap]
+    assert limited.value.body == {
+        "message": "Slow down",
+        "type": "rate_limit_error",
+        "param": None,
+        "code": "rate_limit",
+    }
 
 
 def test_the_backend_request_is_one_valid_json_document(openai_client: openai.OpenAI, backend: FakeBackend) -> None:

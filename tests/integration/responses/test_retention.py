@@ -130,7 +130,12 @@ def test_erasure_by_user_id_takes_whole_trees_and_their_cache(
 
 
 def test_ttl_purge_and_a_tree_kept_while_any_response_lives(
-    server: StatestoreServer, admin: AdminApi, clock: ClockFile, backend: FakeBackend, cache: RedisKeys, retention_db: str
+    server: StatestoreServer,
+    admin: AdminApi,
+    clock: ClockFile,
+    backend: FakeBackend,
+    cache: RedisKeys,
+    retention_db: str,
 ) -> None:
     _, key = admin.tenant_with_key()
     with _client(server, key) as client:
@@ -163,7 +168,7 @@ def test_a_policy_without_storage_refuses_stored_turns(server: StatestoreServer,
     with _client(server, key) as client:
         with pytest.raises(openai.BadRequestError) as refused:
             client.responses.create(model="echo-1", input="x")
-        assert refused.value.param == "store"  # type: ignore[attr-defined]
+        assert refused.value.param == "store"
         assert client.responses.create(model="echo-1", input="x", store=False).output_text == "echo: x"
         with pytest.raises(openai.BadRequestError):
             client.conversations.create()
