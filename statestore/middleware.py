@@ -24,9 +24,9 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from statestore.errors import InternalError, RequestTooLarge, StatestoreError, StreamBrokenOff
-from statestore.responses.errors import OPENAI_PATHS, as_openai
 from statestore.logs import new_request_id, request_id_var
 from statestore.metrics import OTHER, Metrics
+from statestore.responses.errors import OPENAI_PATHS, as_openai
 
 RouteResolver = Callable[[Scope], str]
 

@@ -11,10 +11,9 @@ from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
 from statestore.api.responses import bytes_response
-from statestore.errors import StatestoreError
 from statestore.resources import Resources
 from statestore.responses.conversation_store import ConversationRow, Locked
-from statestore.responses.errors import BadRequest, NotFound, as_openai, conversation_locked, conversation_not_found
+from statestore.responses.errors import BadRequest, NotFound, conversation_locked, conversation_not_found
 from statestore.responses.ids import looks_like, new_id
 from statestore.responses.items import normalise_input, stored
 from statestore.responses.request import read_metadata
@@ -54,138 +53,114 @@ def _checked(conversation_id: str) -> str:
 
 @router.post("/v1/conversations")
 async def create_conversation(request: Request, resources: ResourcesDep) -> Response:
-    try:
-        principal = await resources.authenticator.authenticate(request.headers.raw)
-        turns = turns_of(resources)
-        body = read_json(await request.body())
-        metadata = read_metadata(body.get("metadata"))
-        items = [stored(item) for item in _items(body.get("items"), "items")]
-        policy = await turns.policy(principal, storing=True)
-        now = resources.clock()
-        row = ConversationRow(new_id("conv_"), orjson.dumps(metadata), int(time.time()) * 1000)
-        ttl = policy.ttl_for(header(request.headers.raw, b"statestore-ttl"), None)
-        await turns.conversations.create(
-            conversation_id=row.id,
-            owner=principal.owner,
-            tenant_id=principal.tenant_id,
-            metadata_user_id=metadata.get("user_id"),
-            metadata=row.metadata,
-            items=items,
-            now_ms=now,
-            expires_ms=now + ttl * 1000,
-        )
-        return _object(row)
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+    principal = await resources.authenticator.authenticate(request.headers.raw)
+    turns = turns_of(resources)
+    body = read_json(await request.body())
+    metadata = read_metadata(body.get("metadata"))
+    items = [stored(item) for item in _items(body.get("items"), "items")]
+    policy = await turns.policy(principal, storing=True)
+    now = resources.clock()
+    row = ConversationRow(new_id("conv_"), orjson.dumps(metadata), int(time.time()) * 1000)
+    ttl = policy.ttl_for(header(request.headers.raw, b"statestore-ttl"), None)
+    await turns.conversations.create(
+        conversation_id=row.id,
+        owner=principal.owner,
+        tenant_id=principal.tenant_id,
+        metadata_user_id=metadata.get("user_id"),
+        metadata=row.metadata,
+        items=items,
+        now_ms=now,
+        expires_ms=now + ttl * 1000,
+    )
+    return _object(row)
 
 
 @router.get("/v1/conversations/{conversation_id}")
 async def get_conversation(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
-    try:
-        owner, _ = await _principal_owner(request, resources)
-        row = await turns_of(resources).conversations.get(owner, _checked(conversation_id), now_ms=resources.clock())
-        if row is None:
-            raise conversation_not_found(conversation_id)
-        return _object(row)
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+    owner, _ = await _principal_owner(request, resources)
+    row = await turns_of(resources).conversations.get(owner, _checked(conversation_id), now_ms=resources.clock())
+    if row is None:
+        raise conversation_not_found(conversation_id)
+    return _object(row)
 
 
 @router.post("/v1/conversations/{conversation_id}")
 async def update_conversation(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
-    try:
-        owner, _ = await _principal_owner(request, resources)
-        conversations = turns_of(resources).conversations
-        metadata = read_metadata(read_json(await request.body()).get("metadata"))
-        now = resources.clock()
-        changed = await conversations.update_metadata(
-            owner,
-            _checked(conversation_id),
-            metadata=orjson.dumps(metadata),
-            user_id=metadata.get("user_id"),
-            now_ms=now,
-        )
-        row = await conversations.get(owner, conversation_id, now_ms=now) if changed else None
-        if row is None:
-            raise conversation_not_found(conversation_id)
-        return _object(row)
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+    owner, _ = await _principal_owner(request, resources)
+    conversations = turns_of(resources).conversations
+    metadata = read_metadata(read_json(await request.body()).get("metadata"))
+    now = resources.clock()
+    changed = await conversations.update_metadata(
+        owner,
+        _checked(conversation_id),
+        metadata=orjson.dumps(metadata),
+        user_id=metadata.get("user_id"),
+        now_ms=now,
+    )
+    row = await conversations.get(owner, conversation_id, now_ms=now) if changed else None
+    if row is None:
+        raise conversation_not_found(conversation_id)
+    return _object(row)
 
 
 @router.delete("/v1/conversations/{conversation_id}")
 async def delete_conversation(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
-    try:
-        owner, _ = await _principal_owner(request, resources)
-        conversations = turns_of(resources).conversations
-        if not await conversations.delete(owner, _checked(conversation_id), now_ms=resources.clock()):
-            raise conversation_not_found(conversation_id)
-        return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+    owner, _ = await _principal_owner(request, resources)
+    conversations = turns_of(resources).conversations
+    if not await conversations.delete(owner, _checked(conversation_id), now_ms=resources.clock()):
+        raise conversation_not_found(conversation_id)
+    return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
 @router.get("/v1/conversations/{conversation_id}/items")
 async def list_items(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
-    try:
-        owner, _ = await _principal_owner(request, resources)
-        descending, after, limit = list_params(request)
-        found = await turns_of(resources).conversations.items(
-            owner, _checked(conversation_id), now_ms=resources.clock(), descending=descending, after=after, limit=limit
-        )
-        if found is None:
-            raise conversation_not_found(conversation_id)
-        return page(*found)
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+    owner, _ = await _principal_owner(request, resources)
+    descending, after, limit = list_params(request)
+    found = await turns_of(resources).conversations.items(
+        owner, _checked(conversation_id), now_ms=resources.clock(), descending=descending, after=after, limit=limit
+    )
+    if found is None:
+        raise conversation_not_found(conversation_id)
+    return page(*found)
 
 
 @router.post("/v1/conversations/{conversation_id}/items")
 async def add_items(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
+    owner, _ = await _principal_owner(request, resources)
+    conversations = turns_of(resources).conversations
+    items = _items(read_json(await request.body()).get("items"), "items")
+    if not items:
+        raise BadRequest("Missing required parameter: 'items'.", param="items", code="missing_required_parameter")
+    rows = [stored(item) for item in items]
     try:
-        owner, _ = await _principal_owner(request, resources)
-        conversations = turns_of(resources).conversations
-        items = _items(read_json(await request.body()).get("items"), "items")
-        if not items:
-            raise BadRequest("Missing required parameter: 'items'.", param="items", code="missing_required_parameter")
-        rows = [stored(item) for item in items]
-        try:
-            await conversations.append(owner, _checked(conversation_id), rows, now_ms=resources.clock())
-        except Locked:
-            raise conversation_locked() from None
-        except LookupError:
-            raise conversation_not_found(conversation_id) from None
-        return page([row.body for row in rows], False)
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+        await conversations.append(owner, _checked(conversation_id), rows, now_ms=resources.clock())
+    except Locked:
+        raise conversation_locked() from None
+    except LookupError:
+        raise conversation_not_found(conversation_id) from None
+    return page([row.body for row in rows], False)
 
 
 @router.get("/v1/conversations/{conversation_id}/items/{item_id}")
 async def get_item(conversation_id: str, item_id: str, request: Request, resources: ResourcesDep) -> Response:
-    try:
-        owner, _ = await _principal_owner(request, resources)
-        conversations = turns_of(resources).conversations
-        body = await conversations.item(owner, _checked(conversation_id), item_id, now_ms=resources.clock())
-        if body is None:
-            raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")
-        return bytes_response(200, body, JSON)
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+    owner, _ = await _principal_owner(request, resources)
+    conversations = turns_of(resources).conversations
+    body = await conversations.item(owner, _checked(conversation_id), item_id, now_ms=resources.clock())
+    if body is None:
+        raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")
+    return bytes_response(200, body, JSON)
 
 
 @router.delete("/v1/conversations/{conversation_id}/items/{item_id}")
 async def delete_item(conversation_id: str, item_id: str, request: Request, resources: ResourcesDep) -> Response:
+    owner, _ = await _principal_owner(request, resources)
+    conversations = turns_of(resources).conversations
+    now = resources.clock()
     try:
-        owner, _ = await _principal_owner(request, resources)
-        conversations = turns_of(resources).conversations
-        now = resources.clock()
-        try:
-            deleted = await conversations.delete_item(owner, _checked(conversation_id), item_id, now_ms=now)
-        except Locked:
-            raise conversation_locked() from None
-        row = await conversations.get(owner, conversation_id, now_ms=now) if deleted else None
-        if row is None:
-            raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")
-        return _object(row)
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+        deleted = await conversations.delete_item(owner, _checked(conversation_id), item_id, now_ms=now)
+    except Locked:
+        raise conversation_locked() from None
+    row = await conversations.get(owner, conversation_id, now_ms=now) if deleted else None
+    if row is None:
+        raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")
+    return _object(row)

@@ -15,7 +15,7 @@ from statestore.errors import StatestoreError, StreamBrokenOff
 from statestore.resources import Resources
 from statestore.responses.backend import call_backend
 from statestore.responses.context import cache_key
-from statestore.responses.errors import BackendError, BadRequest, as_openai, response_not_found
+from statestore.responses.errors import BackendError, BadRequest, response_not_found
 from statestore.responses.ids import looks_like
 from statestore.responses.reply import output_of
 from statestore.responses.request import read_turn
@@ -57,13 +57,6 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 
 @router.post("/v1/responses")
 async def create_response(request: Request, resources: ResourcesDep) -> Response:
-    try:
-        return await _create(request, resources)
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
-
-
-async def _create(request: Request, resources: ResourcesDep) -> Response:
     headers = request.headers.raw
     principal = await resources.authenticator.authenticate(headers)
     turns = turns_of(resources)
@@ -140,37 +133,31 @@ async def _owner(request: Request, resources: Resources) -> str:
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(response_id: str, request: Request, resources: ResourcesDep) -> Response:
-    try:
-        owner = await _owner(request, resources)
-        turns = turns_of(resources)
-        row = (
-            await turns.responses.get(owner, response_id, now_ms=resources.clock())
-            if looks_like("resp_", response_id)
-            else None
-        )
-        if row is None:
-            raise response_not_found(response_id)
-        return bytes_response(200, row.body, JSON)
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+    owner = await _owner(request, resources)
+    turns = turns_of(resources)
+    row = (
+        await turns.responses.get(owner, response_id, now_ms=resources.clock())
+        if looks_like("resp_", response_id)
+        else None
+    )
+    if row is None:
+        raise response_not_found(response_id)
+    return bytes_response(200, row.body, JSON)
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request, resources: ResourcesDep) -> Response:
-    try:
-        owner = await _owner(request, resources)
-        turns = turns_of(resources)
-        tree = (
-            await turns.responses.delete(owner, response_id, now_ms=resources.clock())
-            if looks_like("resp_", response_id)
-            else None
-        )
-        if tree is None:
-            raise response_not_found(response_id)
-        await resources.retention.forget_in_cache([cache_key(i) for i in tree])
-        return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+    owner = await _owner(request, resources)
+    turns = turns_of(resources)
+    tree = (
+        await turns.responses.delete(owner, response_id, now_ms=resources.clock())
+        if looks_like("resp_", response_id)
+        else None
+    )
+    if tree is None:
+        raise response_not_found(response_id)
+    await resources.retention.forget_in_cache([cache_key(i) for i in tree])
+    return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
 def page(bodies: list[bytes], has_more: bool) -> Response:
@@ -194,23 +181,18 @@ def list_params(request: Request) -> tuple[bool, str | None, int]:
 
 @router.get("/v1/responses/{response_id}/input_items")
 async def list_input_items(response_id: str, request: Request, resources: ResourcesDep) -> Response:
-    try:
-        owner = await _owner(request, resources)
-        descending, after, limit = list_params(request)
-        turns = turns_of(resources)
-        now = resources.clock()
-        bodies = (
-            await turns.responses.input_items(owner, response_id, now_ms=now)
-            if looks_like("resp_", response_id)
-            else None
-        )
-        if bodies is None:
-            raise response_not_found(response_id)
-        if descending:
-            bodies.reverse()
-        if after is not None:
-            ids = [orjson.loads(b)["id"] for b in bodies]
-            bodies = bodies[ids.index(after) + 1 :] if after in ids else bodies
-        return page(bodies[:limit], len(bodies) > limit)
-    except StatestoreError as exc:
-        raise as_openai(exc) from None
+    owner = await _owner(request, resources)
+    descending, after, limit = list_params(request)
+    turns = turns_of(resources)
+    now = resources.clock()
+    bodies = (
+        await turns.responses.input_items(owner, response_id, now_ms=now) if looks_like("resp_", response_id) else None
+    )
+    if bodies is None:
+        raise response_not_found(response_id)
+    if descending:
+        bodies.reverse()
+    if after is not None:
+        ids = [orjson.loads(b)["id"] for b in bodies]
+        bodies = bodies[ids.index(after) + 1 :] if after in ids else bodies
+    return page(bodies[:limit], len(bodies) > limit)
