@@ -3,9 +3,14 @@ bytes in the database; and the one place `truncation` is applied."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import orjson
+
 from statestore.responses.errors import previous_response_not_found
 from statestore.responses.store import ResponseRow, ResponseStore
 from statestore.store.cache import CachedHistory, HistoryCache
+from statestore.threads.policy import Policy
 
 CACHE_PREFIX = "resp:"
 
@@ -35,9 +40,50 @@ async def remember_head(
         await cache.delete(cache_key(parent_id))
 
 
-def truncated(context: bytes, truncation: str) -> bytes:
-    """The context as sent for this request's `truncation`. "disabled" forwards it whole and the backend's context
-    error is relayed. "auto" is accepted and, until the thread context policy (PROTOCOL §9) is wired here, is
-    forwarded whole too."""
-    del truncation
-    return context
+# Tokens per byte of JSON when nothing better is known: the usual ratio for English text.
+TOKENS_PER_BYTE = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """The context policy of PROTOCOL §9 as `truncation: "auto"` uses it: the model's window and the two ratios."""
+
+    tokens: int
+    trigger_ratio: float = 0.8
+    target_ratio: float = 0.5
+
+    @classmethod
+    def of(cls, policy: Policy) -> Window | None:
+        # The context policy fields are optional on Policy: without a window there is nothing to truncate to.
+        tokens = getattr(policy, "context_window_tokens", None)
+        if not isinstance(tokens, int) or tokens <= 0:
+            return None
+        return cls(
+            tokens,
+            float(getattr(policy, "context_trigger_ratio", 0.8)),
+            float(getattr(policy, "context_target_ratio", 0.5)),
+        )
+
+
+def truncated(context: bytes, *, new_bytes: int, truncation: str, window: Window | None) -> bytes | None:
+    """The context to send for `truncation: "auto"`, or None to send it whole ("disabled", no window, or under the
+    trigger). Past `trigger * window` the oldest messages go, down to the earliest user message (a boundary: a tool
+    result is its own role, so a call is never separated from its output) that brings the estimate under
+    `target * window`, in one step; the latest boundary when none does."""
+    if truncation != "auto" or window is None or not context:
+        return None
+    if (len(context) + new_bytes) * TOKENS_PER_BYTE <= window.trigger_ratio * window.tokens:
+        return None
+    # Only a turn past the trigger parses its context; stored bytes are orjson's own, so they round-trip exactly.
+    pieces = [orjson.dumps(message) for message in orjson.loads(b"[" + context + b"]")]
+    boundaries = [i for i, piece in enumerate(pieces) if i > 0 and piece.startswith(b'{"role":"user"')]
+    boundaries.append(len(pieces))
+    kept = sum(len(piece) + 1 for piece in pieces)
+    sizes = [len(piece) + 1 for piece in pieces]
+    start = 0
+    for boundary in boundaries:
+        kept -= sum(sizes[start:boundary])
+        start = boundary
+        if (kept + new_bytes) * TOKENS_PER_BYTE <= window.target_ratio * window.tokens:
+            break
+    return b",".join(pieces[start:])

@@ -87,13 +87,20 @@ async def create_response(request: Request, resources: ResourcesDep) -> Response
             await turns.give_back(prepared)
         if not committed:
             raise BadRequest("The conversation's lease was lost; nothing was stored.", code="conversation_locked")
-        return json_response(response)
+        return bytes_response(200, orjson.dumps(response), [*JSON, *_context_header(prepared)])
 
     async def close() -> None:
         await upstream.aclose()
         await turns.give_back(prepared)
 
-    return streaming_response(200, _events(turns, prepared, upstream), SSE, on_close=close)
+    return streaming_response(
+        200, _events(turns, prepared, upstream), [*SSE, *_context_header(prepared)], on_close=close
+    )
+
+
+def _context_header(prepared: PreparedResponse) -> list[tuple[bytes, bytes]]:
+    """As for threads (PROTOCOL §9): a turn whose context was cut says so."""
+    return [(b"statestore-context", b"truncated")] if prepared.context_moved else []
 
 
 async def _events(turns: ResponseTurns, prepared: PreparedResponse, upstream: UpstreamResponse) -> AsyncIterator[bytes]:

@@ -11,7 +11,7 @@ import orjson
 
 from statestore.auth import Principal
 from statestore.clock import Clock
-from statestore.responses.context import chain_context, remember_head, truncated
+from statestore.responses.context import Window, chain_context, remember_head, truncated
 from statestore.responses.conversation_store import ConversationStore, Locked
 from statestore.responses.errors import (
     BadRequest,
@@ -40,14 +40,20 @@ class PreparedResponse:
     parent: ResponseRow | None
     context: bytes  # the stored chain's (or conversation's) messages, untruncated
     inputs: list[StoredItem]
+    window: Window | None = None
     lease: str | None = None
     done: bool = field(default=False)
+    context_moved: bool = False  # truncation: "auto" dropped the oldest messages for this request
 
     def backend_body(self) -> bytes:
         instructions = self.turn.instructions
         system = orjson.dumps({"role": "system", "content": instructions}) if instructions is not None else b""
-        sent = truncated(self.context, self.turn.truncation)
-        messages = join_segments([system, sent, join_rendered((i.kind, i.rendered) for i in self.inputs)])
+        new = join_rendered((i.kind, i.rendered) for i in self.inputs)
+        cut = truncated(
+            self.context, new_bytes=len(system) + len(new), truncation=self.turn.truncation, window=self.window
+        )
+        self.context_moved = cut is not None
+        messages = join_segments([system, self.context if cut is None else cut, new])
         return chat_body(self.turn.chat_params, messages, stream=self.turn.stream)
 
 
@@ -91,6 +97,7 @@ class ResponseTurns:
             parent=None,
             context=b"",
             inputs=[stored(item) for item in turn.input],
+            window=Window.of(policy),
         )
         if turn.previous_response_id is not None:
             previous = turn.previous_response_id

@@ -1,0 +1,166 @@
+"""The Responses front door's pure parts: input items checked and rendered, joins of stored bytes, the chunk
+translator's event sequence, and truncation: "auto"."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from statestore.responses.context import Window, truncated
+from statestore.responses.errors import BadRequest
+from statestore.responses.items import join_rendered, join_segments, normalise_input, stored
+from statestore.responses.request import chat_body, read_turn
+from statestore.responses.stream import ChunkTranslator
+
+
+def _messages(items: list[dict[str, object]]) -> list[object]:
+    joined = join_rendered((s.kind, s.rendered) for s in (stored(i) for i in normalise_input(items)))
+    parsed: list[object] = orjson.loads(b"[" + joined + b"]")
+    return parsed
+
+
+def test_consecutive_calls_join_one_assistant_message_and_reasoning_is_not_sent() -> None:
+    assert _messages(
+        [
+            {"type": "reasoning", "summary": []},
+            {"type": "function_call", "call_id": "a", "name": "f", "arguments": "{}"},
+            {"type": "function_call", "call_id": "b", "name": "g", "arguments": "[]"},
+            {"type": "function_call_output", "call_id": "a", "output": "1"},
+            {"type": "function_call_output", "call_id": "b", "output": [{"type": "input_text", "text": "2"}]},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "done"}]},
+        ]
+    ) == [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "a", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                {"id": "b", "type": "function", "function": {"name": "g", "arguments": "[]"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "1"},
+        {"role": "tool", "tool_call_id": "b", "content": "2"},
+        {"role": "assistant", "content": "done"},
+    ]
+
+
+def test_ids_a_client_sends_back_are_kept_and_missing_ones_minted() -> None:
+    items = normalise_input(
+        [
+            {
+                "type": "function_call",
+                "id": "fc_given",
+                "status": "completed",
+                "call_id": "c",
+                "name": "f",
+                "arguments": "",
+            },
+            {"role": "user", "content": "hi"},
+        ]
+    )
+    assert items[0]["id"] == "fc_given" and str(items[1]["id"]).startswith("msg_")
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        [{"type": "item_reference", "id": "x"}],
+        [{"role": "user", "content": []}],
+        [{"role": "assistant", "content": [{"type": "input_image", "image_url": "u"}]}],
+        [{"type": "function_call_output", "call_id": "c", "output": 3}],
+        [{"role": "user", "content": "x", "status": "weird"}],
+        ["just a string"],
+    ],
+)
+def test_bad_items_are_refused_with_the_field_named(bad: object) -> None:
+    with pytest.raises(BadRequest) as refused:
+        normalise_input(bad)
+    assert refused.value.param is not None and refused.value.param.startswith("input[0]")
+
+
+def test_the_backend_body_splices_the_joined_messages_in() -> None:
+    turn = read_turn(
+        {"model": "m", "input": "hi", "max_output_tokens": 5, "tools": [{"type": "function", "name": "f"}]}
+    )
+    body = orjson.loads(chat_body(turn.chat_params, b'{"role":"user","content":"hi"}', stream=True))
+    assert body == {
+        "model": "m",
+        "max_tokens": 5,
+        "tools": [{"type": "function", "function": {"name": "f"}}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    assert join_segments([b"", b"1", b"", b"2"]) == b"1,2"
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None) -> bytes:
+    return orjson.dumps({"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+
+def test_chunks_become_a_well_formed_event_sequence() -> None:
+    translator = ChunkTranslator()
+    events = []
+    for data in (
+        _chunk({"role": "assistant", "content": ""}),
+        _chunk({"content": "Hel"}),
+        _chunk({"content": "lo"}),
+        _chunk({"tool_calls": [{"index": 0, "id": "call_1", "function": {"name": "f", "arguments": ""}}]}),
+        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a"'}}]}),
+        _chunk({"tool_calls": [{"index": 0, "function": {"arguments": ":1}"}}]}),
+        _chunk({}, "tool_calls"),
+        orjson.dumps({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}),
+        b"[DONE]",
+    ):
+        events += translator.feed(data)
+    assert translator.complete
+    closing, output, status, incomplete, usage = translator.finish()
+    kinds = [e["type"] for e in events + closing]
+    assert kinds == [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
+    assert [o["type"] for o in output] == ["message", "function_call"]
+    assert output[0]["content"][0]["text"] == "Hello" and output[1]["arguments"] == '{"a":1}'
+    assert output[1]["call_id"] == "call_1" and status == "completed" and incomplete is None
+    assert (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]) == (3, 2, 5)
+
+
+def test_a_stream_without_its_end_is_not_complete() -> None:
+    translator = ChunkTranslator()
+    translator.feed(_chunk({"content": "x"}, "stop"))
+    assert not translator.complete  # no [DONE]
+
+
+def _context(n: int) -> bytes:
+    pieces = []
+    for i in range(n):
+        pieces += [
+            orjson.dumps({"role": "user", "content": f"u{i}" * 10}),
+            orjson.dumps({"role": "assistant", "content": "a" * 30}),
+        ]
+    return b",".join(pieces)
+
+
+def test_truncation_auto_cuts_at_a_user_message_in_one_step() -> None:
+    context = _context(20)
+    assert truncated(context, new_bytes=10, truncation="disabled", window=Window(10)) is None
+    assert truncated(context, new_bytes=10, truncation="auto", window=None) is None
+    assert truncated(context, new_bytes=10, truncation="auto", window=Window(100_000)) is None
+    window = Window(len(context) // 4)  # the whole context is about 100% of the window: past the 80% trigger
+    cut = truncated(context, new_bytes=10, truncation="auto", window=window)
+    assert cut is not None and context.endswith(cut) and cut.startswith(b'{"role":"user"')
+    assert (len(cut) + 10) / 4 <= window.target_ratio * window.tokens
+    # the earliest boundary that fits: one more message would not
+    kept = orjson.loads(b"[" + cut + b"]")
+    assert len(kept) % 2 == 0 and (len(cut) + 90 + 10) / 4 > window.target_ratio * window.tokens
