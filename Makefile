@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test lint install services browser console-screenshots bench clean
+.PHONY: run test lint install services browser console-screenshots bench bench-responses clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,10 @@ console-screenshots: $(STAMP) services browser
 
 bench: $(STAMP) services
 	$(BIN)/python -m bench $(BENCH_ARGS)
+
+# The Responses continue beside the threaded continue at 2k and 200k tokens (bench/responses_arm.py).
+bench-responses: $(STAMP) services
+	$(BIN)/python -m bench.responses_arm $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis statestore.db statestore.db-*

@@ -1,0 +1,211 @@
+"""The Responses continue beside the threaded continue, at ≈ 2k and ≈ 200k tokens of history, side by side in one
+run (closed loop, concurrency 1, no backend delay), so the figures compare as ratios on whatever machine runs it.
+
+    make bench-responses                                   # 100 rounds per size
+    .venv/bin/python -m bench.responses_arm --rounds 20    # quicker
+
+Arms, interleaved each round:
+  chat      the client sends the whole history to the echo backend's /v1/chat/completions (the baseline)
+  thread    statestore `thread: continue` on /v1/messages, only the new turn (history hot in the cache)
+  response  statestore `POST /v1/responses` with previous_response_id = the chain's head, only the new turn
+            (the head's context is read from the cache in one value)
+  branch    as `response`, but from the head's parent: a branch, rebuilt from the database
+The history is the same text for every arm: alternating user and assistant messages with escapes and non-ASCII.
+Needs PostgreSQL and Redis as `make bench` does (STATESTORE_BENCH_PG / STATESTORE_BENCH_REDIS); the scratch
+database and the Redis prefix are removed at the end. Prints a table and writes JSON to $TMPDIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
+from bench.procs import Service, free_port, python
+
+SIZES = {"2k": 8 * 1024, "200k": 800 * 1024}
+BETA = "message-threads-2026-08-12"
+KEY = "bench-key"
+
+
+def history(target_bytes: int) -> list[tuple[str, str]]:
+    """(role, text) pairs, user first, about `target_bytes` of JSON."""
+    turns: list[tuple[str, str]] = []
+    size = 0
+    n = 0
+    while size < target_bytes:
+        text = f'Turn {n}: a "quoted" line, a tab\\t, café ☕ and some filler words to make it realistic. ' * 4
+        turns.append(("user" if n % 2 == 0 else "assistant", text))
+        size += len(text) + 40
+        n += 1
+    if turns[-1][0] == "user":
+        turns.append(("assistant", "ok"))
+    return turns
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+class Arms:
+    def __init__(self, http: aiohttp.ClientSession, statestore: str, backend: str, turns: list[tuple[str, str]]):
+        self.http = http
+        self.statestore = statestore
+        self.backend = backend
+        self.turns = turns
+        self.thread_head = ""
+        self.response_head = ""
+        self.response_parent = ""
+        self.n = 0
+
+    async def _post(self, url: str, body: Any, headers: dict[str, str]) -> tuple[float, Any, dict[str, str]]:
+        started = time.perf_counter()
+        async with self.http.post(url, data=orjson.dumps(body), headers=headers) as answer:
+            raw = await answer.read()
+            elapsed = time.perf_counter() - started
+            if answer.status != 200:
+                raise RuntimeError(f"{url}: {answer.status} {raw[:300]!r}")
+        return elapsed, orjson.loads(raw), dict(answer.headers)
+
+    async def setup(self) -> None:
+        messages = [{"role": role, "content": text} for role, text in self.turns]
+        headers = {"x-api-key": KEY, "anthropic-beta": BETA, "content-type": "application/json"}
+        _, reply, _ = await self._post(
+            self.statestore + "/v1/messages",
+            {"model": "echo-1", "max_tokens": 100, "thread": {"type": "create"}, "messages": [*messages, _user("go")]},
+            headers,
+        )
+        self.thread_head = reply["id"]
+        items = [_item(role, text) for role, text in self.turns]
+        _, response, _ = await self._post(
+            self.statestore + "/v1/responses", {"model": "echo-1", "input": [*items, _item("user", "go")]}, _bearer()
+        )
+        self.response_parent = self.response_head = response["id"]
+        await self.response()  # the branch arm needs a parent that is not the head
+
+    def _new(self) -> str:
+        self.n += 1
+        return f"next question {self.n}: what about café ☕?"
+
+    async def chat(self) -> float:
+        messages = [{"role": role, "content": text} for role, text in self.turns]
+        body = {"model": "echo-1", "messages": [*messages, _user(self._new())], "max_tokens": 100}
+        elapsed, _, _ = await self._post(
+            self.backend + "/v1/chat/completions", body, {"content-type": "application/json"}
+        )
+        return elapsed
+
+    async def thread(self) -> float:
+        headers = {"x-api-key": KEY, "anthropic-beta": BETA, "content-type": "application/json"}
+        body = {
+            "model": "echo-1",
+            "max_tokens": 100,
+            "thread": {"type": "continue", "previous_message_id": self.thread_head},
+            "messages": [_user(self._new())],
+        }
+        elapsed, reply, _ = await self._post(self.statestore + "/v1/messages", body, headers)
+        self.thread_head = reply["id"]
+        return elapsed
+
+    async def response(self) -> float:
+        body = {"model": "echo-1", "input": self._new(), "previous_response_id": self.response_head}
+        elapsed, reply, _ = await self._post(self.statestore + "/v1/responses", body, _bearer())
+        self.response_parent, self.response_head = self.response_head, reply["id"]
+        return elapsed
+
+    async def branch(self) -> float:
+        body = {"model": "echo-1", "input": self._new(), "previous_response_id": self.response_parent, "store": False}
+        elapsed, _, _ = await self._post(self.statestore + "/v1/responses", body, _bearer())
+        return elapsed
+
+
+def _user(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
+
+
+def _item(role: str, text: str) -> dict[str, Any]:
+    kind = "output_text" if role == "assistant" else "input_text"
+    return {"type": "message", "role": role, "content": [{"type": kind, "text": text}]}
+
+
+def _bearer() -> dict[str, str]:
+    return {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
+
+
+async def measure(statestore: str, backend: str, rounds: int) -> dict[str, dict[str, dict[str, float]]]:
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    timeout = aiohttp.ClientTimeout(total=120)
+    async with aiohttp.ClientSession(timeout=timeout) as http:
+        for size_name, size in SIZES.items():
+            arms = Arms(http, statestore, backend, history(size))
+            await arms.setup()
+            order = [arms.chat, arms.thread, arms.response, arms.branch]
+            samples: dict[str, list[float]] = {arm.__name__: [] for arm in order}
+            for round_ in range(rounds + 2):
+                for arm in order[round_ % 4 :] + order[: round_ % 4]:  # rotated, so a slow stretch hits every arm
+                    elapsed = await arm()
+                    if round_ >= 2:  # two warm-up rounds
+                        samples[arm.__name__].append(elapsed * 1000)
+            results[size_name] = {
+                name: {"p50_ms": statistics.median(values), "p99_ms": percentile(values, 0.99), "n": len(values)}
+                for name, values in samples.items()
+            }
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.responses_arm", description=__doc__)
+    parser.add_argument("--rounds", type=int, default=100)
+    args = parser.parse_args()
+    admin_dsn = os.environ.get("STATESTORE_BENCH_PG", DEFAULT_PG)
+    redis_url = os.environ.get("STATESTORE_BENCH_REDIS", DEFAULT_REDIS)
+    work = Path(tempfile.mkdtemp(prefix="statestore-bench-responses-"))
+    backend_port, statestore_port = free_port(), free_port()
+    backend_url, statestore_url = f"http://127.0.0.1:{backend_port}", f"http://127.0.0.1:{statestore_port}"
+    with scratch_database(admin_dsn) as database, redis_prefix(redis_url) as prefix:
+        env = _statestore_env(database, redis_url, prefix, backend_url, "WARNING")
+        env["STATESTORE_CHAT_UPSTREAM_URL"] = backend_url
+        backend = Service(
+            "backend", [python(), "-m", "bench.backend", "--port", str(backend_port)], env=env, log_dir=work,
+            health_url=backend_url + "/v1/models",
+        )  # fmt: skip
+        server: Service | None = None
+        try:
+            migrate = Service(
+                "migrate", [python(), "-m", "statestore.cli", "migrate"], env=env, log_dir=work, health_url=""
+            )
+            if migrate.process.wait(timeout=120) != 0:
+                raise RuntimeError(f"migrate failed:\n{migrate.log_tail()}")
+            migrate.stop()
+            server = Service(
+                "statestore", [python(), "-m", "statestore.cli", "serve", "--port", str(statestore_port)], env=env,
+                log_dir=work, health_url=statestore_url + "/healthz",
+            )  # fmt: skip
+            backend.wait_healthy()
+            server.wait_healthy()
+            results = asyncio.run(measure(statestore_url, backend_url, args.rounds))
+        finally:
+            if server is not None:
+                server.stop()
+            backend.stop()
+    (work / "results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    print(f"{'size':>6} {'arm':>9} {'p50 ms':>9} {'p99 ms':>9} {'p50 / thread':>13}")
+    for size_name, arms in results.items():
+        for arm, figures in arms.items():
+            ratio = figures["p50_ms"] / arms["thread"]["p50_ms"]
+            print(f"{size_name:>6} {arm:>9} {figures['p50_ms']:>9.2f} {figures['p99_ms']:>9.2f} {ratio:>13.2f}")
+    print(f"results: {work / 'results.json'}")
+
+
+if __name__ == "__main__":
+    main()
