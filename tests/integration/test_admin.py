@@ -424,8 +424,14 @@ def test_audit_records_every_admin_change_without_content_or_secrets(
     assert (by_step[5]["before"], by_step[5]["after"]) == (None, first_policy)
     assert (by_step[6]["before"], by_step[6]["after"]) == (first_policy, second_policy)
     assert (by_step[7]["before"], by_step[7]["after"]) == (second_policy, None)
-    assert by_step[10]["after"] == {"threads": 0}
-    assert by_step[11]["after"] == {"threads": 1, "tenant_id": None, "user_id": user_id}
+    assert by_step[10]["after"] == {"threads": 0, "responses": 0, "conversations": 0}
+    assert by_step[11]["after"] == {
+        "threads": 1,
+        "responses": 0,
+        "conversations": 0,
+        "tenant_id": None,
+        "user_id": user_id,
+    }
     times = [e["at_ms"] for e in entries]
     assert times == sorted(times)
 
