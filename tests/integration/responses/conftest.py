@@ -61,6 +61,33 @@ def responses_server(
     server.stop()
 
 
+@pytest.fixture(scope="session")
+def responses_sqlite_server(
+    tmp_path_factory: pytest.TempPathFactory, fake_backend_process: FakeBackend
+) -> Iterator[StatestoreServer]:
+    """The embedded default: a SQLite file and the in-process cache."""
+    from statestore.store.migrate import upgrade
+
+    url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('responses-sqlite') / 'statestore.db'}"
+    upgrade(url)
+    server = StatestoreServer(
+        database_url=url,
+        upstream_url=fake_backend_process.url,
+        env={"STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url},
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def any_openai_client(request: pytest.FixtureRequest, api_key: str) -> Iterator[openai.OpenAI]:
+    """The SDK against statestore on each storage set-up."""
+    name = "responses_server" if request.param == "postgres" else "responses_sqlite_server"
+    server: StatestoreServer = request.getfixturevalue(name)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0) as client:
+        yield client
+
+
 @pytest.fixture
 def openai_client(responses_server: StatestoreServer, api_key: str) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=responses_server.url + "/v1", api_key=api_key, max_retries=0) as client:

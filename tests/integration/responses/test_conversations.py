@@ -15,7 +15,8 @@ from tests.support.server import StatestoreServer
 SLOW = {"kind": "echo", "path": "/v1/chat/completions", "delay_seconds": 1.5}
 
 
-def test_conversation_crud_and_items(openai_client: openai.OpenAI) -> None:
+def test_conversation_crud_and_items(any_openai_client: openai.OpenAI) -> None:
+    openai_client = any_openai_client
     conversation = openai_client.conversations.create(
         items=[{"type": "message", "role": "user", "content": "remember 42"}], metadata={"topic": "numbers"}
     )
@@ -41,7 +42,10 @@ def test_conversation_crud_and_items(openai_client: openai.OpenAI) -> None:
         openai_client.conversations.retrieve(conversation.id)
 
 
-def test_turns_on_a_conversation_see_and_extend_its_items(openai_client: openai.OpenAI, backend: FakeBackend) -> None:
+def test_turns_on_a_conversation_see_and_extend_its_items(
+    any_openai_client: openai.OpenAI, backend: FakeBackend
+) -> None:
+    openai_client = any_openai_client
     conversation = openai_client.conversations.create(items=[{"role": "user", "content": "hi"}])
     first = openai_client.responses.create(model="echo-1", input="one", conversation=conversation.id)
     assert first.conversation is not None and first.conversation.id == conversation.id

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -23,8 +24,9 @@ WEATHER: Any = {
 
 
 def test_a_chain_sends_the_full_translated_history_every_turn(
-    openai_client: openai.OpenAI, backend: FakeBackend
+    any_openai_client: openai.OpenAI, backend: FakeBackend
 ) -> None:
+    openai_client = any_openai_client
     first = openai_client.responses.create(model="echo-1", input="hello", instructions="Be brief.")
     assert first.output_text == "echo: hello"
     assert first.status == "completed" and first.id.startswith("resp_") and id_of(first.output[0]).startswith("msg_")
@@ -127,7 +129,8 @@ def test_streamed_and_non_streamed_turns_give_the_same_response(
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
 
 
-def test_branching_from_an_older_response(openai_client: openai.OpenAI, backend: FakeBackend) -> None:
+def test_branching_from_an_older_response(any_openai_client: openai.OpenAI, backend: FakeBackend) -> None:
+    openai_client = any_openai_client
     a = openai_client.responses.create(model="echo-1", input="a")
     b = openai_client.responses.create(model="echo-1", input="b", previous_response_id=a.id)
     openai_client.responses.create(model="echo-1", input="c", previous_response_id=b.id)
@@ -312,3 +315,12 @@ def test_the_backend_request_is_one_valid_json_document(openai_client: openai.Op
     openai_client.responses.create(model="echo-1", input='quote " and \\ and \u2028 unicode ✓')
     body = last_chat_request(backend).body
     assert orjson.loads(body)["messages"][-1]["content"] == 'quote " and \\ and \u2028 unicode ✓'
+
+
+def test_the_openapi_document_lists_the_routes(responses_server: StatestoreServer) -> None:
+    paths = httpx.get(responses_server.url + "/openapi.json", timeout=10).json()["paths"]
+    assert {"post"} <= set(paths["/v1/responses"]) and {"get", "delete"} <= set(paths["/v1/responses/{response_id}"])
+    assert "/v1/responses/{response_id}/input_items" in paths
+    assert {"get", "post", "delete"} <= set(paths["/v1/conversations/{conversation_id}"])
+    assert {"get", "post"} <= set(paths["/v1/conversations/{conversation_id}/items"])
+    assert {"get", "delete"} <= set(paths["/v1/conversations/{conversation_id}/items/{item_id}"])
