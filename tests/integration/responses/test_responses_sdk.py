@@ -109,10 +109,15 @@ def test_streamed_and_non_streamed_turns_give_the_same_response(
     plain = openai_client.responses.create(
         model="echo-1", input="please call get_weather now", previous_response_id=first.id, tools=[WEATHER]
     )
+    events: list[Any] = []
     with openai_client.responses.stream(
         model="echo-1", input="please call get_weather now", previous_response_id=first.id, tools=[WEATHER]
     ) as stream:
-        events = list(stream)
+        for event in stream:
+            events.append(event)
+            if event.type == "response.completed":
+                # sent only after the commit: the response is already retrievable
+                assert openai_client.responses.retrieve(event.response.id).status == "completed"
         streamed = stream.get_final_response()
     assert _comparable(streamed) == _comparable(plain)
     assert [o.type for o in streamed.output] == ["message", "function_call"]
