@@ -107,6 +107,16 @@ class ConversationStore:
                 ).first()
                 raise Locked() if exists is not None else LookupError(conversation_id)
 
+    async def renew(self, conversation_id: str, token: str, *, until_ms: int) -> bool:
+        """Extend a turn's lease; False when it was lost."""
+        async with self.engine.begin() as conn:
+            renewed = await conn.execute(
+                update(conversations)
+                .where(conversations.c.id == conversation_id, conversations.c.lease_token == token)
+                .values(lease_expires_ms=until_ms)
+            )
+        return renewed.rowcount > 0
+
     async def release(self, conversation_id: str, token: str) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(

@@ -26,6 +26,7 @@ from statestore.responses.request import TurnRequest, chat_body
 from statestore.responses.store import NewResponse, ResponseRow, ResponseStore
 from statestore.store.cache import HistoryCache
 from statestore.threads.ids import new_lease_token
+from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 
@@ -42,6 +43,7 @@ class PreparedResponse:
     inputs: list[StoredItem]
     window: Window | None = None
     lease: str | None = None
+    keeper: LeaseKeeper | None = None
     done: bool = field(default=False)
     context_moved: bool = False  # truncation: "auto" dropped the oldest messages for this request
 
@@ -124,6 +126,13 @@ class ResponseTurns:
             except LookupError:
                 raise conversation_not_found(conversation) from None
             prepared.lease = token
+            # A reply that outlasts a third of the lease renews it, as a threaded turn does.
+            prepared.keeper = LeaseKeeper(
+                lambda: self.conversations.renew(conversation, token, until_ms=self.clock() + self.lease_ms),
+                interval=self.lease_ms / 3000,
+                thread_id=conversation,
+            )
+            prepared.keeper.start()
             try:
                 prepared.context = await self.conversations.context(conversation)
             except BaseException:
@@ -182,6 +191,7 @@ class ResponseTurns:
             inputs=prepared.inputs,
             outputs=outputs,
         )
+        self._stop_keeper(prepared)
         committed = await self.responses.commit(new, conversation_lease=prepared.lease)
         prepared.done = True
         if committed and turn.conversation_id is None:
@@ -196,8 +206,15 @@ class ResponseTurns:
             )
         return committed
 
+    @staticmethod
+    def _stop_keeper(prepared: PreparedResponse) -> None:
+        if prepared.keeper is not None:
+            prepared.keeper.stop()
+            prepared.keeper = None
+
     async def give_back(self, prepared: PreparedResponse) -> None:
         """The turn ends without a commit: its conversation is free again."""
+        self._stop_keeper(prepared)
         if prepared.lease is not None and not prepared.done and prepared.turn.conversation_id is not None:
             prepared.done = True
             await self.conversations.release(prepared.turn.conversation_id, prepared.lease)
