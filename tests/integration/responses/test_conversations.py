@@ -58,6 +58,12 @@ def test_turns_on_a_conversation_see_and_extend_its_items(
         openai_client.responses.create(
             model="echo-1", input="x", conversation=conversation.id, previous_response_id=first.id
         )
+    # store: false stores nothing anywhere, the conversation's items included
+    unstored = openai_client.responses.create(
+        model="echo-1", input="off the record", conversation=conversation.id, store=False
+    )
+    assert unstored.output_text == "echo: off the record"
+    assert len(openai_client.conversations.items.list(conversation.id).data) == 5
 
 
 def test_an_unknown_or_foreign_conversation_is_not_found(
