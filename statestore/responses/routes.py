@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
 from statestore.api.responses import bytes_response, streaming_response
-from statestore.errors import StatestoreError, StreamBrokenOff
+from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenOff
 from statestore.resources import Resources
 from statestore.responses.backend import call_backend
 from statestore.responses.context import cache_key
@@ -57,6 +57,13 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 
 @router.post("/v1/responses")
 async def create_response(request: Request, resources: ResourcesDep) -> Response:
+    try:
+        return await _turn(request, resources)
+    except DATABASE_ERRORS as exc:
+        raise ServiceUnavailable("the response store is unavailable; try again shortly") from exc
+
+
+async def _turn(request: Request, resources: Resources) -> Response:
     headers = request.headers.raw
     principal = await resources.authenticator.authenticate(headers)
     turns = turns_of(resources)
@@ -70,6 +77,9 @@ async def create_response(request: Request, resources: ResourcesDep) -> Response
     if not turn.stream:
         try:
             raw = await upstream.read()
+        except BaseException:
+            await turns.give_back(prepared)
+            raise
         finally:
             await upstream.aclose()
         try:

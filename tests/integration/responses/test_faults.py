@@ -29,12 +29,11 @@ async def test_a_cut_backend_stream_stores_nothing(
             stream = openai_client.responses.stream(model="echo-1", input="say a few more words", extra_body=where)
             with pytest.raises(openai.APIConnectionError), stream as events:
                 list(events)
-    backend.script({"kind": "echo", "path": CHAT, "cut_after_bytes": 20})
-    with pytest.raises(openai.APIError):
-        openai_client.responses.create(model="echo-1", input="x", previous_response_id=head.id)
-    backend.script({"kind": "close", "path": CHAT})
-    with pytest.raises(openai.APIError):
-        openai_client.responses.create(model="echo-1", input="x", conversation=conversation.id)
+    for action in ({"kind": "echo", "path": CHAT, "cut_after_bytes": 20}, {"kind": "close", "path": CHAT}):
+        for where in ({"previous_response_id": head.id}, {"conversation": conversation.id}):
+            backend.script(action)
+            with pytest.raises(openai.APIError):
+                openai_client.responses.create(model="echo-1", input="x", extra_body=where)
     assert await rows.counts(api_key) == before
     # the conversation was given back every time: the next turn goes through
     assert (
