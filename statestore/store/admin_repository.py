@@ -14,17 +14,8 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.store.audit_filter import AuditFilter
-from statestore.store.schema import (
-    api_keys,
-    audit_log,
-    conversations,
-    counters,
-    daily_usage,
-    policies,
-    responses,
-    tenants,
-    threads,
-)
+from statestore.store.responses_stats import responses_stats
+from statestore.store.schema import api_keys, audit_log, counters, daily_usage, policies, tenants, threads
 from statestore.threads.policy import Policy
 
 DEFAULT_SCOPE = "default"
@@ -377,14 +368,7 @@ class AdminRepository:
             ).one()
             awaiting_purge = (await conn.execute(select(func.count()).select_from(threads).where(expired))).scalar_one()
             totals = {row[0]: row[1] for row in await conn.execute(select(counters.c.name, counters.c.value))}
-            front_door = {}
-            for name, table in (("live_responses", responses), ("live_conversations", conversations)):
-                where = [table.c.expires_ms > now_ms]
-                if tenant_id is not None:
-                    where.append(table.c.tenant_id == tenant_id)
-                front_door[name] = (
-                    await conn.execute(select(func.count()).select_from(table).where(*where))
-                ).scalar_one()
+            front_door = await responses_stats(conn, now_ms=now_ms, tenant_id=tenant_id, totals=totals)
         return {
             "live_threads": int(count),
             "live_messages": int(messages),
@@ -394,10 +378,5 @@ class AdminRepository:
             "erased_threads_total": int(totals.get("erased_threads", 0)),
             # 0 until the background purger has run once against this database.
             "purger_last_run_ms": int(totals.get("purger_last_run_ms", 0)),
-            "live_responses": int(front_door["live_responses"]),
-            "live_conversations": int(front_door["live_conversations"]),
-            **{
-                f"{name}_total": int(totals.get(name, 0))
-                for name in ("purged_responses", "erased_responses", "purged_conversations", "erased_conversations")
-            },
+            **front_door,
         }
