@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test lint install services browser console-screenshots bench bench-responses clean
+.PHONY: run test lint install services browser console-screenshots bench bench-responses campaign clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -55,6 +55,12 @@ test: $(STAMP) lint services browser $(NODE_DEPS)
 # The README's pictures of the admin console (docs/console/*.png), taken by its browser tests.
 console-screenshots: $(STAMP) services browser
 	STATESTORE_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest -q tests/integration/test_console.py
+
+# The default fault campaign (tests/campaign): 32 clients, >= 20,000 operations and >= 50 faults against three
+# replicas, PostgreSQL and Redis of its own; `make test` runs the short one. CAMPAIGN_SEED=<n> replays a schedule.
+campaign: $(STAMP)
+	STATESTORE_CAMPAIGN=full $(if $(CAMPAIGN_SEED),STATESTORE_CAMPAIGN_SEED=$(CAMPAIGN_SEED)) \
+		$(BIN)/python -m pytest -q -s -p no:cacheprovider tests/campaign/test_campaign.py
 
 bench: $(STAMP) services
 	$(BIN)/python -m bench $(BENCH_ARGS)

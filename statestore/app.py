@@ -22,7 +22,7 @@ from statestore.api import health, messages
 from statestore.api import threads as threads_api
 from statestore.api.front_door import FrontDoor
 from statestore.config import Settings
-from statestore.errors import InvalidRequest, MethodNotAllowed, NotFound, StatestoreError
+from statestore.errors import InvalidRequest, MethodNotAllowed, NotFound, ServiceUnavailable, StatestoreError
 from statestore.metrics import Metrics
 from statestore.middleware import BodySizeLimitMiddleware, RequestContextMiddleware, error_response, request_id_of
 from statestore.resources import build_resources
@@ -30,7 +30,7 @@ from statestore.responses import conversation_routes
 from statestore.responses import routes as responses_routes
 from statestore.responses.errors import OPENAI_PATHS, as_openai
 from statestore.retention import run_purger
-from statestore.store.engine import UNSTORABLE_VALUE_ERRORS
+from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 from statestore.store.migrate import pending_revision
 
 log = logging.getLogger(__name__)
@@ -105,6 +105,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if exc.status_code == 404:
             return _error_response(request, NotFound(f"no route {request.method} {request.url.path}"))
         return _error_response(request, InvalidRequest(str(exc.detail)))
+
+    # Starlette picks the handler of the most specific class: the unstorable values below keep their 400.
+    for outage in DATABASE_ERRORS:
+
+        @app.exception_handler(outage)
+        async def database_unavailable(request: Request, exc: Exception) -> Response:
+            # A database outage on the thread API or the admin API is a 503 the client may retry, as on a turn;
+            # never a 500.
+            log.warning("database unavailable", extra={"path": request.url.path, "error": type(exc).__name__})
+            return _error_response(request, ServiceUnavailable("the database is unavailable; try again shortly"))
 
     for unstorable in UNSTORABLE_VALUE_ERRORS:
 

@@ -114,8 +114,9 @@ return apply_or_drop({
 )
 
 # Errors a cache call may raise; all of them mean "behave like a miss". OSError covers socket errors
-# that escape redis-py's wrapping and asyncio timeouts (TimeoutError is an OSError subclass).
-_FAULTS = (RedisError, RedisClusterException, OSError)
+# that escape redis-py's wrapping and asyncio timeouts (TimeoutError is an OSError subclass). RuntimeError is what
+# uvloop raises for a write on a transport that a reset just closed, before redis-py notices the connection is gone.
+_FAULTS = (RedisError, RedisClusterException, OSError, RuntimeError)
 
 _DELETE_BATCH = 256  # threads per pipeline in delete_many: bounded request size, few round trips
 _WARN_INTERVAL_S = 10.0

@@ -16,7 +16,10 @@ a backend received. Control API (JSON):
 
 Queued actions are consumed one per `POST /v1/messages`, in order. An action with `"path"` (and optionally
 `"method"`, default any) is consumed instead by the first request to that path (any other API a relay carries, such
-as `/v1/sessions`); only `raw`, `error` and `close` make sense there. An action is an object:
+as `/v1/sessions`); only `raw`, `error` and `close` make sense there. An action with `"match": "<text>"` is consumed
+only by a request whose body contains that text (a marker one request carries, so that concurrent requests each meet
+the fault meant for them). `GET /_control/requests?after=N` returns the requests recorded after the first N. An action
+is an object:
 
     {"kind": "echo"}                                  the default reply (useful with the shaping fields below)
     {"kind": "message", "message": {...}}             this Message; missing fields are filled in: id (random),
@@ -93,6 +96,8 @@ def _validate_action(action: object) -> str | None:
         return "message.content must be a list of content blocks"
     if (kind == "error" or "error_after_events" in action) and not isinstance(action.get("error"), dict):
         return "an error needs an error object with type and message"
+    if "match" in action and not isinstance(action["match"], str):
+        return "match must be a string"
     if kind == "raw" and not all(isinstance(chunk, str) for chunk in action.get("chunks", [])):
         return "raw chunks must be strings"
     return None
@@ -149,7 +154,7 @@ class FakeBackendApp:
             return
         body = await echo.read_body(receive, limit=1 << 40) or b""
         self._record(scope, body)
-        action = self._take_action(scope["method"], scope["path"])
+        action = self._take_action(scope["method"], scope["path"], body)
         if action is not None:
             await self._play(action, body, send)
             return
@@ -164,10 +169,13 @@ class FakeBackendApp:
 
         await self._echo(scope, replay, send)
 
-    def _take_action(self, method: str, path: str) -> wire.JSONObject | None:
+    def _take_action(self, method: str, path: str, body: bytes) -> wire.JSONObject | None:
         for index, action in enumerate(self._script):
             wanted_path = action.get("path", "/v1/messages")
             wanted_method = action.get("method", "POST" if "path" not in action else method)
+            marker = action.get("match")
+            if marker is not None and marker.encode() not in body:
+                continue
             if wanted_path == path and wanted_method == method:
                 del self._script[index]
                 return action
@@ -463,8 +471,9 @@ class FakeBackend(BackendProcess):
     def pending(self) -> int:
         return int(self._control().get("/_control/script").json()["pending"])
 
-    def requests(self) -> list[RecordedRequest]:
-        recorded = self._control().get("/_control/requests").json()["requests"]
+    def requests(self, *, after: int = 0) -> list[RecordedRequest]:
+        """The requests recorded so far, leaving out the first `after` (to read a long run's requests in pieces)."""
+        recorded = self._control().get("/_control/requests", params={"after": after}).json()["requests"]
         return [
             RecordedRequest(
                 method=item["method"],

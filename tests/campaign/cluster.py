@@ -1,0 +1,124 @@
+"""The system under test of a campaign: a PostgreSQL cluster and a redis-server of its own (which may be crashed,
+hung or flushed), the fake backend, a fault proxy on each of the three paths, statestore replicas on those proxies,
+and a balancer in front of the replicas. Everything on 127.0.0.1, on free ports, removed on exit."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import httpx
+
+from statestore.store.migrate import upgrade
+from tests.campaign.network import Balancer, FaultProxy, NetworkLoop
+from tests.reliability.proof_support import ADMIN_TOKEN
+from tests.reliability.support import PrivatePostgres, PrivateRedis, ServerProcess, wait_for
+from tests.support.fake_backend import FakeBackend
+
+# Short waits everywhere, so a fault turns into an error in seconds and a dead replica's lease runs out soon.
+REPLICA_SETTINGS = {
+    "STATESTORE_ADMIN_TOKENS": f"root:{ADMIN_TOKEN}",
+    "STATESTORE_DATABASE_TIMEOUT_SECONDS": "2",
+    "STATESTORE_DATABASE_POOL_SIZE": "8",
+    "STATESTORE_UPSTREAM_CONNECT_TIMEOUT": "2",
+    "STATESTORE_UPSTREAM_READ_TIMEOUT": "6",
+    "STATESTORE_LEASE_SECONDS": "4",
+    "STATESTORE_DEFAULT_TTL_SECONDS": "7200",
+    "STATESTORE_LOG_LEVEL": "WARNING",
+}
+
+
+@dataclass
+class Cluster:
+    pg: PrivatePostgres
+    redis: PrivateRedis
+    backend: FakeBackend
+    network: NetworkLoop
+    proxies: dict[str, FaultProxy]
+    replicas: list[ServerProcess]
+    balancer: Balancer
+    database_url: str
+    paused_pg: list[int] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.balancer.url
+
+    def replica_ports(self) -> list[int]:
+        return [replica.port for replica in self.replicas]
+
+    def heal(self) -> None:
+        """Undo every fault still in force: clear the proxies, wake and start what was paused or stopped."""
+        for proxy in self.proxies.values():
+            proxy.faults.clear()
+        if self.paused_pg:
+            self.pg.resume(self.paused_pg)
+            self.paused_pg = []
+        assert self.redis.process is not None
+        if self.redis.process.poll() is None:
+            self.redis.resume()
+        else:
+            self.redis.start()
+        if not (self.pg.data / "postmaster.pid").exists():
+            self.pg.start()
+        for replica in self.replicas:
+            if replica.process is None or replica.process.poll() is not None:
+                replica.start()
+        for replica in self.replicas:
+            wait_for(lambda r=replica: _ready(r.url), within=60, what=f"replica on {replica.port} ready")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- replica {r.port}\n{r.log()[-3000:]}" for r in self.replicas)
+
+
+def _ready(url: str) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return httpx.get(url + "/readyz", timeout=2).status_code == 200
+    return False
+
+
+def _through(url: str, port: int) -> str:
+    parts = urlsplit(url)
+    return parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}" if parts.username else f"127.0.0.1:{port}").geturl()
+
+
+@contextmanager
+def running_cluster(*, replicas: int = 3, redis_prefix: str = "ss:") -> Iterator[Cluster]:
+    with ExitStack() as stack:
+        pg = PrivatePostgres()
+        stack.callback(pg.remove)
+        pg.start()
+        upgrade(pg.url)
+        redis = PrivateRedis()
+        stack.callback(redis.stop)
+        redis.start()
+        backend = stack.enter_context(FakeBackend())
+        network = NetworkLoop()
+        stack.callback(network.stop)
+        backend_port = urlsplit(backend.url).port
+        assert backend_port is not None
+        proxies = {
+            "postgres": FaultProxy(network, "postgres", pg.port),
+            "redis": FaultProxy(network, "redis", redis.port),
+            "backend": FaultProxy(network, "backend", backend_port),
+        }
+        for proxy in proxies.values():
+            stack.callback(proxy.close)
+        processes: list[ServerProcess] = []
+        for _ in range(replicas):
+            process = ServerProcess(
+                database_url=_through(pg.url, proxies["postgres"].port),
+                upstream_url=f"http://127.0.0.1:{proxies['backend'].port}",
+                redis_url=_through(redis.url, proxies["redis"].port),
+                redis_prefix=redis_prefix,
+                env=REPLICA_SETTINGS,
+            )
+            stack.callback(process.stop)
+            processes.append(process)
+        balancer = Balancer(network, lambda: [p.port for p in processes])
+        stack.callback(balancer.close)
+        yield Cluster(pg, redis, backend, network, proxies, processes, balancer, pg.url)
+
