@@ -531,3 +531,42 @@ def test_database_hung_threaded_turns_fail_within_a_bound(crash_pg: PrivatePostg
             assert statuses == {"continue": "503", "create": "503", "readyz": "503"}, outcomes
         finally:
             raw.close()
+
+
+def test_database_down_thread_and_admin_api_get_503(crash_pg: PrivatePostgres, backend: FakeBackend) -> None:
+    """Found by the fault campaign: while the database was down, the thread API and the admin erasure answered 500
+    (the outage's exception reached the catch-all) where a threaded turn answers 503. Every route that needs the
+    database must answer 503 `api_error`, which a client may retry, and serve again once the database is back."""
+    admin_token = "adm-" + "c4m" * 8
+    env = {**ENV, "STATESTORE_ADMIN_TOKENS": f"root:{admin_token}"}
+    with running_server(database_url=crash_pg.url, upstream_url=backend.url, env=env) as server:
+        raw = RawClient(server.url, f"sk-crash-{secrets.token_hex(8)}")
+        admin = {"authorization": f"Bearer {admin_token}"}
+        try:
+            reply = raw.ok([user("one")], metadata={"user_id": "crash-user"})
+            thread_id = thread_of_response(reply["id"])
+            assert thread_id is not None
+            calls: dict[str, Callable[[], httpx.Response]] = {
+                "list": lambda: raw.http.get("/statestore/v1/threads"),
+                "info": lambda: raw.http.get(f"/statestore/v1/threads/{thread_id}"),
+                "export": lambda: raw.http.get(f"/statestore/v1/threads/{thread_id}/messages"),
+                "session": lambda: raw.http.get("/statestore/v1/sessions/some-session"),
+                "delete": lambda: raw.http.delete(f"/statestore/v1/threads/{thread_id}"),
+                "erase": lambda: raw.http.post("/admin/v1/erase", json={"user_id": "crash-user"}, headers=admin),
+            }
+            crash_pg.crash()
+            seen = {}
+            for _ in range(2):  # the pool's dead connections first, then refused connects
+                for name, call in calls.items():
+                    response = call()
+                    seen[name] = (response.status_code, error_of(response)["type"])
+                    assert "Traceback" not in response.text
+            crash_pg.start()
+            assert seen == dict.fromkeys(calls, (503, "api_error")), seen
+            wait_for(
+                lambda: raw.http.get(f"/statestore/v1/threads/{thread_id}").status_code == 200,
+                within=10,
+                what="the thread API served again",
+            )
+        finally:
+            raw.close()

@@ -342,3 +342,26 @@ async def test_create_cache(url: str | None, kind: str) -> None:
     cache = factory(url, "sstest:unused:")
     assert cache.kind == kind
     await cache.aclose()
+
+
+async def test_transport_runtime_error_is_a_miss(prefix: str) -> None:
+    """Found by the fault campaign: when a reset closes a Redis connection, uvloop raises RuntimeError for the next
+    write on its transport before redis-py sees the connection is gone. That escaped the cache as a 500 (a turn
+    already committed reported as failed, a stream cut before message_stop). Every cache call must take it as a
+    miss."""
+    cache = RedisHistoryCache(REDIS_URL, prefix)
+
+    async def closed_transport(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+    cache._client.mget = closed_transport  # type: ignore[method-assign]
+    cache._client.delete = closed_transport  # type: ignore[method-assign]
+    cache._put_script = closed_transport  # type: ignore[assignment]
+    cache._append_script = closed_transport  # type: ignore[assignment]
+    tid = thread()
+    assert await cache.get(tid) is None
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    await cache.append(tid, 1, [M2], TTL_MS)
+    assert await cache.delete(tid) is False
+    assert cache.errors == 5  # get, put, append and its DEL, delete
+    await cache.aclose()
