@@ -108,6 +108,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # Starlette picks the handler of the most specific class: the unstorable values below keep their 400.
     for outage in DATABASE_ERRORS:
+        assert issubclass(outage, Exception)
 
         @app.exception_handler(outage)
         async def database_unavailable(request: Request, exc: Exception) -> Response:

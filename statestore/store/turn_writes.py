@@ -371,6 +371,15 @@ class ThreadRepository:
                 )
             )
 
+    async def is_stored(self, *, thread_id: str, response_id: str) -> bool:
+        """Whether the reply `response_id` is among the thread's stored messages (after a commit whose outcome was
+        lost with its connection)."""
+        stmt = select(thread_messages.c.position).where(
+            thread_messages.c.thread_id == thread_id, thread_messages.c.response_id == response_id
+        )
+        async with self._single.connect() as conn:
+            return (await conn.execute(stmt)).first() is not None
+
     async def load_history(self, thread_id: str) -> list[bytes]:
         if self._pg is not None:
             return await self._pg.load_history(thread_id)

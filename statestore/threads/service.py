@@ -338,7 +338,7 @@ class ThreadService:
             committed = await self.repository.commit_turn(commit)
         except DATABASE_ERRORS as exc:
             log.warning("could not commit a turn", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__})
-            raise ServiceUnavailable("the thread store is unavailable; the turn was not stored") from exc
+            committed = await self._settle_lost_commit(prepared, exc)
         if not committed:
             raise ThreadContinueInFlight("the lease on this thread ran out before the reply completed")
         prepared.outcome = "stored"
@@ -349,6 +349,27 @@ class ThreadService:
             await self.cache.put(prepared.thread_id, CachedHistory(len(added), assembly.join_history(added)), ttl_ms)
         else:
             await self.cache.append(prepared.thread_id, prepared.history_count, added, ttl_ms)
+
+    async def _settle_lost_commit(self, prepared: PreparedTurn, error: BaseException) -> bool:
+        """A commit whose connection failed may have committed all the same (the database committed, the reply to
+        statestore was lost). Fence it first: give the head back, so a commit still on its way finds its lease gone
+        and changes nothing. Then the reply's row decides: there, the turn was stored and is answered as such;
+        absent, it never will be. Returns True (stored) or raises ServiceUnavailable."""
+        try:
+            if prepared.creating:
+                await self.repository.abandon_create(thread_id=prepared.thread_id, token=prepared.lease_token)
+            else:
+                await self.repository.release(thread_id=prepared.thread_id, token=prepared.lease_token)
+            stored = await self.repository.is_stored(thread_id=prepared.thread_id, response_id=prepared.response_id)
+        except DATABASE_ERRORS:
+            # The lease runs out by itself; until the database answers, whether the turn was stored is unknown.
+            raise ServiceUnavailable("the thread store is unavailable; the turn may not have been stored") from error
+        if stored:
+            log.warning("a commit reported as failed had been stored", extra={"thread_id": prepared.thread_id})
+            return True
+        prepared.outcome = "given_back"
+        self.metrics.count_thread_turn("create" if prepared.creating else "continue", "not_stored")
+        raise ServiceUnavailable("the thread store is unavailable; the turn was not stored") from error
 
     async def give_back(self, prepared: PreparedTurn) -> None:
         """Store nothing and free the head (a create's row goes). Safe to call more than once, and after commit."""

@@ -95,7 +95,7 @@ async def _heal_thread(client: Client, state: ThreadState) -> Op | None:
     return op
 
 
-async def _listing(client: Client) -> dict[str, tuple[str, list[str]]]:
+async def owner_threads(client: Client) -> dict[str, tuple[str, list[str]]]:
     """Every live thread of the client's owner: thread key -> (thread id, history texts). A second thread for one
     key is returned under the key with a `#` suffix, which the checker reports."""
     found: dict[str, tuple[str, list[str]]] = {}
@@ -132,7 +132,9 @@ def _removed_left(cluster: Cluster, history: History) -> dict[str, list[str]]:
         return left
     rows = query(cluster.database_url, "SELECT id FROM threads WHERE id = ANY(:ids)", {"ids": list(ids)})
     rows += query(
-        cluster.database_url, "SELECT DISTINCT thread_id FROM thread_messages WHERE thread_id = ANY(:ids)", {"ids": list(ids)}
+        cluster.database_url,
+        "SELECT DISTINCT thread_id FROM thread_messages WHERE thread_id = ANY(:ids)",
+        {"ids": list(ids)},
     )
     for (thread_id,) in rows:
         left.setdefault(ids[thread_id], []).append(f"postgres ({thread_id})")
@@ -149,7 +151,7 @@ async def _final_state(cluster: Cluster, clients: Sequence[Client], history: His
     histories: dict[str, list[str] | None] = {}
     unexpected: list[str] = []
     for client in clients:
-        for key, (_, texts) in (await _listing(client)).items():
+        for key, (_, texts) in (await owner_threads(client)).items():
             if key.endswith("#") or key.startswith("empty:"):
                 unexpected.append(texts[0] if texts else key)
             else:
@@ -187,7 +189,7 @@ async def run_campaign(cluster: Cluster, plan: Plan) -> Report:
             client.settings.backend_fault_rate = 0.0
         listed = {}
         for client in clients:
-            for key, (thread_id, _) in (await _listing(client)).items():
+            for key, (thread_id, _) in (await owner_threads(client)).items():
                 listed[key] = (client, thread_id)
         heal_ops: dict[str, Op] = {}
         for key, (client, thread_id) in listed.items():
@@ -217,4 +219,3 @@ async def run_campaign(cluster: Cluster, plan: Plan) -> Report:
         anomalies=anomalies,
         history_file=_write_history(history, plan, anomalies),
     )
-

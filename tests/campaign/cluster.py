@@ -5,6 +5,7 @@ and a balancer in front of the replicas. Everything on 127.0.0.1, on free ports,
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -68,7 +69,7 @@ class Cluster:
             if replica.process is None or replica.process.poll() is not None:
                 replica.start()
         for replica in self.replicas:
-            wait_for(lambda r=replica: _ready(r.url), within=60, what=f"replica on {replica.port} ready")
+            wait_for(functools.partial(_ready, replica.url), within=60, what=f"replica on {replica.port} ready")
 
     def logs(self) -> str:
         return "\n".join(f"--- replica {r.port}\n{r.log()[-3000:]}" for r in self.replicas)
@@ -82,7 +83,9 @@ def _ready(url: str) -> bool:
 
 def _through(url: str, port: int) -> str:
     parts = urlsplit(url)
-    return parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}" if parts.username else f"127.0.0.1:{port}").geturl()
+    return parts._replace(
+        netloc=f"{parts.username}@127.0.0.1:{port}" if parts.username else f"127.0.0.1:{port}"
+    ).geturl()
 
 
 @contextmanager
@@ -121,4 +124,3 @@ def running_cluster(*, replicas: int = 3, redis_prefix: str = "ss:") -> Iterator
         balancer = Balancer(network, lambda: [p.port for p in processes])
         stack.callback(balancer.close)
         yield Cluster(pg, redis, backend, network, proxies, processes, balancer, pg.url)
-

@@ -5,7 +5,7 @@ vary with timing).
 Faults: SIGKILL of a statestore replica (restarted on the same port), PostgreSQL stopped as by a crash
 (`pg_ctl -m immediate`) or hung (SIGSTOP of every process of its cluster), Redis flushed, killed or hung, and on each
 path to PostgreSQL, Redis and the backend the proxy's latency, stall, bandwidth cap, reset and dropped connections and
-refused connects. Backend errors, stalls and cut replies are met by single turns (tests/campaign/workload.py)."""
+refused connects, and a commit carried out whose answer is lost. Backend errors, stalls and cut replies are met by single turns (tests/campaign/workload.py)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class Nemesis:
             ("kill-replica", self.kill_replica),
             ("postgres-crash", self.postgres_crash),
             ("postgres-hang", self.postgres_hang),
+            ("postgres-lost-reply", self.postgres_lost_reply),
             ("redis-flushall", self.redis_flushall),
             ("redis-kill", self.redis_kill),
             ("redis-hang", self.redis_hang),
@@ -69,6 +70,15 @@ class Nemesis:
         self.cluster.pg.resume(self.cluster.paused_pg)
         self.cluster.paused_pg = []
         return {}
+
+    async def postgres_lost_reply(self, hold: float) -> dict[str, object]:
+        """The next commit reaches PostgreSQL and is carried out, and its answer is lost with the connection."""
+        proxy = self.cluster.proxies["postgres"]
+        proxy.faults.lose_reply_after = b"assistant"
+        await asyncio.sleep(hold)
+        hit = proxy.faults.lose_reply_after is None
+        proxy.faults.lose_reply_after = None
+        return {"hit": hit}
 
     async def redis_flushall(self, hold: float) -> dict[str, object]:
         def flush() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import struct
 import threading
@@ -59,11 +60,15 @@ class LinkFaults:
     refuse: bool = False
     latency: float = 0.0
     bytes_per_second: int = 0
+    # Once: the connection whose client sends these bytes gets no more replies and is reset shortly after, while
+    # what it sent still reaches the server (a request the server carried out, its answer lost on the way back).
+    lose_reply_after: bytes | None = None
 
     def clear(self) -> None:
         self.stalled = self.refuse = False
         self.latency = 0.0
         self.bytes_per_second = 0
+        self.lose_reply_after = None
 
 
 class _Pipes:
@@ -80,18 +85,40 @@ class _Pipes:
         return len(pairs)
 
 
+LOSE_REPLY_DELAY = 0.3
+
+
+@dataclass
+class _Link:
+    client: asyncio.StreamWriter
+    replies_lost: bool = False
+
+
 async def _pump(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, faults: LinkFaults | None = None
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    faults: LinkFaults | None,
+    link: _Link,
+    *,
+    to_server: bool,
 ) -> None:
     try:
         while data := await reader.read(CHUNK):
             if faults is not None:
+                marker = faults.lose_reply_after
+                if to_server and marker is not None and marker in data:
+                    faults.lose_reply_after = None
+                    link.replies_lost = True
+                    # Later than the server needs to carry out what it was sent; then the client sees a reset.
+                    asyncio.get_running_loop().call_later(LOSE_REPLY_DELAY, functools.partial(_abort, link.client, reset=True))
                 while faults.stalled:
                     await asyncio.sleep(0.05)
                 if faults.latency:
                     await asyncio.sleep(faults.latency)
                 if faults.bytes_per_second:
                     await asyncio.sleep(len(data) / faults.bytes_per_second)
+            if link.replies_lost and not to_server:
+                continue
             writer.write(data)
             await writer.drain()
         if writer.can_write_eof():
@@ -107,9 +134,13 @@ async def _splice(
     faults: LinkFaults | None = None,
 ) -> None:
     pair = (client[1], upstream[1])
+    link = _Link(client[1])
     pipes.pairs.add(pair)
     try:
-        await asyncio.gather(_pump(client[0], upstream[1], faults), _pump(upstream[0], client[1], faults))
+        await asyncio.gather(
+            _pump(client[0], upstream[1], faults, link, to_server=True),
+            _pump(upstream[0], client[1], faults, link, to_server=False),
+        )
     finally:
         pipes.pairs.discard(pair)
         for writer in pair:

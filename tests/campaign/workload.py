@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import orjson
 
-from tests.campaign.history import History, Kind, Op
+from tests.campaign.history import History, Kind, Op, Outcome
 from tests.reliability.proof_support import ADMIN, MODEL, THREADS_BETA
 from tests.reliability.support import sse_data
 from tests.support.fake_backend import FakeBackend
@@ -141,7 +141,8 @@ class Client:
             relayed = b'"campaign"' in raw
             # statestore's own 5xx may come after a commit whose outcome it lost: unknown. A relayed backend error
             # and every 4xx are definite.
-            definite = relayed or reply.status_code < 500
+            # statestore says "not stored" only once it has fenced the commit and found no row.
+            definite = relayed or reply.status_code < 500 or b"the turn was not stored" in raw
             return self.history.finish(op, "fail" if definite else "unknown", status=reply.status_code, error=code)
         if not stream:
             try:
@@ -184,8 +185,7 @@ class Client:
             reply = await self.http.delete(f"/statestore/v1/threads/{thread.thread_id}")
         except httpx.TransportError:
             return self.history.finish(op, "unknown", error="transport")
-        outcome = "ok" if reply.status_code == 200 else "fail" if reply.status_code < 500 else "unknown"
-        return self.history.finish(op, outcome, status=reply.status_code)
+        return self.history.finish(op, _outcome(reply.status_code), status=reply.status_code)
 
     async def erase(self, thread: ThreadState) -> Op:
         op = self.history.begin(self.index, "erase", thread.key, thread_id=thread.thread_id)
@@ -193,8 +193,7 @@ class Client:
             reply = await self.http.post("/admin/v1/erase", json={"user_id": thread.user_id}, headers=ADMIN)
         except httpx.TransportError:
             return self.history.finish(op, "unknown", error="transport")
-        outcome = "ok" if reply.status_code == 200 else "fail" if reply.status_code < 500 else "unknown"
-        return self.history.finish(op, outcome, status=reply.status_code)
+        return self.history.finish(op, _outcome(reply.status_code), status=reply.status_code)
 
     # -- the client's loop --------------------------------------------------------------------------------------
 
@@ -207,9 +206,7 @@ class Client:
             thread.head = op.message_id
             thread.turns += 1
             thread.needs_resync = False
-        elif op.outcome == "unknown":
-            thread.needs_resync = True
-        elif op.error == "thread_already_continued":
+        elif op.outcome == "unknown" or op.error == "thread_already_continued":
             thread.needs_resync = True
 
     async def _resync(self, thread: ThreadState) -> None:
@@ -281,6 +278,10 @@ class Client:
 
     async def close(self) -> None:
         await self.http.aclose()
+
+
+def _outcome(status: int) -> Outcome:
+    return "ok" if status == 200 else "fail" if status < 500 else "unknown"
 
 
 def _error_code(raw: bytes) -> str | None:

@@ -354,8 +354,8 @@ async def test_transport_runtime_error_is_a_miss(prefix: str) -> None:
     async def closed_transport(*args: object, **kwargs: object) -> object:
         raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
 
-    cache._client.mget = closed_transport  # type: ignore[method-assign]
-    cache._client.delete = closed_transport  # type: ignore[method-assign]
+    cache._client.mget = closed_transport  # type: ignore[method-assign,assignment]
+    cache._client.delete = closed_transport  # type: ignore[method-assign,assignment]
     cache._put_script = closed_transport  # type: ignore[assignment]
     cache._append_script = closed_transport  # type: ignore[assignment]
     tid = thread()

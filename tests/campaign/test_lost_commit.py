@@ -1,0 +1,71 @@
+"""A commit whose reply is lost: found by the fault campaign (seed 2026), where a turn answered 503 "the turn was not
+stored" showed up in its thread's history. The database had carried out the commit; only its answer to statestore
+was lost with the connection. statestore now fences such a commit (gives the head back) and then looks for the
+reply's row: found, the turn is answered as stored; not found, it was not and never will be."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import orjson
+import pytest
+
+from statestore.store.migrate import upgrade
+from tests.campaign.network import FaultProxy, NetworkLoop
+from tests.reliability.support import RawClient, sse_data, user
+from tests.support.fake_backend import FakeBackend
+from tests.support.server import StatestoreServer
+
+
+@pytest.fixture
+def lossy_server(fresh_pg_url: str) -> Iterator[tuple[StatestoreServer, FaultProxy]]:
+    upgrade(fresh_pg_url)
+    parts = urlsplit(fresh_pg_url)
+    assert parts.port is not None
+    network = NetworkLoop()
+    proxy = FaultProxy(network, "postgres", parts.port)
+    through = parts._replace(netloc=parts.netloc.replace(f":{parts.port}", f":{proxy.port}")).geturl()
+    try:
+        with FakeBackend() as backend:
+            server = StatestoreServer(database_url=through, upstream_url=backend.url)
+            try:
+                yield server, proxy
+            finally:
+                server.stop()
+    finally:
+        proxy.close()
+        network.stop()
+
+
+@pytest.mark.parametrize("kind", ["create", "continue", "stream"])
+def test_a_commit_whose_reply_was_lost_is_answered_as_stored(
+    lossy_server: tuple[StatestoreServer, FaultProxy], kind: str
+) -> None:
+    server, proxy = lossy_server
+    raw = RawClient(server.url, f"sk-lost-{secrets.token_hex(6)}")
+    try:
+        previous = None if kind == "create" else raw.ok([user("one")])["id"]
+        marker = f"lost-reply-{secrets.token_hex(4)}"
+        # The commit is the first statement that carries the new turn's text.
+        proxy.faults.lose_reply_after = marker.encode()
+        response = raw.turn([user(marker)], previous, stream=kind == "stream")
+        assert proxy.faults.lose_reply_after is None, "the commit never went through the proxy"
+        assert response.status_code == 200, response.text
+        if kind == "stream":
+            events = sse_data(response.content)
+            assert events[-1]["type"] == "message_stop", events[-1]
+            reply_id = events[0]["message"]["id"]
+        else:
+            reply_id = response.json()["id"]
+        thread_id = response.headers["statestore-thread-id"]
+        texts = [m["content"] for m in raw.export(thread_id)["messages"] if m["role"] == "user"]
+        assert texts == ([] if kind == "create" else ["one"]) + [marker]
+        # The head moved to this reply, and the thread goes on from it.
+        assert raw.ok([user("after")], reply_id)["content"][0]["text"] == "echo: after"
+        assert orjson.loads(raw.http.get(f"/statestore/v1/threads/{thread_id}").content)["message_count"] == (
+            len(texts) * 2 + 2
+        )
+    finally:
+        raw.close()
