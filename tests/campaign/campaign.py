@@ -84,8 +84,11 @@ async def _heal_thread(client: Client, state: ThreadState) -> Op | None:
             op = await client.turn("heal", state, previous_id=None, session=state.key)
         else:
             head = await client.head(state)
-            if head.outcome != "ok":
+            if head.outcome == "fail":
                 return None
+            if head.outcome == "unknown":
+                await asyncio.sleep(0.5)
+                continue
             op = await client.turn("heal", state, previous_id=head.message_id)
         # Retried: a lease a killed replica left (held for at most the lease time), and a 5xx or a cut connection
         # while the replicas' pools replace the connections the faults broke. Anything else is the verdict.
