@@ -190,16 +190,16 @@ async def run_campaign(cluster: Cluster, plan: Plan) -> Report:
         await asyncio.to_thread(cluster.heal)
         for client in clients:
             client.settings.backend_fault_rate = 0.0
-        listed = {}
-        for client in clients:
-            for key, (thread_id, _) in (await owner_threads(client)).items():
-                listed[key] = (client, thread_id)
         heal_ops: dict[str, Op] = {}
-        for key, (client, thread_id) in listed.items():
-            state = ThreadState(key=key.rstrip("#"), user_id="", thread_id=thread_id)
-            op = await _heal_thread(client, state)
-            if op is not None:
-                heal_ops[key] = op
+
+        async def heal_all(client: Client) -> None:
+            for key, (thread_id, _) in (await owner_threads(client)).items():
+                op = await _heal_thread(client, ThreadState(key=key.rstrip("#"), user_id="", thread_id=thread_id))
+                if op is not None:
+                    heal_ops[key] = op
+
+        # Each client heals its own threads one after another; the clients run side by side.
+        await asyncio.gather(*(heal_all(client) for client in clients))
         final = await _final_state(cluster, clients, history)
     finally:
         for client in clients:

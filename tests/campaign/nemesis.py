@@ -5,7 +5,8 @@ vary with timing).
 Faults: SIGKILL of a statestore replica (restarted on the same port), PostgreSQL stopped as by a crash
 (`pg_ctl -m immediate`) or hung (SIGSTOP of every process of its cluster), Redis flushed, killed or hung, and on each
 path to PostgreSQL, Redis and the backend the proxy's latency, stall, bandwidth cap, reset and dropped connections and
-refused connects, and a commit carried out whose answer is lost. Backend errors, stalls and cut replies are met by single turns (tests/campaign/workload.py)."""
+refused connects, and a commit carried out whose answer is lost. Backend errors, stalls and cut replies are met by
+single turns (tests/campaign/workload.py)."""
 
 from __future__ import annotations
 

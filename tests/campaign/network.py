@@ -110,7 +110,8 @@ async def _pump(
                     faults.lose_reply_after = None
                     link.replies_lost = True
                     # Later than the server needs to carry out what it was sent; then the client sees a reset.
-                    asyncio.get_running_loop().call_later(LOSE_REPLY_DELAY, functools.partial(_abort, link.client, reset=True))
+                    cut = functools.partial(_abort, link.client, reset=True)
+                    asyncio.get_running_loop().call_later(LOSE_REPLY_DELAY, cut)
                 while faults.stalled:
                     await asyncio.sleep(0.05)
                 if faults.latency:
