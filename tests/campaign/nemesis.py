@@ -56,7 +56,10 @@ class Nemesis:
         replica = self.rng.choice(self.cluster.replicas)
         await asyncio.to_thread(replica.kill)
         await asyncio.sleep(hold)
-        await asyncio.to_thread(replica.start)
+        try:
+            await asyncio.to_thread(replica.start)
+        except RuntimeError:
+            return {"port": replica.port, "restarted": False}  # healing starts it again
         return {"port": replica.port}
 
     async def postgres_crash(self, hold: float) -> dict[str, object]:

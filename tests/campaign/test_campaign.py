@@ -1,5 +1,5 @@
-"""The randomized fault campaign (tests/campaign/README in the module docstrings): 0 anomalies, or the report of each
-one by kind with the operations involved."""
+"""The randomized fault campaign (README, "Fault campaign"): the checker finds 0 anomalies, or the failure reports each
+one by kind with the operations involved, the seed that replays the run and the replicas' logs."""
 
 from __future__ import annotations
 

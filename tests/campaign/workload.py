@@ -57,7 +57,7 @@ class ThreadState:
 
 
 @dataclass
-class Settings:
+class ClientSettings:
     backend_fault_rate: float = 0.04
     live_threads: int = 6
 
@@ -84,7 +84,7 @@ class Client:
         self.all_threads: list[ThreadState] = []
         self.sessions = [f"S{index}-{n}" for n in range(2)]
         self._made = 0
-        self.settings = Settings()
+        self.settings = ClientSettings()
 
     # -- one operation ------------------------------------------------------------------------------------------
 
