@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test lint install services browser console-screenshots bench bench-responses campaign clean
+.PHONY: run test lint install services browser console-screenshots bench bench-responses bench-context campaign clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -68,6 +68,11 @@ bench: $(STAMP) services
 # The Responses continue beside the threaded continue at 2k and 200k tokens (bench/responses_arm.py).
 bench-responses: $(STAMP) services
 	$(BIN)/python -m bench.responses_arm $(BENCH_ARGS)
+
+# Long conversations (PROTOCOL §9): a continue on 10 MB archived vs a 200 KB thread; a truncate step vs a cold
+# rebuild. CONTEXT_BENCH_ARGS: --turns N --archive-mb M --context-kb K.
+bench-context: $(STAMP) services
+	$(BIN)/python -m bench.context_arm $(CONTEXT_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis statestore.db statestore.db-*

@@ -13,6 +13,7 @@ from typing import Any
 from statestore.auth import Authenticator, hash_key, new_api_key
 from statestore.clock import Clock
 from statestore.errors import InvalidRequest, NotFound, StatestoreError
+from statestore.policy_fields import FIELD_NAMES, PolicyValueError, validate_values
 from statestore.retention import Retention
 from statestore.store.admin_repository import (
     DEFAULT_SCOPE,
@@ -25,10 +26,9 @@ from statestore.store.admin_repository import (
 from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 
-POLICY_FIELDS = tuple(Policy.__dataclass_fields__)
+# The policy's field names, in order (their definitions: statestore/policy_fields.py; their types: Policy).
+POLICY_FIELDS = FIELD_NAMES
 TENANT_ID_PREFIX = "ten_"
-MAX_MESSAGES_LIMIT = 2**31 - 1  # policies.max_messages and threads.head_position are 32-bit integers
-MAX_THREAD_BYTES_LIMIT = 2**63 - 1  # policies.max_thread_bytes is a 64-bit integer
 
 
 class Conflict(StatestoreError):
@@ -93,32 +93,12 @@ class CreatedKey:
 
 
 def validate_policy(values: dict[str, Any]) -> Policy:
-    """A policy from untrusted input, every field required and checked, with messages that say what to change."""
-    unknown = sorted(set(values) - set(POLICY_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"unknown policy fields: {', '.join(unknown)}")
-    missing = [name for name in POLICY_FIELDS if name not in values]
-    if missing:
-        raise InvalidRequest(f"missing policy fields: {', '.join(missing)}")
-    for name in ("threads_enabled", "sessions_enabled"):
-        if not isinstance(values[name], bool):
-            raise InvalidRequest(f"{name} must be true or false")
-    for name in ("default_ttl_seconds", "max_ttl_seconds", "max_thread_bytes", "max_messages"):
-        value = values[name]
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InvalidRequest(f"{name} must be a whole number of at least 1")
-    if values["default_ttl_seconds"] > values["max_ttl_seconds"]:
-        raise InvalidRequest("default_ttl_seconds must not exceed max_ttl_seconds")
-    if values["max_ttl_seconds"] > 366 * 86_400:
-        raise InvalidRequest("max_ttl_seconds must be at most 31622400 (366 days)")
-    if values["max_messages"] < 2:
-        raise InvalidRequest("max_messages must be at least 2 (a turn and its reply)")
-    # The columns' ranges: a larger value would fail in the database, as a 500.
-    if values["max_messages"] > MAX_MESSAGES_LIMIT:
-        raise InvalidRequest(f"max_messages must be at most {MAX_MESSAGES_LIMIT}")
-    if values["max_thread_bytes"] > MAX_THREAD_BYTES_LIMIT:
-        raise InvalidRequest(f"max_thread_bytes must be at most {MAX_THREAD_BYTES_LIMIT}")
-    return Policy(**values)
+    """A policy from untrusted input, every field checked (statestore/policy_fields.py), with messages that name the
+    field and say what to change."""
+    try:
+        return Policy(**validate_values(values))
+    except PolicyValueError as exc:
+        raise InvalidRequest(str(exc)) from exc
 
 
 class AdminService:

@@ -18,6 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from statestore.admin import AdminService, as_dict, day_label
 from statestore.config import Settings
 from statestore.errors import StatestoreError
+from statestore.policy_fields import POLICY_FIELDS
 from statestore.resources import build_resources
 from statestore.store.engine import create_engine
 
@@ -116,7 +117,7 @@ async def policy_set(admin: AdminService, args: argparse.Namespace) -> tuple[Any
     for name in values:
         given = getattr(args, name)
         if given is not None:
-            values[name] = given
+            values[name] = None if given is _NONE else given
     policy = await admin.put_policy(args.scope, values, actor=_actor(args))
     text = f"policy for {args.scope} set:\n" + "\n".join(f"  {k}: {v}" for k, v in as_dict(policy).items())
     return {"scope": args.scope, "policy": as_dict(policy)}, text
@@ -194,6 +195,19 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
         print(text)
 
 
+_NONE = object()
+
+
+def _or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A flag whose value `none` clears a nullable field (argparse's None means "not given")."""
+
+    def parse(value: str) -> Any:
+        return _NONE if value == "none" else kind(value)
+
+    parse.__name__ = getattr(kind, "__name__", "value")
+    return parse
+
+
 def _switch(value: str) -> bool:
     """A true/false option, strictly: a typo must not switch threads off."""
     lowered = value.strip().lower()
@@ -260,10 +274,18 @@ def add_commands(commands: Any) -> None:
     p.set_defaults(operation=policy_show)
     p = policy.add_parser("set", parents=[common], help="change fields of a policy (others keep their values)")
     p.add_argument("scope", help="'default' or a tenant id or name")
-    for flag in ("threads-enabled", "sessions-enabled"):
-        p.add_argument(f"--{flag}", type=_switch, metavar="true|false")
-    for flag in ("default-ttl-seconds", "max-ttl-seconds", "max-thread-bytes", "max-messages"):
-        p.add_argument(f"--{flag}", type=int, metavar="N")
+    for field in POLICY_FIELDS:
+        flag = "--" + field.name.replace("_", "-")
+        if field.kind == "bool":
+            p.add_argument(flag, type=_switch, metavar="true|false", help=field.help)
+        elif field.kind == "choice":
+            p.add_argument(flag, choices=field.choices, help=field.help)
+        else:
+            kind: Callable[[str], Any] = {"int": int, "ratio": float, "text": str}[field.kind]
+            metavar = "TEXT" if field.kind == "text" else "N"
+            if field.nullable:
+                kind, metavar = _or_none(kind), f"{metavar}|none"
+            p.add_argument(flag, type=kind, metavar=metavar, help=field.help)
     p.set_defaults(operation=policy_set)
     p = policy.add_parser("delete", parents=[common], help="drop a tenant's override (it follows the default)")
     p.add_argument("scope")

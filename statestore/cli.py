@@ -85,7 +85,13 @@ def _safe_url(url: str) -> str:
 def cmd_echo_backend(args: argparse.Namespace) -> None:
     from statestore.upstream.echo import run_echo_backend
 
-    run_echo_backend(args.host, args.port, delay_seconds=args.delay, reply_bytes=args.reply_bytes)
+    run_echo_backend(
+        args.host,
+        args.port,
+        delay_seconds=args.delay,
+        reply_bytes=args.reply_bytes,
+        context_window=args.context_window,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,6 +137,13 @@ def build_parser() -> argparse.ArgumentParser:
     echo.add_argument("--port", type=int, default=8090, help="port (default 8090)")
     echo.add_argument("--delay", type=float, default=0.0, help="seconds to wait before each reply (default 0)")
     echo.add_argument("--reply-bytes", type=int, default=None, help="pad each reply's text to about this size")
+    window = os.environ.get("STATESTORE_ECHO_CONTEXT_WINDOW")
+    echo.add_argument(
+        "--context-window",
+        type=int,
+        default=int(window) if window else None,
+        help="refuse requests of more input tokens, as the API does (default: STATESTORE_ECHO_CONTEXT_WINDOW, or none)",
+    )
     echo.set_defaults(func=cmd_echo_backend)
 
     from statestore.admin_cli import add_commands

@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from statestore.admin import AdminService, as_dict, day_label
 from statestore.api.deps import ResourcesDep
 from statestore.errors import AuthenticationFailed, PermissionDenied
+from statestore.policy_fields import POLICY_FIELDS
 from statestore.threads.policy import Policy
 
 router = APIRouter(prefix="/admin/v1", tags=["admin"])
@@ -44,14 +45,12 @@ class KeyIn(BaseModel):
     label: str | None = Field(default=None, max_length=200)
 
 
-class PolicyIn(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    threads_enabled: bool
-    sessions_enabled: bool
-    default_ttl_seconds: int
-    max_ttl_seconds: int
-    max_thread_bytes: int
-    max_messages: int
+# The request model of a policy update, derived from the one definition of the fields (statestore/policy_fields.py).
+PolicyIn = create_model(
+    "PolicyIn",
+    __config__=ConfigDict(extra="forbid", strict=True),
+    **{f.name: (f.python_type, ... if f.required else f.default) for f in POLICY_FIELDS},  # type: ignore[call-overload]
+)
 
 
 class EraseIn(BaseModel):
@@ -111,6 +110,12 @@ async def revoke_key(key_id: str, actor: Actor, admin: Admin) -> dict[str, Any]:
 async def get_policy(scope: str, actor: Actor, admin: Admin) -> dict[str, Any]:
     policy, source = await admin.policy(scope)
     return _policy_view(scope, policy, source)
+
+
+@router.get("/policy-fields")
+async def policy_fields(actor: Actor) -> dict[str, Any]:
+    """The policy's fields as data (name, kind, limits, default, help), so a form can be rendered from them."""
+    return {"data": [field.describe() for field in POLICY_FIELDS]}
 
 
 @router.put("/policies/{scope}")

@@ -4,6 +4,7 @@ is committed before the client can see its end (PROTOCOL §2): the JSON body aft
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +15,8 @@ from starlette.responses import Response
 from statestore.api.responses import bytes_response, streaming_response
 from statestore.auth import Principal
 from statestore.errors import StatestoreError, StreamBrokenOff
-from statestore.threads import assembly, rules
+from statestore.threads import assembly, context, rules
+from statestore.threads.context_step import Summarize
 from statestore.threads.diagnostics import storable_backend_id
 from statestore.threads.service import CompletedReply, PreparedTurn, ThreadService
 from statestore.threads.turn import ThreadTurn
@@ -29,12 +31,16 @@ from statestore.upstream.client import (
 from statestore.upstream.reply_capture import ReplyAccumulator
 from statestore.upstream.sse import SSEParser
 
+log = logging.getLogger(__name__)
+
 
 def completed(message: dict[str, Any], backend_id: object) -> CompletedReply:
+    content = message.get("content", [])
     return CompletedReply(
-        row=assembly.stored_reply(message.get("content", [])),
+        row=assembly.stored_reply(content),
         backend_id=storable_backend_id(backend_id),
         usage=usage_of(message),
+        compaction=context.compaction_head(content),
     )
 
 
@@ -60,13 +66,44 @@ class _ThreadedTurn:
     async def serve(
         self, turn: ThreadTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str
     ) -> Response:
-        prepared = await self.service.begin(turn, principal)
+        prepared = await self.service.begin(turn, principal, self._summarizer(principal, headers))
         try:
             return await self._forward(prepared, principal, headers, query)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.service.give_back(prepared)
             raise
+
+    def _summarizer(self, principal: Principal, headers: list[tuple[bytes, bytes]]) -> Summarize:
+        """Sends a summary request (PROTOCOL §9) with the turn's own credential and API version, out of band: its reply
+        is read whole and never relayed. Any failure is None, and the turn falls back to truncating."""
+        upstream_headers = [
+            (name, value)
+            for name, value in request_headers_for_upstream(
+                headers, threaded=True, credential=principal.upstream_credential
+            )
+            if name != b"accept"  # a summary is read whole, never streamed
+        ]
+
+        async def summarize(body: bytes) -> str | None:
+            try:
+                response = await self.upstream.send("POST", "/v1/messages", upstream_headers, body)
+                try:
+                    reply = await response.read()
+                finally:
+                    await response.aclose()
+            except Exception as exc:  # the turn goes on without a summary, whatever went wrong
+                log.warning("summary request failed", extra={"error": type(exc).__name__})
+                return None
+            if response.status != 200:
+                log.warning("summary request refused", extra={"status": response.status})
+                return None
+            try:
+                return context.summary_text(orjson.loads(reply))
+            except orjson.JSONDecodeError:
+                return None
+
+        return summarize
 
     async def _forward(
         self, prepared: PreparedTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str

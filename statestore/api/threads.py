@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
@@ -50,6 +50,16 @@ def _thread(info: ThreadInfo) -> dict[str, Any]:
             "cache_creation_input_tokens": info.usage.cache_creation_input_tokens,
             "cache_read_input_tokens": info.usage.cache_read_input_tokens,
             "turns": info.turn_count,
+        },
+        # What a rebuild sends (PROTOCOL §9): the archive above holds every message, the context only these.
+        "context": {
+            "tokens": info.context.tokens,
+            "base_position": info.context.base_position,
+            "message_count": info.context.messages,
+            "bytes": info.context.bytes,
+            "compacted": info.context.compacted,
+            "truncated": info.context.truncated,
+            "summarized": info.context.summarized,
         },
     }
 
@@ -97,9 +107,19 @@ async def get_thread(thread_id: str, caller: Caller, resources: ResourcesDep) ->
 
 
 @router.get("/statestore/v1/threads/{thread_id}/messages")
-async def export_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> Response:
+async def export_thread(
+    thread_id: str,
+    caller: Caller,
+    resources: ResourcesDep,
+    view: Annotated[
+        Literal["archive", "context"],
+        Query(description="archive: every stored message; context: what the next turn sends (PROTOCOL §9)"),
+    ] = "archive",
+) -> Response:
     exported = (
-        await resources.queries.export(caller.owner, thread_id, now_ms=resources.clock())
+        await resources.queries.export(
+            caller.owner, thread_id, now_ms=resources.clock(), context_only=view == "context"
+        )
         if is_thread_id(thread_id)
         else None
     )

@@ -13,6 +13,7 @@ from sqlalchemy import and_, delete, func, insert, not_, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from statestore.policy_fields import POLICY_FIELDS
 from statestore.store.audit_filter import AuditFilter
 from statestore.store.responses_stats import responses_stats
 from statestore.store.schema import api_keys, audit_log, counters, daily_usage, policies, tenants, threads
@@ -75,14 +76,8 @@ def _key(row: RowMapping) -> ApiKey:
 
 
 def _policy(row: RowMapping) -> Policy:
-    return Policy(
-        threads_enabled=bool(row["threads_enabled"]),
-        sessions_enabled=bool(row["sessions_enabled"]),
-        default_ttl_seconds=row["default_ttl_seconds"],
-        max_ttl_seconds=row["max_ttl_seconds"],
-        max_thread_bytes=row["max_thread_bytes"],
-        max_messages=row["max_messages"],
-    )
+    values: dict[str, Any] = {f.name: bool(row[f.name]) if f.kind == "bool" else row[f.name] for f in POLICY_FIELDS}
+    return Policy(**values)
 
 
 def _json(value: Any) -> str | None:

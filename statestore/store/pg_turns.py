@@ -17,6 +17,7 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from statestore.config import Settings
+from statestore.store.turn_records import TurnCommit
 
 # asyncpg prepares each statement once per connection and reuses it (its statement cache).
 ACQUIRE_BY_RESPONSE = """
@@ -24,7 +25,8 @@ UPDATE threads SET lease_token = $5, lease_expires_ms = $6
 WHERE id = $1 AND owner = $2 AND head_message_id = $3 AND expires_ms > $4
   AND (lease_token IS NULL OR lease_expires_ms <= $4)
 RETURNING id, session_id, system, tools, system_fp, tools_fp, output_config_fp, fixed_markers, head_position,
-  byte_count, ttl_seconds
+  byte_count, ttl_seconds, base_position, base_bytes, COALESCE(octet_length(context_head), 0) AS head_bytes,
+  context_tokens
 """
 
 # The day's usage counters (the console's charts) move in the same statement as the head: counted exactly when the
@@ -45,7 +47,14 @@ WITH moved AS (
         ttl_seconds = $5,
         updated_ms = $6,
         expires_ms = $7,
-        metadata_user_id = COALESCE(metadata_user_id, $8::varchar)
+        metadata_user_id = COALESCE(metadata_user_id, $8::varchar),
+        context_tokens = $19,
+        base_position = CASE WHEN $20::boolean THEN $21::integer ELSE base_position END,
+        base_bytes = CASE WHEN $20::boolean THEN $22::bigint ELSE base_bytes END,
+        context_head = CASE WHEN $20::boolean THEN $23::bytea ELSE context_head END,
+        context_compacted = context_compacted + $24,
+        context_truncated = context_truncated + $25,
+        context_summarized = context_summarized + $26
     WHERE id = $1 AND lease_token = $2
     RETURNING id
 ), counted AS (
@@ -62,7 +71,31 @@ FROM moved, unnest($9::integer[], $10::bytea[], $11::varchar[], $12::varchar[])
 
 RENEW_LEASE = "UPDATE threads SET lease_expires_ms = $3 WHERE id = $1 AND lease_token = $2"
 RELEASE = "UPDATE threads SET lease_token = NULL, lease_expires_ms = NULL WHERE id = $1 AND lease_token = $2"
-LOAD_HISTORY = "SELECT body FROM thread_messages WHERE thread_id = $1 ORDER BY position"
+# The context a rebuild sends, in one snapshot: the head (position -1) and the stored messages from the base on.
+LOAD_CONTEXT = """
+SELECT -1 AS position, context_head AS body FROM threads WHERE id = $1 AND context_head IS NOT NULL
+UNION ALL
+SELECT position, body FROM thread_messages
+WHERE thread_id = $1 AND position >= (SELECT base_position FROM threads WHERE id = $1)
+ORDER BY 1
+"""
+
+
+def context_params(commit: TurnCommit) -> tuple[Any, ...]:
+    """COMMIT_TURN's parameters $19 to $26: the context after the turn and the move of its base (PROTOCOL §9)."""
+    move = commit.move
+    if move is None:
+        return (commit.context_tokens, False, 0, 0, None, 0, 0, 0)
+    return (
+        commit.context_tokens,
+        True,
+        move.base_position,
+        move.base_bytes,
+        move.head,
+        move.count("compacted"),
+        move.count("truncated"),
+        move.count("summarized"),
+    )
 
 
 def asyncpg_dsn(sqlalchemy_url: str) -> str:
@@ -134,7 +167,7 @@ class PgTurnStatements:
             status: str = await conn.execute(COMMIT_TURN, *args)
         return int(status.rsplit(" ", 1)[-1])
 
-    async def load_history(self, thread_id: str) -> list[bytes]:
+    async def load_context(self, thread_id: str) -> list[tuple[int, bytes]]:
         async with self._durable.acquire(timeout=self._timeout) as conn:
-            rows = await conn.fetch(LOAD_HISTORY, thread_id)
-        return [row[0] for row in rows]
+            rows = await conn.fetch(LOAD_CONTEXT, thread_id)
+        return [(row[0], row[1]) for row in rows]

@@ -6,6 +6,7 @@ from sqlalchemy import (
     BigInteger,
     Boolean,
     Column,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -54,6 +55,18 @@ threads = Table(
     Column("usage_output_tokens", BigInteger, nullable=False, server_default="0"),
     Column("usage_cache_creation_input_tokens", BigInteger, nullable=False, server_default="0"),
     Column("usage_cache_read_input_tokens", BigInteger, nullable=False, server_default="0"),
+    # The context a rebuild sends (PROTOCOL §9): `context_head` (a compaction reply cut to its compaction block, or
+    # a summary) in place of the messages before `base_position`, then the stored messages from there on.
+    # `base_bytes` is the bytes of the messages before the base, so the context's size is byte_count - base_bytes
+    # plus the head's; a server that predates these columns only appends, which keeps that sum right.
+    Column("base_position", Integer, nullable=False, server_default="0"),
+    Column("base_bytes", BigInteger, nullable=False, server_default="0"),
+    Column("context_head", LargeBinary, nullable=True),
+    # The context's size in tokens after the last turn, from the backend's usage.
+    Column("context_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("context_compacted", Integer, nullable=False, server_default="0"),
+    Column("context_truncated", Integer, nullable=False, server_default="0"),
+    Column("context_summarized", Integer, nullable=False, server_default="0"),
     Column("lease_token", String(40), nullable=True),
     Column("lease_expires_ms", BigInteger, nullable=True),
     Column("ttl_seconds", Integer, nullable=False),
@@ -131,6 +144,13 @@ policies = Table(
     Column("max_ttl_seconds", Integer, nullable=False),
     Column("max_thread_bytes", BigInteger, nullable=False),
     Column("max_messages", Integer, nullable=False),
+    # The context policy (PROTOCOL §9; statestore/policy_fields.py).
+    Column("context_strategy", String(16), nullable=False, server_default="none"),
+    Column("context_window_tokens", Integer, nullable=True),
+    Column("context_trigger_ratio", Float, nullable=False, server_default="0.8"),
+    Column("context_target_ratio", Float, nullable=False, server_default="0.5"),
+    Column("summary_model", String(200), nullable=True),
+    Column("summary_instructions", Text, nullable=True),
     Column("updated_ms", BigInteger, nullable=False),
 )
 

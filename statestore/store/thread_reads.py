@@ -4,13 +4,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.store.schema import sessions, thread_messages, threads
 from statestore.store.turn_writes import TurnUsage
+
+
+@dataclass(frozen=True, slots=True)
+class ContextInfo:
+    """What a rebuild sends (PROTOCOL §9): the base and the context's size, and how often it moved."""
+
+    tokens: int
+    base_position: int
+    messages: int
+    bytes: int
+    compacted: int
+    truncated: int
+    summarized: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +38,7 @@ class ThreadInfo:
     byte_count: int
     head_message_id: str
     usage: TurnUsage
+    context: ContextInfo
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +62,13 @@ _INFO_COLUMNS = (
     threads.c.usage_output_tokens,
     threads.c.usage_cache_creation_input_tokens,
     threads.c.usage_cache_read_input_tokens,
+    threads.c.context_tokens,
+    threads.c.base_position,
+    threads.c.base_bytes,
+    func.coalesce(func.length(threads.c.context_head), 0).label("head_bytes"),
+    threads.c.context_compacted,
+    threads.c.context_truncated,
+    threads.c.context_summarized,
 )
 
 
@@ -67,6 +88,15 @@ def _info(m: RowMapping) -> ThreadInfo:
             output_tokens=m["usage_output_tokens"],
             cache_creation_input_tokens=m["usage_cache_creation_input_tokens"],
             cache_read_input_tokens=m["usage_cache_read_input_tokens"],
+        ),
+        context=ContextInfo(
+            tokens=m["context_tokens"],
+            base_position=m["base_position"],
+            messages=m["head_position"] - m["base_position"] + (1 if m["head_bytes"] else 0),
+            bytes=m["byte_count"] - m["base_bytes"] + m["head_bytes"],
+            compacted=m["context_compacted"],
+            truncated=m["context_truncated"],
+            summarized=m["context_summarized"],
         ),
     )
 
@@ -112,25 +142,41 @@ class ThreadQueries:
             ).first()
         return _info(row._mapping) if row is not None else None
 
-    async def export(self, owner: str, thread_id: str, *, now_ms: int) -> ThreadExport | None:
+    async def export(
+        self, owner: str, thread_id: str, *, now_ms: int, context_only: bool = False
+    ) -> ThreadExport | None:
+        """Every stored message (the archive), or with `context_only` what the next turn sends before its own new
+        messages: the context head, then the stored messages from the base on (PROTOCOL §9)."""
         async with self.engine.connect() as conn:
             row = (
                 await conn.execute(
-                    select(threads.c.system, threads.c.tools, threads.c.head_position).where(
-                        threads.c.id == thread_id, live(owner, now_ms)
-                    )
+                    select(
+                        threads.c.system,
+                        threads.c.tools,
+                        threads.c.head_position,
+                        threads.c.base_position,
+                        threads.c.context_head,
+                    ).where(threads.c.id == thread_id, live(owner, now_ms))
                 )
             ).first()
             if row is None:
                 return None
+            first = row.base_position if context_only else 0
             bodies = (
                 await conn.execute(
                     select(thread_messages.c.body)
-                    .where(thread_messages.c.thread_id == thread_id, thread_messages.c.position < row.head_position)
+                    .where(
+                        thread_messages.c.thread_id == thread_id,
+                        thread_messages.c.position >= first,
+                        thread_messages.c.position < row.head_position,
+                    )
                     .order_by(thread_messages.c.position)
                 )
             ).scalars()
-            return ThreadExport(system=row.system, tools=row.tools, messages=[bytes(body) for body in bodies])
+            messages = [bytes(body) for body in bodies]
+            if context_only and row.context_head is not None:
+                messages.insert(0, bytes(row.context_head))
+            return ThreadExport(system=row.system, tools=row.tools, messages=messages)
 
     async def session_thread(self, owner: str, session: str, *, now_ms: int) -> ThreadInfo | None:
         bound = select(sessions.c.thread_id).where(sessions.c.owner == owner, sessions.c.name == session)

@@ -23,6 +23,19 @@ class LeasedThread:
     head_position: int
     byte_count: int
     ttl_seconds: int
+    # The context a rebuild sends (PROTOCOL §9): stored messages from base_position on, after a head of head_bytes.
+    base_position: int = 0
+    base_bytes: int = 0
+    head_bytes: int = 0
+    context_tokens: int = 0
+
+    @property
+    def context_messages(self) -> int:
+        return self.head_position - self.base_position + (1 if self.head_bytes else 0)
+
+    @property
+    def context_bytes(self) -> int:
+        return self.byte_count - self.base_bytes + self.head_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +64,23 @@ class TurnUsage:
     cache_read_input_tokens: int = 0
 
 
+ContextAction = Literal["compacted", "truncated", "summarized"]
+
+
+@dataclass(frozen=True, slots=True)
+class ContextMove:
+    """The base moving forward (PROTOCOL §9): from now on a rebuild sends `head` (when not None) and then the stored
+    messages from `base_position` on; `base_bytes` is the bytes of the stored messages before it."""
+
+    base_position: int
+    base_bytes: int
+    head: bytes | None
+    actions: tuple[ContextAction, ...]
+
+    def count(self, action: ContextAction) -> int:
+        return self.actions.count(action)
+
+
 @dataclass(frozen=True, slots=True)
 class TurnCommit:
     thread_id: str
@@ -68,3 +98,6 @@ class TurnCommit:
     # The backend's own id of the reply (the last row), kept for cache diagnostics.
     reply_backend_id: str | None = None
     usage: TurnUsage = TurnUsage()
+    # The context's size in tokens after this turn, and the move of its base, if any (PROTOCOL §9).
+    context_tokens: int = 0
+    move: ContextMove | None = None

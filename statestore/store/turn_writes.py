@@ -12,16 +12,23 @@ import zlib
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import bindparam, delete, exists, func, insert, or_, select, update
+from sqlalchemy import bindparam, delete, exists, func, insert, literal, or_, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
-from statestore.store.pg_turns import PgTurnStatements
+from statestore.store.pg_turns import PgTurnStatements, context_params
 from statestore.store.schema import daily_usage, sessions, thread_messages, threads
-from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread, TurnCommit, TurnUsage
+from statestore.store.turn_records import (
+    ContextMove,
+    ContinueRefusal,
+    LeasedThread,
+    NewThread,
+    TurnCommit,
+    TurnUsage,
+)
 
-__all__ = ["ContinueRefusal", "LeasedThread", "NewThread", "ThreadRepository", "TurnCommit", "TurnUsage"]
+__all__ = ["ContextMove", "ContinueRefusal", "LeasedThread", "NewThread", "ThreadRepository", "TurnCommit", "TurnUsage"]
 
 DAY_MS = 86_400_000
 # Rows a day's usage is spread over: concurrent commits on PostgreSQL would otherwise all wait on one row's lock.
@@ -46,6 +53,10 @@ _LEASED_COLUMNS = (
     threads.c.head_position,
     threads.c.byte_count,
     threads.c.ttl_seconds,
+    threads.c.base_position,
+    threads.c.base_bytes,
+    func.coalesce(func.length(threads.c.context_head), 0).label("head_bytes"),
+    threads.c.context_tokens,
 )
 
 
@@ -62,6 +73,10 @@ def _leased(m: Mapping[Any, Any]) -> LeasedThread:
         head_position=m["head_position"],
         byte_count=m["byte_count"],
         ttl_seconds=m["ttl_seconds"],
+        base_position=m["base_position"],
+        base_bytes=m["base_bytes"],
+        head_bytes=m["head_bytes"],
+        context_tokens=m["context_tokens"],
     )
 
 
@@ -83,6 +98,21 @@ _ACQUIRE_BY_RESPONSE = (
     .values(lease_token=bindparam("p_token"), lease_expires_ms=bindparam("p_until"))
     .returning(*_LEASED_COLUMNS)
 )
+
+
+def _context_values(commit: TurnCommit) -> dict[str, Any]:
+    move = commit.move
+    values: dict[str, Any] = {"context_tokens": commit.context_tokens}
+    if move is not None:
+        values |= {
+            "base_position": move.base_position,
+            "base_bytes": move.base_bytes,
+            "context_head": move.head,
+            "context_compacted": threads.c.context_compacted + move.count("compacted"),
+            "context_truncated": threads.c.context_truncated + move.count("truncated"),
+            "context_summarized": threads.c.context_summarized + move.count("summarized"),
+        }
+    return values
 
 
 class ThreadRepository:
@@ -265,6 +295,7 @@ class ThreadRepository:
                     updated_ms=commit.now_ms,
                     expires_ms=commit.expires_ms,
                     metadata_user_id=func.coalesce(threads.c.metadata_user_id, commit.metadata_user_id),
+                    **_context_values(commit),
                 )
             )
             if moved.rowcount != 1:
@@ -322,6 +353,7 @@ class ThreadRepository:
             commit.usage.cache_creation_input_tokens,
             commit.usage.cache_read_input_tokens,
             *usage_key(commit),
+            *context_params(commit),
         )
         return inserted == len(commit.rows)
 
@@ -380,13 +412,18 @@ class ThreadRepository:
         async with self._single.connect() as conn:
             return (await conn.execute(stmt)).first() is not None
 
-    async def load_history(self, thread_id: str) -> list[bytes]:
+    async def load_context(self, thread_id: str) -> list[tuple[int, bytes]]:
+        """What a rebuild sends, in order: (-1, the head) when the thread has one, then (position, message bytes) of
+        every stored message from the base on."""
         if self._pg is not None:
-            return await self._pg.load_history(thread_id)
-        stmt = (
-            select(thread_messages.c.body)
-            .where(thread_messages.c.thread_id == thread_id)
-            .order_by(thread_messages.c.position)
+            return await self._pg.load_context(thread_id)
+        base = select(threads.c.base_position).where(threads.c.id == thread_id).scalar_subquery()
+        head = select(literal(-1).label("position"), threads.c.context_head.label("body")).where(
+            threads.c.id == thread_id, threads.c.context_head.is_not(None)
         )
+        rows = select(thread_messages.c.position, thread_messages.c.body).where(
+            thread_messages.c.thread_id == thread_id, thread_messages.c.position >= base
+        )
+        stmt = union_all(head, rows).order_by("position")
         async with self._single.connect() as conn:
-            return [bytes(body) for body in (await conn.execute(stmt)).scalars()]
+            return [(position, bytes(body)) for position, body in (await conn.execute(stmt)).all()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from statestore.config import Settings
 from statestore.errors import InvalidRequest
@@ -16,6 +17,13 @@ class Policy:
     max_ttl_seconds: int
     max_thread_bytes: int
     max_messages: int
+    # The context policy (PROTOCOL §9); the fields and their checks are defined in statestore/policy_fields.py.
+    context_strategy: Literal["none", "truncate", "summarize"] = "none"
+    context_window_tokens: int | None = None
+    context_trigger_ratio: float = 0.8
+    context_target_ratio: float = 0.5
+    summary_model: str | None = None
+    summary_instructions: str | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Policy:

@@ -28,8 +28,15 @@ from statestore.errors import (
 from statestore.metrics import Metrics
 from statestore.store.cache import CachedHistory, HistoryCache
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
-from statestore.store.turn_writes import LeasedThread, NewThread, ThreadRepository, TurnCommit, TurnUsage
-from statestore.threads import assembly, rules
+from statestore.store.turn_writes import (
+    LeasedThread,
+    NewThread,
+    ThreadRepository,
+    TurnCommit,
+    TurnUsage,
+)
+from statestore.threads import assembly, context_step, rules
+from statestore.threads.context_step import ContextStep
 from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
 from statestore.threads.lease import LeaseKeeper
@@ -40,6 +47,8 @@ from statestore.threads.turn import ThreadTurn
 log = logging.getLogger(__name__)
 
 Outcome = Literal["open", "stored", "given_back"]
+CONTEXT_HEADER = b"statestore-context"
+CONTEXT_FALLBACK_HEADER = b"statestore-context-fallback"
 
 
 def wall_clock_ms() -> int:
@@ -70,6 +79,12 @@ class PreparedTurn:
     stream: bool
     keeper: LeaseKeeper | None = None
     outcome: Outcome = field(default="open")
+    # The context (PROTOCOL §9): the archive's bytes before this turn, the thread's system and tools bytes, the base
+    # move this turn makes before it is forwarded, and whether its reply compacted.
+    archive_bytes: int = 0
+    fixed_bytes: int = 0
+    moved: ContextStep | None = None
+    compacted: bool = False
     # An explicit create that names a session: (owner, name), bound to this thread when its reply commits (PROTOCOL §6).
     rebind_session: tuple[str, str] | None = None
 
@@ -81,6 +96,12 @@ class PreparedTurn:
         ]
         if self.session is not None:
             headers.append((b"statestore-session-id", self.session.encode()))
+        if self.compacted:
+            headers.append((CONTEXT_HEADER, b"compacted"))
+        elif self.moved is not None:
+            headers.append((CONTEXT_HEADER, self.moved.action.encode()))
+        if self.moved is not None and self.moved.summary_failed:
+            headers.append((CONTEXT_FALLBACK_HEADER, b"summary_failed"))
         return headers
 
 
@@ -91,6 +112,8 @@ class CompletedReply:
     row: bytes  # the assistant message, encoded once
     backend_id: str | None
     usage: TurnUsage
+    # The reply cut to its compaction block, when it has one: the base moves there (PROTOCOL §9).
+    compaction: bytes | None = None
 
 
 class ThreadService:
@@ -111,14 +134,16 @@ class ThreadService:
         self.lease_ms = lease_seconds * 1000
         self.clock = clock
 
-    async def begin(self, turn: ThreadTurn, principal: Principal) -> PreparedTurn:
+    async def begin(
+        self, turn: ThreadTurn, principal: Principal, summarize: context_step.Summarize | None = None
+    ) -> PreparedTurn:
         """Take the head of the turn's thread (or start a new one) and rebuild the request to forward. Raises a
         StatestoreError (a thread error, 400, 503) with nothing held when the turn cannot go ahead."""
         kind: Literal["create", "continue"] = "continue" if turn.mode == "continue" else "create"
         try:
             policy = await self.policies.for_tenant(principal.tenant_id)
             rules.check_policy(policy, turn)
-            prepared = await self._prepare(turn, principal, policy)
+            prepared = await self._prepare(turn, principal, policy, summarize)
         except StatestoreError:
             self.metrics.count_thread_turn(kind, "rejected")
             raise
@@ -143,7 +168,9 @@ class ThreadService:
 
     # -- taking the head ---------------------------------------------------------------------------------------
 
-    async def _prepare(self, turn: ThreadTurn, principal: Principal, policy: Policy) -> PreparedTurn:
+    async def _prepare(
+        self, turn: ThreadTurn, principal: Principal, policy: Policy, summarize: context_step.Summarize | None
+    ) -> PreparedTurn:
         owner = principal.owner
         now = self.clock()
         token = new_lease_token()
@@ -171,14 +198,16 @@ class ThreadService:
                     owner=owner, thread_id=thread_id, response_id=turn.previous_message_id, now_ms=now
                 )
                 raise rules.refusal(reason)
-            return await self._continue(leased, token, turn, policy, now, cached=cached, prefetched=True)
+            return await self._continue(
+                leased, token, turn, policy, now, summarize=summarize, cached=cached, prefetched=True
+            )
         if turn.mode == "session":
             assert turn.session is not None
             leased = await self.repository.acquire_by_session(
                 owner=owner, session=turn.session, token=token, now_ms=now, lease_until_ms=now + self.lease_ms
             )
             if leased is not None:
-                return await self._continue(leased, token, turn, policy, now)
+                return await self._continue(leased, token, turn, policy, now, summarize=summarize)
             if await self.repository.session_is_busy(owner=owner, session=turn.session, now_ms=now):
                 raise ThreadContinueInFlight("another request is continuing this session right now")
         return await self._create(principal, token, turn, policy, now)
@@ -236,6 +265,7 @@ class ThreadService:
             history_count=0,
             anthropic_beta=turn.anthropic_beta,
             stream=turn.stream,
+            fixed_bytes=fixed_bytes,
             rebind_session=(principal.owner, turn.session) if explicit and turn.session is not None else None,
         )
 
@@ -247,6 +277,7 @@ class ThreadService:
         policy: Policy,
         now: int,
         *,
+        summarize: context_step.Summarize | None,
         cached: CachedHistory | None = None,
         prefetched: bool = False,
     ) -> PreparedTurn:
@@ -254,18 +285,25 @@ class ThreadService:
             rules.check_fixed_fields(leased, turn)
             new = assembly.encode_new_messages(turn.messages)
             rules.check_markers(leased.fixed_markers + new.markers)
+            fixed_bytes = len(leased.system or b"") + len(leased.tools or b"")
+            moved = None
+            if policy.context_strategy != "none":  # only a managed context costs anything, past its trigger (§9)
+                moved = await context_step.step(
+                    self.repository, leased, turn, policy, new.forwarded, summarize=summarize
+                )
+            # Limits count what the rebuild sends, not the archive.
             rules.check_limits(
                 policy,
-                messages=leased.head_position + len(new.stored) + 1,
-                size=len(leased.system or b"")
-                + len(leased.tools or b"")
-                + leased.byte_count
-                + sum(map(len, new.stored)),
+                messages=(moved.messages if moved else leased.context_messages) + len(new.stored) + 1,
+                size=fixed_bytes + (moved.size if moved else leased.context_bytes) + sum(map(len, new.stored)),
             )
             ttl = policy.ttl_for(turn.ttl_header, leased.ttl_seconds)
-            if not prefetched:
-                cached = await self.cache.get(leased.id)
-            history = await self._history(leased, cached, ttl_ms=ttl * 1000)
+            if moved is not None:
+                history = moved.joined
+            else:
+                if not prefetched:
+                    cached = await self.cache.get(leased.id)
+                history = await self._history(leased, cached, ttl_ms=ttl * 1000)
             body = assembly.build_body(
                 turn.fields, system=leased.system, tools=leased.tools, history=history, new_messages=new.forwarded
             )
@@ -288,24 +326,29 @@ class ThreadService:
             history_count=leased.head_position,
             anthropic_beta=turn.anthropic_beta,
             stream=turn.stream,
+            archive_bytes=leased.byte_count,
+            fixed_bytes=fixed_bytes,
+            moved=moved,
         )
 
     async def _history(self, leased: LeasedThread, cached: CachedHistory | None, *, ttl_ms: int) -> bytes:
-        """The stored messages, pre-joined: from the cache when it holds exactly the thread's messages, else rebuilt
-        from the database (and the cache refilled)."""
+        """The context (the head, then the stored messages from the base on), pre-joined: from the cache when it
+        holds the thread's context at its head position, else rebuilt from the database (and the cache refilled). A
+        cache entry is written only by the commit that made its head position, which knows the base it moved to."""
         if cached is not None and cached.count == leased.head_position:
             self.metrics.count_cache_lookup("hit")
             return cached.joined
         self.metrics.count_cache_lookup("miss" if cached is None else "stale")
-        rows = await self.repository.load_history(leased.id)
-        if len(rows) != leased.head_position:
+        rows = await self.repository.load_context(leased.id)
+        stored = sum(1 for position, _ in rows if position >= 0)
+        if stored != leased.head_position - leased.base_position:
             log.error(
                 "thread rows disagree with its head position",
-                extra={"thread_id": leased.id, "rows": len(rows), "head_position": leased.head_position},
+                extra={"thread_id": leased.id, "rows": stored, "head_position": leased.head_position},
             )
             raise InternalError("the stored thread is inconsistent")
-        joined = assembly.join_history(rows)
-        await self.cache.put(leased.id, CachedHistory(len(rows), joined), ttl_ms)
+        joined = assembly.join_history([body for _, body in rows])
+        await self.cache.put(leased.id, CachedHistory(leased.head_position, joined), ttl_ms)
         return joined
 
     # -- settling the turn -------------------------------------------------------------------------------------
@@ -317,6 +360,16 @@ class ThreadService:
         rows: list[tuple[bytes, str | None]] = [(body, None) for body in prepared.new_rows]
         rows.append((reply.row, prepared.response_id))
         now = self.clock()
+        move, context_tokens = context_step.after_reply(
+            prepared.moved.move if prepared.moved is not None else None,
+            reply.usage,
+            compaction=reply.compaction,
+            sent_bytes=len(prepared.upstream_body) + len(reply.row),
+            fixed_bytes=prepared.fixed_bytes,
+            reply_position=prepared.start_position + len(rows),
+            archive_bytes=prepared.archive_bytes + sum(len(body) for body, _ in rows),
+        )
+        prepared.compacted = reply.compaction is not None
         # The TTL runs from the stored reply (§5), however long the backend took; a stream's header, sent before
         # the reply, promised no later than this.
         prepared.expires_ms = now + prepared.ttl_seconds * 1000
@@ -333,6 +386,8 @@ class ThreadService:
             rebind_session=prepared.rebind_session,
             reply_backend_id=reply.backend_id,
             usage=reply.usage,
+            context_tokens=context_tokens,
+            move=move,
         )
         try:
             committed = await self.repository.commit_turn(commit)
@@ -345,8 +400,13 @@ class ThreadService:
         self.metrics.count_thread_turn("create" if prepared.creating else "continue", "stored")
         ttl_ms = prepared.ttl_seconds * 1000
         added = [body for body, _ in rows]
-        if prepared.creating:
-            await self.cache.put(prepared.thread_id, CachedHistory(len(added), assembly.join_history(added)), ttl_ms)
+        head_position = prepared.start_position + len(added)
+        if reply.compaction is not None:
+            await self.cache.put(prepared.thread_id, CachedHistory(head_position, reply.compaction), ttl_ms)
+        elif prepared.creating or prepared.moved is not None:
+            moved = [prepared.moved.joined] if prepared.moved is not None and prepared.moved.joined else []
+            joined = assembly.join_history([*moved, *added])
+            await self.cache.put(prepared.thread_id, CachedHistory(head_position, joined), ttl_ms)
         else:
             await self.cache.append(prepared.thread_id, prepared.history_count, added, ttl_ms)
 

@@ -28,8 +28,14 @@ The reply, for a request whose `messages` end with a user turn:
     `max_tokens` (a tool call that does not fit is dropped). Empty text blocks are left out, as the API does.
 
 Token counts are an honest, documented estimate: one token per 4 bytes, rounded up. input_tokens counts the
-compact JSON (orjson) of the request's `system`, `tools` and `messages`; output_tokens counts the UTF-8 bytes
-of the thinking text, the reply text and the tool input JSON (at least 1).
+compact JSON (orjson) of the request's `system`, `tools` and `messages` (from the last compaction block on, which
+the API reads instead of what came before); output_tokens counts the UTF-8 bytes of the thinking text, the reply
+text and the tool input JSON (at least 1).
+
+Context window (echo_context.py): with `context_window` (`--context-window`, STATESTORE_ECHO_CONTEXT_WINDOW) a
+request of more input tokens is refused with the API's 400 "prompt is too long: N tokens > W maximum"; a
+`compact_20260112` context-management edit whose trigger the request reaches opens the reply with a deterministic
+`compaction` block.
 
 Benchmark knobs: `delay_seconds` is slept before a JSON reply, and spread evenly before the events of a
 stream; `reply_bytes` pads the reply text with filler words to about that many bytes.
@@ -41,15 +47,26 @@ import asyncio
 import base64
 import hashlib
 import re
-import socket
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from statestore.upstream import echo_chat, wire
+from statestore.upstream import echo_chat, echo_context, wire
+from statestore.upstream.echo_asgi import (
+    MAX_BODY_BYTES,
+    lifespan,
+    parse_request,
+    read_body,
+    send_error,
+    send_json,
+    send_sse_start,
+    serve_asgi,
+)
+
+# The ASGI plumbing is re-exported: the fake backend of the tests and the bench reach it through this module.
+__all__ = ["MAX_BODY_BYTES", "parse_request", "read_body", "send_error", "send_json", "send_sse_start", "serve_asgi"]
 
 MODEL_ID = "echo-1"
 MODEL_INFO: wire.JSONObject = {
@@ -59,8 +76,6 @@ MODEL_INFO: wire.JSONObject = {
     "created_at": "2026-01-01T00:00:00Z",
     "lifecycle": "active",
 }
-# The real API's limit for a Messages request body.
-MAX_BODY_BYTES = 32 * 1024 * 1024
 
 _CALL = re.compile(r"\bcall ([A-Za-z0-9_-]{1,128})")
 _FILLER = " lorem ipsum dolor sit amet"
@@ -72,8 +87,7 @@ def estimate_tokens(n_bytes: int) -> int:
 
 
 def estimate_input_tokens(request: Mapping[str, Any]) -> int:
-    n_bytes = sum(len(orjson.dumps(request[key])) for key in ("system", "tools", "messages") if key in request)
-    return estimate_tokens(n_bytes)
+    return echo_context.input_tokens(request)
 
 
 def validate_messages_request(request: object) -> str | None:
@@ -202,6 +216,9 @@ def echo_reply(request: Mapping[str, Any], *, reply_bytes: int | None = None) ->
     text = _pad("echo: " + said, reply_bytes)
     budget = int(request["max_tokens"]) * 4
     content: list[wire.JSONObject] = []
+    compaction = echo_context.compaction_block(request)
+    if compaction is not None:
+        content.append(compaction)
 
     thinking = _thinking_block(request, said)
     if thinking is not None:
@@ -234,6 +251,7 @@ def echo_reply(request: Mapping[str, Any], *, reply_bytes: int | None = None) ->
     output_bytes = sum(
         len(orjson.dumps(block["input"])) if block["type"] == "tool_use" else len(block[block["type"]].encode())
         for block in content
+        if block["type"] != "compaction"
     )
     return wire.message(
         model=str(request["model"]),
@@ -244,83 +262,17 @@ def echo_reply(request: Mapping[str, Any], *, reply_bytes: int | None = None) ->
     )
 
 
-async def read_body(receive: Receive, limit: int = MAX_BODY_BYTES) -> bytes | None:
-    """The whole request body, or None when it exceeds `limit` (or the client left)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        event = await receive()
-        if event["type"] != "http.request":
-            return None
-        chunk: bytes = event.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not event.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _headers(
-    content_type: bytes, request_id: str, extra: Iterable[tuple[bytes, bytes]] = ()
-) -> list[tuple[bytes, bytes]]:
-    return [(b"content-type", content_type), (b"request-id", request_id.encode()), *extra]
-
-
-async def send_json(
-    send: Send, status: int, body: bytes, request_id: str, extra_headers: Iterable[tuple[bytes, bytes]] = ()
-) -> None:
-    length = [(b"content-length", str(len(body)).encode())]
-    headers = _headers(wire.JSON_CONTENT_TYPE, request_id, [*length, *extra_headers])
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def send_error(send: Send, error_type: str, message: str, request_id: str) -> None:
-    status = wire.ERROR_STATUS.get(error_type, 500)
-    await send_json(send, status, wire.error_body(error_type, message, request_id), request_id)
-
-
-async def send_sse_start(send: Send, request_id: str) -> None:
-    headers = _headers(wire.SSE_CONTENT_TYPE, request_id, [(b"cache-control", b"no-cache")])
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-
-
-async def parse_request(receive: Receive, send: Send, request_id: str) -> dict[str, Any] | None:
-    """The JSON object body of a POST, or None after answering the client with the API's 4xx."""
-    body = await read_body(receive)
-    if body is None:
-        await send_error(send, "request_too_large", "Request exceeds the maximum allowed size", request_id)
-        return None
-    try:
-        request = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        await send_error(send, "invalid_request_error", f"Request body is not valid JSON: {exc}", request_id)
-        return None
-    if not isinstance(request, dict):
-        await send_error(send, "invalid_request_error", "Request body must be a JSON object", request_id)
-        return None
-    return request
-
-
-async def _lifespan(receive: Receive, send: Send) -> None:
-    while True:
-        event = await receive()
-        if event["type"] == "lifespan.startup":
-            await send({"type": "lifespan.startup.complete"})
-        elif event["type"] == "lifespan.shutdown":
-            await send({"type": "lifespan.shutdown.complete"})
-            return
-
-
 class EchoApp:
-    def __init__(self, *, delay_seconds: float = 0.0, reply_bytes: int | None = None) -> None:
+    def __init__(
+        self, *, delay_seconds: float = 0.0, reply_bytes: int | None = None, context_window: int | None = None
+    ) -> None:
         self.delay_seconds = delay_seconds
         self.reply_bytes = reply_bytes
+        self.context_window = context_window
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
-            await _lifespan(receive, send)
+            await lifespan(receive, send)
             return
         if scope["type"] != "http":
             return
@@ -346,7 +298,7 @@ class EchoApp:
         request = await parse_request(receive, send, request_id)
         if request is None:
             return
-        problem = validate_messages_request(request)
+        problem = validate_messages_request(request) or echo_context.too_long(request, self.context_window)
         if problem is not None:
             await send_error(send, "invalid_request_error", problem, request_id)
             return
@@ -401,24 +353,10 @@ class EchoApp:
         await send_json(send, 200, body, request_id)
 
 
-def create_echo_app(*, delay_seconds: float = 0.0, reply_bytes: int | None = None) -> ASGIApp:
-    return EchoApp(delay_seconds=delay_seconds, reply_bytes=reply_bytes)
-
-
-def serve_asgi(
-    app: ASGIApp,
-    *,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    sock: socket.socket | None = None,
-    log_level: str = "warning",
-) -> None:
-    """Serve `app` with uvicorn until interrupted, on `sock` when given (already bound), else on host:port."""
-    # "auto" picks uvloop and httptools when they are installed, the pure-Python ones otherwise.
-    config = uvicorn.Config(
-        app, host=host, port=port, loop="auto", http="auto", lifespan="off", log_level=log_level, access_log=False
-    )
-    uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
+def create_echo_app(
+    *, delay_seconds: float = 0.0, reply_bytes: int | None = None, context_window: int | None = None
+) -> ASGIApp:
+    return EchoApp(delay_seconds=delay_seconds, reply_bytes=reply_bytes, context_window=context_window)
 
 
 def run_echo_backend(
@@ -427,10 +365,11 @@ def run_echo_backend(
     *,
     delay_seconds: float = 0.0,
     reply_bytes: int | None = None,
+    context_window: int | None = None,
     log_level: str = "warning",
 ) -> None:
     serve_asgi(
-        create_echo_app(delay_seconds=delay_seconds, reply_bytes=reply_bytes),
+        create_echo_app(delay_seconds=delay_seconds, reply_bytes=reply_bytes, context_window=context_window),
         host=host,
         port=port,
         log_level=log_level,

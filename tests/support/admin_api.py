@@ -68,6 +68,12 @@ def policy(**overrides: Any) -> dict[str, Any]:
         "max_ttl_seconds": 86_400,
         "max_thread_bytes": 64 * 1024 * 1024,
         "max_messages": 100_000,
+        "context_strategy": "none",
+        "context_window_tokens": None,
+        "context_trigger_ratio": 0.8,
+        "context_target_ratio": 0.5,
+        "summary_model": None,
+        "summary_instructions": None,
     }
     return {**values, **overrides}
 

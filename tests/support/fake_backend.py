@@ -13,6 +13,16 @@ a backend received. Control API (JSON):
     POST /_control/reset     -> {"ok": true}           forget recorded requests and queued actions
     POST /_control/script    {"actions": [action...]} -> {"queued": <pending count>}   (400 if an action is invalid)
     GET  /_control/script    -> {"pending": <count>}
+    POST /_control/context   {"window": N|null, "summary_marker": str|null, "fail_summaries": bool,
+                              "record_bodies": bool} -> {"ok": true}   a context window for the echo replies (a
+                             request over it gets the API's 400 "prompt is too long"); requests whose last
+                             message holds `summary_marker` are summary requests (failed with 529 when
+                             `fail_summaries`); `record_bodies: false` keeps long conversations light (bodies
+                             are not recorded)
+    GET  /_control/context   -> {"turns": [{"bytes", "input_tokens", "status", "extends_previous"}...],
+                                 "summaries": n}   one entry per /v1/messages request that is not a summary:
+                             `extends_previous` says whether its body, up to the end of its messages, starts with
+                             the previous such request's (the prefix a prompt cache reuses)
 
 Queued actions are consumed one per `POST /v1/messages`, in order. An action with `"path"` (and optionally
 `"method"`, default any) is consumed instead by the first request to that path (any other API a relay carries, such
@@ -63,6 +73,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -71,7 +82,7 @@ import httpx
 import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from statestore.upstream import echo, echo_chat, wire
+from statestore.upstream import echo, echo_chat, echo_context, wire
 
 _KINDS = frozenset({"echo", "message", "chat", "error", "raw", "close"})
 _NUMBERS = ("delay_seconds", "cut_after_events", "cut_after_bytes", "stall_after_events", "stall_seconds")
@@ -139,11 +150,40 @@ def _header_pairs(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
     return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
 
 
+@dataclass
+class _ContextWatch:
+    """The context window and the prefix log of long-conversation tests (see the control API above)."""
+
+    window: int | None = None
+    summary_marker: bytes | None = None
+    fail_summaries: bool = False
+    record_bodies: bool = True
+    turns: list[wire.JSONObject] = dataclass_field(default_factory=list)
+    summaries: int = 0
+    previous: bytes = b""
+
+    def is_summary(self, request: Any) -> bool:
+        """A summary request ends with the instructions, which hold the marker (a stored summary may echo it too)."""
+        messages = request.get("messages") if isinstance(request, dict) else None
+        if self.summary_marker is None or not isinstance(messages, list) or not messages:
+            return False
+        return self.summary_marker in orjson.dumps(messages[-1])
+
+    def log_turn(self, body: bytes, status: int, input_tokens: int) -> None:
+        # A body ends with `]}`: the messages array and the object; what comes before is the reusable prefix.
+        extends = bool(self.previous) and body.startswith(self.previous[:-2])
+        self.turns.append(
+            {"bytes": len(body), "input_tokens": input_tokens, "status": status, "extends_previous": extends}
+        )
+        self.previous = body
+
+
 class FakeBackendApp:
     def __init__(self, echo_app: ASGIApp) -> None:
         self._echo = echo_app
         self._requests: list[wire.JSONObject] = []
         self._script: deque[wire.JSONObject] = deque()
+        self._context = _ContextWatch()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -153,7 +193,9 @@ class FakeBackendApp:
             await self._control(scope, receive, send)
             return
         body = await echo.read_body(receive, limit=1 << 40) or b""
-        self._record(scope, body)
+        self._record(scope, body if self._context.record_bodies else b"")
+        if scope["path"] == "/v1/messages" and await self._watch_context(body, send):
+            return
         action = self._take_action(scope["method"], scope["path"], body)
         if action is not None:
             await self._play(action, body, send)
@@ -168,6 +210,32 @@ class FakeBackendApp:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self._echo(scope, replay, send)
+
+    async def _watch_context(self, body: bytes, send: Send) -> bool:
+        """Log a request against the context window; True when it was answered here (a failed summary request, or
+        a request over the window)."""
+        watch = self._context
+        if watch.window is None and watch.summary_marker is None:
+            return False
+        request_id = wire.new_request_id()
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return False
+        if watch.is_summary(request):
+            watch.summaries += 1
+            if watch.fail_summaries:
+                overloaded = wire.error_body("overloaded_error", "Overloaded", request_id)
+                await echo.send_json(send, 529, overloaded, request_id)
+                return True
+            return False
+        tokens = echo_context.input_tokens(request) if isinstance(request, dict) else 0
+        problem = echo_context.prompt_too_long(tokens, watch.window)
+        watch.log_turn(body, 400 if problem else 200, tokens)
+        if problem is not None:
+            await echo.send_error(send, "invalid_request_error", problem, request_id)
+            return True
+        return False
 
     def _take_action(self, method: str, path: str, body: bytes) -> wire.JSONObject | None:
         for index, action in enumerate(self._script):
@@ -203,9 +271,24 @@ class FakeBackendApp:
         elif route == ("POST", "/_control/reset"):
             self._requests.clear()
             self._script.clear()
+            self._context = _ContextWatch()
             reply = {"ok": True}
         elif route == ("GET", "/_control/script"):
             reply = {"pending": len(self._script)}
+        elif route == ("GET", "/_control/context"):
+            reply = {"turns": self._context.turns, "summaries": self._context.summaries}
+        elif route == ("POST", "/_control/context"):
+            settings = await echo.parse_request(receive, send, request_id)
+            if settings is None:
+                return
+            marker = settings.get("summary_marker")
+            self._context = _ContextWatch(
+                window=settings.get("window"),
+                summary_marker=marker.encode() if isinstance(marker, str) else None,
+                fail_summaries=bool(settings.get("fail_summaries")),
+                record_bodies=bool(settings.get("record_bodies", True)),
+            )
+            reply = {"ok": True}
         elif route == ("POST", "/_control/script"):
             request = await echo.parse_request(receive, send, request_id)
             if request is None:
@@ -488,6 +571,27 @@ class FakeBackend(BackendProcess):
 
     def reset(self) -> None:
         self._control().post("/_control/reset").raise_for_status()
+
+    def watch_context(
+        self,
+        *,
+        window: int | None,
+        summary_marker: str | None = None,
+        fail_summaries: bool = False,
+        record_bodies: bool = False,
+    ) -> None:
+        """A context window for the replies, and a log of what each turn sent (see the control API)."""
+        settings = {
+            "window": window,
+            "summary_marker": summary_marker,
+            "fail_summaries": fail_summaries,
+            "record_bodies": record_bodies,
+        }
+        self._control().post("/_control/context", content=orjson.dumps(settings)).raise_for_status()
+
+    def context_log(self) -> dict[str, Any]:
+        log: dict[str, Any] = self._control().get("/_control/context").json()
+        return log
 
     def stop(self) -> None:
         if self._client is not None:
