@@ -1,7 +1,7 @@
 """The context a thread sends apart from its archive, and the context policy (PROTOCOL §9).
 
 Revision ID: 0004
-Revises: 0006
+Revises: 0005
 Create Date: 2026-12-01
 """
 
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0004"
-down_revision: str | Sequence[str] | None = "0006"
+down_revision: str | Sequence[str] | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
