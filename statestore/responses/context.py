@@ -54,15 +54,11 @@ class Window:
 
     @classmethod
     def of(cls, policy: Policy) -> Window | None:
-        # The context policy fields are optional on Policy: without a window there is nothing to truncate to.
-        tokens = getattr(policy, "context_window_tokens", None)
-        if not isinstance(tokens, int) or tokens <= 0:
+        """Without a window there is nothing to truncate to; the strategy is this request's `truncation`, not the
+        policy's `context_strategy` (which governs threads)."""
+        if policy.context_window_tokens is None:
             return None
-        return cls(
-            tokens,
-            float(getattr(policy, "context_trigger_ratio", 0.8)),
-            float(getattr(policy, "context_target_ratio", 0.5)),
-        )
+        return cls(policy.context_window_tokens, policy.context_trigger_ratio, policy.context_target_ratio)
 
 
 def truncated(context: bytes, *, new_bytes: int, truncation: str, window: Window | None) -> bytes | None:

@@ -3,6 +3,7 @@ keys mode, a clock the tests move forward, and the admin API."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 
 import openai
@@ -172,3 +173,30 @@ def test_a_policy_without_storage_refuses_stored_turns(server: StatestoreServer,
         assert client.responses.create(model="echo-1", input="x", store=False).output_text == "echo: x"
         with pytest.raises(openai.BadRequestError):
             client.conversations.create()
+
+
+def test_truncation_auto_applies_the_owners_context_window(
+    server: StatestoreServer, admin: AdminApi, backend: FakeBackend
+) -> None:
+    """`truncation: "auto"` cuts the oldest turns, in one step, once the context passes trigger x window; the chain
+    itself stays whole, and `"disabled"` still sends all of it (RESPONSES.md, PROTOCOL §9)."""
+    tenant, key = admin.tenant_with_key()
+    admin.put_policy(tenant["id"], context_window_tokens=1024, context_trigger_ratio=0.8, context_target_ratio=0.5)
+    trigger_bytes = 0.8 * 1024 / 0.25  # the front door's estimate: a quarter of a token per byte
+    moved: list[int] = []
+    with _client(server, key) as client:
+        previous: str | None = None
+        for turn in range(8):
+            raw = client.responses.with_raw_response.create(
+                model="echo-1", input=f"turn {turn} " + "x" * 500, previous_response_id=previous, truncation="auto"
+            )
+            previous = raw.parse().id
+            sent = last_chat_request(backend).json()["messages"]
+            assert len(json.dumps(sent, separators=(",", ":"))) <= trigger_bytes, turn
+            assert sent[0]["role"] == "user" and sent[-1]["content"].startswith(f"turn {turn} ")
+            if raw.headers.get("statestore-context") == "truncated":
+                moved.append(turn)
+        assert moved, "no turn passed the trigger"
+        full = client.responses.create(model="echo-1", input="all", previous_response_id=previous)
+        assert len(last_chat_request(backend).json()["messages"]) == 2 * 8 + 1
+        assert full.truncation == "disabled"
