@@ -5,16 +5,24 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+RUNTIME_STAMP := $(VENV)/.runtime
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test lint install services browser console-screenshots bench bench-responses bench-context campaign clean
+.PHONY: run test lint install services browser console-screenshots bench bench-responses bench-context campaign clean image admin
 
-$(STAMP): pyproject.toml
+# The development set-up: statestore (editable) with the test and lint tools.
+$(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUNTIME_STAMP)
+
+# Just enough to serve: statestore (editable) and its runtime dependencies, no dev toolchain.
+$(RUNTIME_STAMP): pyproject.toml setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUNTIME_STAMP)
 
 install: $(STAMP)
 
@@ -26,8 +34,17 @@ $(NODE_DEPS): tests/node/package.json tests/node/package-lock.json
 
 # The embedded default: SQLite file and in-process cache, echo backend on $(ECHO_PORT). With
 # STATESTORE_DATABASE_URL / STATESTORE_REDIS_URL / STATESTORE_UPSTREAM_URL set, the same target uses those.
-run: $(STAMP)
+run: $(RUNTIME_STAMP)
 	@scripts/run-local.sh $(PORT) $(ECHO_PORT)
+
+# The admin CLI without activating the venv: make admin ARGS='tenant create acme'
+# (the same as .venv/bin/statestore admin tenant create acme).
+admin: $(RUNTIME_STAMP)
+	@$(BIN)/statestore admin $(ARGS)
+
+# The container image (podman; base image from debootstrap, cached): make image [STATESTORE_IMAGE=name:tag]
+image:
+	@scripts/image.sh build
 
 services:
 	@scripts/ensure-services.sh

@@ -30,7 +30,7 @@ from statestore.responses import conversation_routes
 from statestore.responses import routes as responses_routes
 from statestore.responses.errors import OPENAI_PATHS, as_openai
 from statestore.retention import run_purger
-from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
+from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS, missing_sqlite_database
 from statestore.store.migrate import pending_revision
 
 log = logging.getLogger(__name__)
@@ -50,6 +50,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if (problem := settings.serving_problem()) is not None:
             raise RuntimeError(problem)
+        if (missing := missing_sqlite_database(settings.database_url)) is not None:
+            raise RuntimeError(missing)
         async with build_resources(settings, metrics=metrics) as resources:
             pending = await pending_revision(resources.engine, allow_newer=settings.allow_newer_schema)
             if pending is not None:

@@ -7,6 +7,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -42,9 +43,12 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings = _load_settings()
     if (problem := settings.serving_problem()) is not None:
         sys.exit(f"statestore: {problem}")
+    _require_database(settings)
     configure_logging(settings.log_level, settings.log_json)
     try:
         pending = asyncio.run(_pending(settings))
+    except FileNotFoundError as exc:
+        sys.exit(f"statestore: {exc}")
     except Exception as exc:
         sys.exit(f"statestore: cannot reach the database ({type(exc).__name__}: {exc})")
     if pending is not None:
@@ -65,10 +69,25 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )
 
 
+def _require_database(settings: Settings) -> None:
+    from statestore.store.engine import missing_sqlite_database
+
+    if (problem := missing_sqlite_database(settings.database_url)) is not None:
+        sys.exit(f"statestore: {problem}")
+
+
 def cmd_migrate(args: argparse.Namespace) -> None:
+    from sqlalchemy.engine import make_url
+
+    from statestore.store.engine import missing_sqlite_database
     from statestore.store.migrate import upgrade
 
     settings = _load_settings()
+    if missing_sqlite_database(settings.database_url) is not None:
+        # The one command that creates a database: SQLite creates the file, not its folder.
+        Path(make_url(settings.database_url).database or "").expanduser().resolve().parent.mkdir(
+            parents=True, exist_ok=True
+        )
     try:
         upgrade(settings.database_url, args.revision)
     except Exception as exc:
@@ -79,7 +98,10 @@ def cmd_migrate(args: argparse.Namespace) -> None:
 def _safe_url(url: str) -> str:
     from sqlalchemy.engine import make_url
 
-    return make_url(url).render_as_string(hide_password=True)
+    parsed = make_url(url)
+    if parsed.drivername.startswith("sqlite") and parsed.database not in (None, "", ":memory:"):
+        return f"SQLite file {Path(parsed.database).expanduser().resolve()}"
+    return parsed.render_as_string(hide_password=True)
 
 
 def cmd_echo_backend(args: argparse.Namespace) -> None:
@@ -157,7 +179,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     if getattr(args, "operation", None) is not None:
         from statestore.admin_cli import run
 
-        run(_load_settings(), args)
+        settings = _load_settings()
+        _require_database(settings)
+        run(settings, args)
         return
     args.func(args)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -112,6 +113,22 @@ def _apply_sqlite_pragmas(dbapi_connection: Any, _connection_record: Any) -> Non
             cursor.execute(pragma)
     finally:
         cursor.close()
+
+
+def missing_sqlite_database(url: str) -> str | None:
+    """For a SQLite file that does not exist yet, what to tell the operator; else None. SQLite would create an empty
+    file on first connect, and every command but `migrate` must not: it would fail later, on a missing schema, with
+    an empty file left behind wherever it happened to run."""
+    url = normalise_database_url(url)
+    if not url.startswith("sqlite") or _is_in_memory(url):
+        return None
+    path = Path(make_url(url).database or "").expanduser().resolve()
+    if path.exists():
+        return None
+    return (
+        f"no SQLite database at {path} (from STATESTORE_DATABASE_URL, or the default sqlite:///./statestore.db in "
+        f"the working directory). Create it with `statestore migrate`, or point STATESTORE_DATABASE_URL at yours."
+    )
 
 
 def _is_in_memory(url: str) -> bool:

@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from importlib import resources
 from pathlib import Path
 
 from alembic import command
@@ -16,7 +17,6 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-import statestore
 from statestore.store.engine import normalise_database_url
 
 MIGRATIONS_DIR_ENV = "STATESTORE_MIGRATIONS_DIR"
@@ -29,12 +29,22 @@ log = logging.getLogger(__name__)
 
 
 def migrations_dir() -> Path:
+    """The Alembic scripts: shipped in the package as statestore.migrations (repository folder migrations/, mapped in
+    by setup.py), unless STATESTORE_MIGRATIONS_DIR names another folder."""
     override = os.environ.get(MIGRATIONS_DIR_ENV)
-    path = Path(override) if override else Path(statestore.__file__).resolve().parent.parent / "migrations"
-    if not (path / "env.py").is_file():
-        # The folder sits beside the package in the repository, not inside it: a wheel install has no copy.
-        raise FileNotFoundError(f"no Alembic migrations at {path}; set {MIGRATIONS_DIR_ENV} to the migrations folder")
-    return path
+    if override:
+        path = Path(override)
+        if not (path / "env.py").is_file():
+            raise FileNotFoundError(
+                f"no Alembic migrations at {path} (from {MIGRATIONS_DIR_ENV}); unset it to use "
+                "the ones statestore ships"
+            )
+        return path
+    shipped = resources.files("statestore.migrations")
+    if not isinstance(shipped, Path) or not (shipped / "env.py").is_file():
+        # Alembic reads scripts from a folder: a zipped install cannot migrate from inside the archive.
+        raise FileNotFoundError(f"the shipped migrations are not a folder ({shipped}); set {MIGRATIONS_DIR_ENV}")
+    return shipped
 
 
 def alembic_config(database_url: str) -> Config:

@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -49,7 +49,10 @@ class StatestoreServer:
         redis_prefix: str = "ss:",
         env: Mapping[str, str] | None = None,
         log_path: Path | None = None,
+        command: Sequence[str] | None = None,
+        cwd: Path = REPO,
     ) -> None:
+        """`command` runs another installation's `statestore` (its argv up to `serve`), from `cwd`."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"statestore-{self.port}.log"
@@ -65,9 +68,9 @@ class StatestoreServer:
         }
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "statestore.cli", "serve", "--port", str(self.port)],
+            [*(command or [sys.executable, "-m", "statestore.cli"]), "serve", "--port", str(self.port)],
             env=full_env,
-            cwd=REPO,
+            cwd=cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )

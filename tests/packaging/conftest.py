@@ -1,0 +1,71 @@
+"""Fixtures for the packaging tests: statestore as a user installs it, away from this checkout.
+
+- ``fake_backend`` (session): the scriptable fake model backend (tests/support/fake_backend.py).
+- ``wheel`` (session): the wheel `pip wheel` builds from this checkout.
+- ``installed`` (session): a fresh virtual environment outside the checkout with that wheel installed from the
+  package index (the image's pins, deploy/constraints.txt); its ``statestore`` command.
+- ``outside_env`` (function): an environment with no STATESTORE_* setting and no PYTHONPATH, so nothing leads the
+  installed command back to the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import venv
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.fake_backend import FakeBackend
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def fake_backend() -> Iterator[FakeBackend]:
+    with FakeBackend() as backend:
+        yield backend
+
+
+def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, capture_output=True, text=True, check=False, **kwargs)  # type: ignore[call-overload]
+    assert result.returncode == 0, f"{argv} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+    return result  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dist = tmp_path_factory.mktemp("dist")
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(REPO)])
+    (built,) = dist.glob("statestore-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    environment = tmp_path_factory.mktemp("venv") / "venv"
+    venv.create(environment, with_pip=True)
+    python = environment / "bin" / "python"
+    run(
+        [
+            str(python),
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--disable-pip-version-check",
+            "--constraint",
+            str(REPO / "deploy" / "constraints.txt"),
+            str(wheel),
+        ],
+        cwd=environment,
+    )
+    return environment / "bin" / "statestore"
+
+
+@pytest.fixture
+def outside_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("STATESTORE_") and k != "PYTHONPATH"}
