@@ -18,7 +18,8 @@ from statestore.errors import StatestoreError, StreamBrokenOff
 from statestore.threads import assembly, context, rules
 from statestore.threads.context_step import Summarize
 from statestore.threads.diagnostics import storable_backend_id
-from statestore.threads.service import CompletedReply, PreparedTurn, ThreadService
+from statestore.threads.prepared import CompletedReply, PreparedTurn
+from statestore.threads.service import ThreadService
 from statestore.threads.turn import ThreadTurn
 from statestore.threads.usage import usage_of
 from statestore.upstream.client import (

@@ -7,6 +7,7 @@ import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
@@ -128,6 +129,11 @@ async def export_thread(
     # Stored bytes spliced as they are: the export is the request a client would send to replay the thread, so it
     # holds only Messages API fields (a real backend refuses any other, such as a thread id).
     parts = [b"{"]
+    # The latest turn's model and max_tokens (threads stored before they were kept have none).
+    if exported.model is not None:
+        parts += [b'"model":', orjson.dumps(exported.model), b","]
+    if exported.max_tokens is not None:
+        parts += [b'"max_tokens":', str(exported.max_tokens).encode(), b","]
     if exported.system is not None:
         parts += [b'"system":', exported.system, b","]
     if exported.tools is not None:

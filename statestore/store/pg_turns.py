@@ -54,7 +54,9 @@ WITH moved AS (
         context_head = CASE WHEN $20::boolean THEN $23::bytea ELSE context_head END,
         context_compacted = context_compacted + $24,
         context_truncated = context_truncated + $25,
-        context_summarized = context_summarized + $26
+        context_summarized = context_summarized + $26,
+        last_model = $27::varchar,
+        last_max_tokens = $28::integer
     WHERE id = $1 AND lease_token = $2
     RETURNING id
 ), counted AS (

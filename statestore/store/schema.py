@@ -67,6 +67,10 @@ threads = Table(
     Column("context_compacted", Integer, nullable=False, server_default="0"),
     Column("context_truncated", Integer, nullable=False, server_default="0"),
     Column("context_summarized", Integer, nullable=False, server_default="0"),
+    # The latest stored turn's model and max_tokens (NULL on threads written before revision 0007): the export
+    # carries them so it is a request a client can replay.
+    Column("last_model", String(256), nullable=True),
+    Column("last_max_tokens", Integer, nullable=True),
     Column("lease_token", String(40), nullable=True),
     Column("lease_expires_ms", BigInteger, nullable=True),
     Column("ttl_seconds", Integer, nullable=False),

@@ -46,6 +46,8 @@ class ThreadExport:
     system: bytes | None
     tools: bytes | None
     messages: list[bytes]
+    model: str | None = None
+    max_tokens: int | None = None
 
 
 _INFO_COLUMNS = (
@@ -156,6 +158,8 @@ class ThreadQueries:
                         threads.c.head_position,
                         threads.c.base_position,
                         threads.c.context_head,
+                        threads.c.last_model,
+                        threads.c.last_max_tokens,
                     ).where(threads.c.id == thread_id, live(owner, now_ms))
                 )
             ).first()
@@ -176,7 +180,13 @@ class ThreadQueries:
             messages = [bytes(body) for body in bodies]
             if context_only and row.context_head is not None:
                 messages.insert(0, bytes(row.context_head))
-            return ThreadExport(system=row.system, tools=row.tools, messages=messages)
+            return ThreadExport(
+                system=row.system,
+                tools=row.tools,
+                messages=messages,
+                model=row.last_model,
+                max_tokens=row.last_max_tokens,
+            )
 
     async def session_thread(self, owner: str, session: str, *, now_ms: int) -> ThreadInfo | None:
         bound = select(sessions.c.thread_id).where(sessions.c.owner == owner, sessions.c.name == session)

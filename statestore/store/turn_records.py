@@ -98,6 +98,8 @@ class TurnCommit:
     # The backend's own id of the reply (the last row), kept for cache diagnostics.
     reply_backend_id: str | None = None
     usage: TurnUsage = TurnUsage()
+    model: str | None = None
+    max_tokens: int | None = None
     # The context's size in tokens after this turn, and the move of its base, if any (PROTOCOL §9).
     context_tokens: int = 0
     move: ContextMove | None = None

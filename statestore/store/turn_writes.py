@@ -296,6 +296,8 @@ class ThreadRepository:
                     expires_ms=commit.expires_ms,
                     metadata_user_id=func.coalesce(threads.c.metadata_user_id, commit.metadata_user_id),
                     **_context_values(commit),
+                    last_model=commit.model,
+                    last_max_tokens=commit.max_tokens,
                 )
             )
             if moved.rowcount != 1:
@@ -354,6 +356,8 @@ class ThreadRepository:
             commit.usage.cache_read_input_tokens,
             *usage_key(commit),
             *context_params(commit),
+            commit.model,
+            commit.max_tokens,
         )
         return inserted == len(commit.rows)
 

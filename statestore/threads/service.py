@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Literal
 
 import anyio
 import orjson
 
 from statestore.auth import Principal
+from statestore.clock import wall_clock_ms
 from statestore.errors import (
     InternalError,
     InvalidRequest,
@@ -33,87 +31,17 @@ from statestore.store.turn_writes import (
     NewThread,
     ThreadRepository,
     TurnCommit,
-    TurnUsage,
 )
 from statestore.threads import assembly, context_step, rules
-from statestore.threads.context_step import ContextStep
 from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
+from statestore.threads.prepared import CompletedReply, PreparedTurn, replay_fields
 from statestore.threads.turn import ThreadTurn
 
 log = logging.getLogger(__name__)
-
-Outcome = Literal["open", "stored", "given_back"]
-CONTEXT_HEADER = b"statestore-context"
-CONTEXT_FALLBACK_HEADER = b"statestore-context-fallback"
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def rfc3339(ms: int) -> bytes:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z").encode()
-
-
-@dataclass(slots=True)
-class PreparedTurn:
-    """A turn holding the thread head: what to forward, and what to store if the reply completes."""
-
-    thread_id: str
-    lease_token: str
-    creating: bool
-    start_position: int
-    new_rows: list[bytes]
-    response_id: str
-    ttl_seconds: int
-    expires_ms: int
-    session: str | None
-    metadata_user_id: str | None
-    upstream_body: bytes
-    history_count: int
-    anthropic_beta: str
-    stream: bool
-    keeper: LeaseKeeper | None = None
-    outcome: Outcome = field(default="open")
-    # The context (PROTOCOL §9): the archive's bytes before this turn, the thread's system and tools bytes, the base
-    # move this turn makes before it is forwarded, and whether its reply compacted.
-    archive_bytes: int = 0
-    fixed_bytes: int = 0
-    moved: ContextStep | None = None
-    compacted: bool = False
-    # An explicit create that names a session: (owner, name), bound to this thread when its reply commits (PROTOCOL §6).
-    rebind_session: tuple[str, str] | None = None
-
-    def headers(self) -> list[tuple[bytes, bytes]]:
-        """The response headers that name the thread (PROTOCOL §2, §6)."""
-        headers = [
-            (b"statestore-thread-id", self.thread_id.encode()),
-            (b"statestore-expires-at", rfc3339(self.expires_ms)),
-        ]
-        if self.session is not None:
-            headers.append((b"statestore-session-id", self.session.encode()))
-        if self.compacted:
-            headers.append((CONTEXT_HEADER, b"compacted"))
-        elif self.moved is not None:
-            headers.append((CONTEXT_HEADER, self.moved.action.encode()))
-        if self.moved is not None and self.moved.summary_failed:
-            headers.append((CONTEXT_FALLBACK_HEADER, b"summary_failed"))
-        return headers
-
-
-@dataclass(frozen=True, slots=True)
-class CompletedReply:
-    """A reply the backend finished, as the thread stores it."""
-
-    row: bytes  # the assistant message, encoded once
-    backend_id: str | None
-    usage: TurnUsage
-    # The reply cut to its compaction block, when it has one: the base moves there (PROTOCOL §9).
-    compaction: bytes | None = None
 
 
 class ThreadService:
@@ -267,6 +195,7 @@ class ThreadService:
             stream=turn.stream,
             fixed_bytes=fixed_bytes,
             rebind_session=(principal.owner, turn.session) if explicit and turn.session is not None else None,
+            replay=replay_fields(turn),
         )
 
     async def _continue(
@@ -329,6 +258,7 @@ class ThreadService:
             archive_bytes=leased.byte_count,
             fixed_bytes=fixed_bytes,
             moved=moved,
+            replay=replay_fields(turn),
         )
 
     async def _history(self, leased: LeasedThread, cached: CachedHistory | None, *, ttl_ms: int) -> bytes:
@@ -386,6 +316,8 @@ class ThreadService:
             rebind_session=prepared.rebind_session,
             reply_backend_id=reply.backend_id,
             usage=reply.usage,
+            model=prepared.replay[0],
+            max_tokens=prepared.replay[1],
             context_tokens=context_tokens,
             move=move,
         )

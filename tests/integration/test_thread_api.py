@@ -191,7 +191,8 @@ def test_export_is_the_whole_conversation_as_a_request(
         "content": [{"type": "tool_result", "tool_use_id": "toolu_01Exp", "content": "cold"}],
     }
     thread.send(result)
-    thread.send(user("thanks"))
+    # The latest turn's model and max_tokens are the export's (a turn may change them).
+    thread.send(user("thanks"), max_tokens=96)
     thread_id = thread_of_response(thread.previous_message_id or "")
     assert thread_id is not None
     conversation = [
@@ -205,23 +206,29 @@ def test_export_is_the_whole_conversation_as_a_request(
 
     exported = json_of(api.export(thread_id))
     # A Messages request body, nothing else in it: it can be sent anywhere as it is.
-    assert list(exported) == ["system", "tools", "messages"]
-    assert exported == {"system": SYSTEM, "tools": [WEATHER_TOOL], "messages": conversation}
+    assert list(exported) == ["model", "max_tokens", "system", "tools", "messages"]
+    assert exported == {
+        "model": MODEL,
+        "max_tokens": 96,
+        "system": SYSTEM,
+        "tools": [WEATHER_TOOL],
+        "messages": conversation,
+    }
 
     # Sent as a plain stateless request, it is the conversation the next continue would send.
     backend.reset()
-    replay = sdk.beta.messages.create(model=MODEL, max_tokens=64, **exported)
+    replay = sdk.beta.messages.create(**exported)
     assert thread_of_response(replay.id) is None
     thread.send(user("one more"))
     stateless, continued = (request.json() for request in backend.requests())
-    assert stateless == {"model": MODEL, "max_tokens": 64, **exported}
+    assert stateless == exported
     assert continued["system"] == stateless["system"]
     assert continued["tools"] == stateless["tools"]
     assert continued["messages"] == [*stateless["messages"], user("one more")]
 
     # Without system and tools there is only messages.
     plain, _ = created(api.create("plain"))
-    assert json_of(api.export(plain)) == {"messages": [user("plain"), said("plain")]}
+    assert json_of(api.export(plain)) == {"model": MODEL, "max_tokens": 64, "messages": [user("plain"), said("plain")]}
     error_of(api.export("thr_" + "E" * 22), 404, "not_found_error")
 
 
@@ -244,3 +251,25 @@ def test_delete_erases_the_thread(api: Api, backend: FakeBackend) -> None:
     fresh, _ = created(api.session("doomed", "anew"))
     assert fresh != thread_id
     assert backend.requests()[-1].json()["messages"] == [user("anew")]
+
+
+async def test_threads_stored_before_revision_0007_export_without_model(
+    pg_server: StatestoreServer, migrated_pg_url: str, api_key: str
+) -> None:
+    # Rows written by older code have no model or max_tokens: their export is what it was.
+    from sqlalchemy import update
+
+    from statestore.store.engine import create_engine
+    from statestore.store.schema import threads
+
+    with Api(pg_server.url, api_key) as api:
+        thread_id, _ = created(api.create("old"))
+        engine = create_engine(migrated_pg_url, pool_size=1)
+        try:
+            async with engine.begin() as connection:
+                await connection.execute(
+                    update(threads).where(threads.c.id == thread_id).values(last_model=None, last_max_tokens=None)
+                )
+        finally:
+            await engine.dispose()
+        assert json_of(api.export(thread_id)) == {"messages": [user("old"), said("old")]}

@@ -31,7 +31,8 @@ from statestore.store.turn_writes import ThreadRepository, TurnUsage
 from statestore.threads import assembly
 from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
-from statestore.threads.service import CompletedReply, PreparedTurn, ThreadService
+from statestore.threads.prepared import CompletedReply, PreparedTurn
+from statestore.threads.service import ThreadService
 from statestore.threads.turn import ThreadTurn, read_turn
 
 BETA = [(b"anthropic-beta", b"message-threads-2026-08-12")]

@@ -1,0 +1,97 @@
+"""A turn between `ThreadService.begin` and its end: what is forwarded, what is stored if the reply completes, and
+the headers that name the thread; and the completed reply as the thread stores it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Literal
+
+from statestore.store.turn_writes import TurnUsage
+from statestore.threads.context_step import ContextStep
+from statestore.threads.lease import LeaseKeeper
+from statestore.threads.turn import ThreadTurn
+
+Outcome = Literal["open", "stored", "given_back"]
+CONTEXT_HEADER = b"statestore-context"
+CONTEXT_FALLBACK_HEADER = b"statestore-context-fallback"
+
+
+def rfc3339(ms: int) -> bytes:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z").encode()
+
+
+@dataclass(slots=True)
+class PreparedTurn:
+    """A turn holding the thread head: what to forward, and what to store if the reply completes."""
+
+    thread_id: str
+    lease_token: str
+    creating: bool
+    start_position: int
+    new_rows: list[bytes]
+    response_id: str
+    ttl_seconds: int
+    expires_ms: int
+    session: str | None
+    metadata_user_id: str | None
+    upstream_body: bytes
+    history_count: int
+    anthropic_beta: str
+    stream: bool
+    keeper: LeaseKeeper | None = None
+    outcome: Outcome = field(default="open")
+    # The context (PROTOCOL §9): the archive's bytes before this turn, the thread's system and tools bytes, the base
+    # move this turn makes before it is forwarded, and whether its reply compacted.
+    archive_bytes: int = 0
+    fixed_bytes: int = 0
+    moved: ContextStep | None = None
+    compacted: bool = False
+    # An explicit create that names a session: (owner, name), bound to this thread when its reply commits (PROTOCOL §6).
+    rebind_session: tuple[str, str] | None = None
+    # The turn's model and max_tokens, kept on the thread for its export (`replay_fields`).
+    replay: tuple[str | None, int | None] = (None, None)
+
+    def headers(self) -> list[tuple[bytes, bytes]]:
+        """The response headers that name the thread (PROTOCOL §2, §6)."""
+        headers = [
+            (b"statestore-thread-id", self.thread_id.encode()),
+            (b"statestore-expires-at", rfc3339(self.expires_ms)),
+        ]
+        if self.session is not None:
+            headers.append((b"statestore-session-id", self.session.encode()))
+        if self.compacted:
+            headers.append((CONTEXT_HEADER, b"compacted"))
+        elif self.moved is not None:
+            headers.append((CONTEXT_HEADER, self.moved.action.encode()))
+        if self.moved is not None and self.moved.summary_failed:
+            headers.append((CONTEXT_FALLBACK_HEADER, b"summary_failed"))
+        return headers
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedReply:
+    """A reply the backend finished, as the thread stores it."""
+
+    row: bytes  # the assistant message, encoded once
+    backend_id: str | None
+    usage: TurnUsage
+    # The reply cut to its compaction block, when it has one: the base moves there (PROTOCOL §9).
+    compaction: bytes | None = None
+
+
+_MAX_MODEL_CHARS = 256  # threads.last_model
+_MAX_INT32 = 2**31 - 1  # threads.last_max_tokens
+
+
+def replay_fields(turn: ThreadTurn) -> tuple[str | None, int | None]:
+    """The turn's `model` and `max_tokens` as the thread keeps them for its export, each None when the column could
+    not hold it: an odd value the backend accepted must not fail the commit after the reply."""
+    model = turn.fields.get("model")
+    max_tokens = turn.fields.get("max_tokens")
+    return (
+        model if isinstance(model, str) and len(model) <= _MAX_MODEL_CHARS and "\x00" not in model else None,
+        max_tokens
+        if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and 0 <= max_tokens <= _MAX_INT32
+        else None,
+    )
