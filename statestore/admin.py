@@ -36,6 +36,19 @@ class Conflict(StatestoreError):
     error_type = "invalid_request_error"
 
 
+def passthrough_warning(auth_mode: str, what: str) -> str | None:
+    """What to tell an operator creating `what` (tenants, keys, tenant policies) where it takes no effect: in
+    passthrough mode no request is ever matched to a tenant."""
+    if auth_mode != "passthrough":
+        return None
+    return (
+        f"statestore runs in passthrough mode (STATESTORE_AUTH_MODE=passthrough), where {what} take no effect: "
+        "requests are never matched to a tenant, and a statestore key (ssk_...) sent by a client is forwarded to the "
+        "backend as if it were a backend credential. Set STATESTORE_AUTH_MODE=keys to use tenants, keys and tenant "
+        "policies."
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyField:
     """A policy field as a form shows it: its name, its value's kind ("bool", "int", "float", "str", or "choice" with

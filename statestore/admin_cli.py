@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
-from statestore.admin import AdminService, as_dict, day_label
+from statestore.admin import AdminService, as_dict, day_label, passthrough_warning
 from statestore.config import Settings
 from statestore.errors import StatestoreError
 from statestore.policy_fields import POLICY_FIELDS
@@ -193,6 +193,20 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
         sys.stdout.write(orjson.dumps(value, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print(text)
+    if (warning := _mode_warning(settings, args)) is not None:
+        print(f"statestore: warning: {warning}", file=sys.stderr)
+
+
+def _mode_warning(settings: Settings, args: argparse.Namespace) -> str | None:
+    """Tenants, keys and tenant policies do nothing in passthrough mode: say so when one is created or set."""
+    operation = args.operation
+    if operation is tenants_create:
+        return passthrough_warning(settings.auth_mode, "tenants")
+    if operation is keys_create:
+        return passthrough_warning(settings.auth_mode, "API keys")
+    if operation is policy_set and args.scope != "default":
+        return passthrough_warning(settings.auth_mode, "tenant policies")
+    return None
 
 
 _NONE = object()

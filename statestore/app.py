@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp
@@ -77,12 +78,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 with contextlib.suppress(asyncio.CancelledError):
                     await purger
 
-    app = FastAPI(
+    # Interactive docs at /docs with Swagger UI's assets served from the fastapi-offline package: they work with no
+    # network, as statestore often runs where no CDN is reachable.
+    app = FastAPIOffline(
+        docs_url="/docs",
+        redoc_url=None,
+        static_url="/docs/static",
         title="statestore",
         version=__version__,
+        description="statestore's own APIs: the owner's thread API (/statestore/v1) and the admin API (/admin/v1). "
+        "POST /v1/messages is the Messages API with threads (see docs/protocol.md).",
         lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
         openapi_url="/openapi.json",
     )
     app.state.metrics = metrics

@@ -11,13 +11,14 @@ import orjson
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.responses import Response
 
+from statestore.api import schemas
 from statestore.api.deps import ResourcesDep
 from statestore.auth import Principal
 from statestore.errors import InvalidRequest, NotFound
 from statestore.store.thread_reads import ThreadInfo
 from statestore.threads.ids import is_thread_id
 
-router = APIRouter(tags=["threads"])
+router = APIRouter(tags=["threads"], responses=schemas.error_responses(400, 401, 404, 503))
 _SESSION_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
@@ -69,7 +70,7 @@ def _not_found(thread_id: str) -> NotFound:
     return NotFound(f"no live thread {thread_id!r}")
 
 
-@router.get("/statestore/v1/threads")
+@router.get("/statestore/v1/threads", response_model=schemas.ThreadList)
 async def list_threads(
     caller: Caller,
     resources: ResourcesDep,
@@ -95,7 +96,7 @@ async def list_threads(
     }
 
 
-@router.get("/statestore/v1/threads/{thread_id}")
+@router.get("/statestore/v1/threads/{thread_id}", response_model=schemas.Thread)
 async def get_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
     info = (
         await resources.queries.thread_info(caller.owner, thread_id, now_ms=resources.clock())
@@ -107,7 +108,11 @@ async def get_thread(thread_id: str, caller: Caller, resources: ResourcesDep) ->
     return _thread(info)
 
 
-@router.get("/statestore/v1/threads/{thread_id}/messages")
+@router.get(
+    "/statestore/v1/threads/{thread_id}/messages",
+    response_class=Response,
+    responses={200: {"model": schemas.ThreadExport, "description": "the thread as a Messages API request body"}},
+)
 async def export_thread(
     thread_id: str,
     caller: Caller,
@@ -142,14 +147,14 @@ async def export_thread(
     return Response(b"".join(parts), media_type="application/json")
 
 
-@router.delete("/statestore/v1/threads/{thread_id}")
+@router.delete("/statestore/v1/threads/{thread_id}", response_model=schemas.ThreadDeleted)
 async def delete_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
     if not is_thread_id(thread_id) or not await resources.retention.delete_thread(caller.owner, thread_id):
         raise _not_found(thread_id)
     return {"id": thread_id, "type": "thread_deleted"}
 
 
-@router.get("/statestore/v1/sessions/{session_id}")
+@router.get("/statestore/v1/sessions/{session_id}", response_model=schemas.Session)
 async def get_session(session_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
     if not _SESSION_NAME.fullmatch(session_id):
         raise InvalidRequest("a session id is 1-128 characters of A-Z, a-z, 0-9, '.', '_', ':', '-'")

@@ -775,8 +775,8 @@ def test_cli_errors_are_one_clear_line(env: dict[str, str], admin: AdminApi, tmp
         (["admin", "erase"], "erasure needs a tenant, a user_id, or both"),
         (["admin", "tenants", "create", existing], "already exists"),
         (["admin", "policy", "set", existing, "--default-ttl-seconds", "90000"], "must not exceed max_ttl_seconds"),
-        # A database without the schema, or none at all: the remedy, not a traceback.
-        ((bare, ["admin", "tenants", "list"]), "no statestore schema. Run `statestore migrate` first"),
+        # No database at all: where it looked and the remedy, not a traceback (and no empty file left behind).
+        ((bare, ["admin", "tenants", "list"]), f"no SQLite database at {tmp_path / 'bare.db'}"),
         ((unreachable, ["purge", "--json"]), "cannot reach the database"),
     ]
     *results, typo = cli_many(
@@ -784,5 +784,7 @@ def test_cli_errors_are_one_clear_line(env: dict[str, str], admin: AdminApi, tmp
     )
     for result, (_, message) in zip(results, cases, strict=True):
         cli_fails(result, message)
+    assert "Create it with `statestore migrate`" in results[6].stderr
+    assert not (tmp_path / "bare.db").exists()
     # A mistyped switch is a usage error, never a silent "false".
     assert typo.returncode == 2 and "expected true or false, not 'ture'" in typo.stderr

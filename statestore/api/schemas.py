@@ -1,0 +1,231 @@
+"""Response models of statestore's own APIs, so /openapi.json describes every response (/statestore/v1 and
+/admin/v1). The routes build plain dicts and FastAPI checks them against these; a field added to a response is added
+here, and the live-response test (tests/integration/test_openapi_responses.py) holds the two together."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from statestore.policy_fields import POLICY_FIELDS
+
+
+class ErrorDetail(BaseModel):
+    type: str = Field(description="invalid_request_error, authentication_error, permission_error, not_found_error, ...")
+    message: str
+    details: dict[str, Any] | None = Field(default=None, description="error_code and other specifics, when any")
+
+
+class ErrorResponse(BaseModel):
+    """Anthropic's error shape, on every route."""
+
+    type: Literal["error"]
+    error: ErrorDetail
+    request_id: str
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """The `responses=` of a router: these statuses answer with the error shape."""
+    described = {
+        400: "invalid request",
+        401: "missing or unknown credential",
+        403: "not allowed",
+        404: "not found (another owner's thread is also 404)",
+        409: "conflict",
+        503: "the database is unavailable",
+    }
+    return {status: {"model": ErrorResponse, "description": described[status]} for status in statuses}
+
+
+# -- thread API (/statestore/v1) ----------------------------------------------------------------------------------
+
+
+class ThreadUsage(BaseModel):
+    """The backend's usage of the stored turns, added up."""
+
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    turns: int
+
+
+class ThreadContext(BaseModel):
+    """What a rebuild sends (PROTOCOL §9): the archive holds every message, the context only these."""
+
+    tokens: int = Field(description="the context's size after the last turn, from the backend's usage")
+    base_position: int = Field(description="the first stored message a rebuild sends")
+    message_count: int
+    bytes: int
+    compacted: int = Field(description="how many times a compaction reply moved the base")
+    truncated: int
+    summarized: int
+
+
+class Thread(BaseModel):
+    """A thread's metadata. Times are RFC 3339, UTC, in milliseconds."""
+
+    id: str = Field(examples=["thr_4B2mQh0pSa1Y0bXkzGmT8c"])
+    type: Literal["thread"]
+    created_at: str
+    last_used_at: str
+    expires_at: str
+    message_count: int
+    turn_count: int
+    bytes: int = Field(description="stored size of the thread's messages, system and tools")
+    session_id: str | None
+    head_message_id: str | None = Field(description="the response id the next turn continues from")
+    usage: ThreadUsage
+    context: ThreadContext
+
+
+class ThreadList(BaseModel):
+    data: list[Thread]
+    has_more: bool
+    first_id: str | None
+    last_id: str | None
+
+
+class ThreadDeleted(BaseModel):
+    id: str
+    type: Literal["thread_deleted"]
+
+
+class Session(BaseModel):
+    id: str
+    type: Literal["session"]
+    thread: Thread
+
+
+class ThreadExport(BaseModel):
+    """The thread as a Messages API request body: send it as it is to replay the conversation."""
+
+    model: str | None = Field(
+        default=None, description="the latest turn's (absent on threads stored before migration 0007)"
+    )
+    max_tokens: int | None = Field(default=None, description="the latest turn's (absent as model is)")
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]]
+
+
+# -- admin API (/admin/v1) ----------------------------------------------------------------------------------------
+
+_PASSTHROUGH_NOTE = (
+    "present only in passthrough mode, where tenants, keys and tenant policies take no effect (STATESTORE_AUTH_MODE)"
+)
+
+
+class Tenant(BaseModel):
+    id: str
+    name: str
+    disabled: bool
+    created_ms: int
+
+
+class CreatedTenant(Tenant):
+    warning: str | None = Field(default=None, description=_PASSTHROUGH_NOTE)
+
+
+class TenantList(BaseModel):
+    data: list[Tenant]
+
+
+class ApiKey(BaseModel):
+    id: str
+    tenant_id: str
+    label: str | None
+    prefix: str = Field(description="the first characters of the secret, to recognise it by")
+    created_ms: int
+    revoked_ms: int | None
+
+
+class CreatedApiKey(ApiKey):
+    secret: str = Field(description="shown this once; statestore keeps only its hash")
+    warning: str | None = Field(default=None, description=_PASSTHROUGH_NOTE)
+
+
+class ApiKeyList(BaseModel):
+    data: list[ApiKey]
+
+
+# Every field of statestore/policy_fields.py, so a field added there is described here too.
+PolicyValues = create_model(
+    "PolicyValues",
+    **{f.name: (f.python_type, Field(description=f.help)) for f in POLICY_FIELDS},  # type: ignore[call-overload]
+)
+
+
+class PolicyField(BaseModel):
+    name: str
+    kind: str
+    help: str
+    required: bool
+    default: Any
+    nullable: bool
+    minimum: float | None
+    maximum: float | None
+    choices: list[str]
+    max_length: int | None
+
+
+class PolicyFields(BaseModel):
+    data: list[PolicyField]
+
+
+class PolicyView(BaseModel):
+    scope: str = Field(description="'default' or the tenant as given")
+    source: Literal["settings", "default", "tenant"] = Field(description="where the policy in force comes from")
+    policy: PolicyValues
+
+
+class PolicySet(PolicyView):
+    warning: str | None = Field(default=None, description=_PASSTHROUGH_NOTE)
+
+
+class AuditEntry(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"description": "who changed what, before and after"})
+
+    id: int
+    at_ms: int
+    actor: str
+    action: str
+    target: str | None
+    before: Any
+    after: Any
+
+
+class AuditPage(BaseModel):
+    data: list[AuditEntry]
+    has_more: bool
+
+
+class Purged(BaseModel):
+    purged_threads: int
+
+
+class Erased(BaseModel):
+    erased_threads: int
+
+
+class UsageDay(BaseModel):
+    day: str = Field(description="YYYY-MM-DD, UTC")
+    turns: int
+    bytes: int
+
+
+class UsagePage(BaseModel):
+    """Turns and bytes stored on each day, oldest first."""
+
+    data: list[UsageDay]
+
+
+class Stats(BaseModel):
+    live_threads: int
+    live_messages: int
+    live_bytes: int
+    expired_awaiting_purge: int
+    purged_threads_total: int
+    erased_threads_total: int
+    purger_last_run_ms: int = Field(description="0 until the background purger has run once on this database")
