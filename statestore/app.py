@@ -9,6 +9,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -33,6 +34,10 @@ from statestore.responses.errors import OPENAI_PATHS, as_openai
 from statestore.retention import run_purger
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS, missing_sqlite_database
 from statestore.store.migrate import pending_revision
+from statestore.tracing import TRACER_NAME, provider_from_environment
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +48,12 @@ def _error_response(request: Request, error: StatestoreError) -> Response:
     return error_response(error, request_id_of(request.scope))
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvider | None = None) -> FastAPI:
+    """The FastAPI app; with `tracer_provider`, the thread service, cache and upstream client are traced (and the
+    provider is flushed and shut down with the app)."""
     settings = settings or Settings()
     metrics = Metrics()
+    tracer = tracer_provider.get_tracer(TRACER_NAME) if tracer_provider is not None else None
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -53,7 +61,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             raise RuntimeError(problem)
         if (missing := missing_sqlite_database(settings.database_url)) is not None:
             raise RuntimeError(missing)
-        async with build_resources(settings, metrics=metrics) as resources:
+        async with build_resources(settings, metrics=metrics, tracer=tracer) as resources:
             pending = await pending_revision(resources.engine, allow_newer=settings.allow_newer_schema)
             if pending is not None:
                 raise RuntimeError(f"{pending}; run `statestore migrate` first")
@@ -77,6 +85,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 purger.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await purger
+                if tracer_provider is not None:
+                    await asyncio.to_thread(tracer_provider.shutdown)  # exports what is still batched
 
     # Interactive docs at /docs with Swagger UI's assets served from the fastapi-offline package: they work with no
     # network, as statestore often runs where no CDN is reachable.
@@ -145,8 +155,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     return app
 
 
-def create_server_app(settings: Settings | None = None) -> ASGIApp:
-    """What `statestore serve` runs: the front door before the FastAPI app."""
+def create_server_app(settings: Settings | None = None, *, tracer_provider: TracerProvider | None = None) -> ASGIApp:
+    """What `statestore serve` runs: the front door before the FastAPI app. Traced when the OTEL_* variables ask for
+    it (statestore/tracing.py), or with the `tracer_provider` given."""
     settings = settings or Settings()
-    app = create_app(settings)
-    return FrontDoor(app, metrics=app.state.metrics, max_body_bytes=settings.max_body_bytes)
+    provider = tracer_provider or provider_from_environment()
+    app = create_app(settings, tracer_provider=provider)
+    tracer = provider.get_tracer(TRACER_NAME) if provider is not None else None
+    return FrontDoor(app, metrics=app.state.metrics, max_body_bytes=settings.max_body_bytes, tracer=tracer)

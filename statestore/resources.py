@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -29,6 +30,9 @@ from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.service import ThreadService
 from statestore.upstream.client import UpstreamClient
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +75,12 @@ def build_authenticator(settings: Settings, admin: AdminRepository) -> Authentic
 
 @asynccontextmanager
 async def build_resources(
-    settings: Settings, *, metrics: Metrics | None = None, pool_size: int | None = None, serving: bool = True
+    settings: Settings,
+    *,
+    metrics: Metrics | None = None,
+    pool_size: int | None = None,
+    serving: bool = True,
+    tracer: Tracer | None = None,
 ) -> AsyncIterator[Resources]:
     """Everything wired, closed in reverse order on exit. `serving=False` (the admin CLI): small pools, and the
     policy cache off so each command reads what is stored now."""
@@ -106,6 +115,15 @@ async def build_resources(
         pg_statements = await PgTurnStatements.open(settings) if serving else None
         if pg_statements is not None:
             stack.push_async_callback(pg_statements.aclose)
+        repository = ThreadRepository(engine, single_statements, pg=pg_statements)
+        thread_cache: HistoryCache = cache
+        if tracer is not None:
+            # Only when tracing is on: the same objects, each call inside a span (statestore/traced.py).
+            from statestore.traced import TracedCache, TracedRepository, TracedUpstream  # noqa: PLC0415
+
+            repository = cast(ThreadRepository, TracedRepository(repository, tracer))
+            thread_cache = cast(HistoryCache, TracedCache(cache, tracer))
+            upstream = cast(UpstreamClient, TracedUpstream(upstream, tracer))
         admin_repository = AdminRepository(engine)
         policies = PolicyStore(
             admin_repository,
@@ -126,8 +144,8 @@ async def build_resources(
             cache=cache,
             upstream=upstream,
             threads=ThreadService(
-                repository=ThreadRepository(engine, single_statements, pg=pg_statements),
-                cache=cache,
+                repository=repository,
+                cache=thread_cache,
                 policies=policies,
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,

@@ -4,13 +4,18 @@ is read, and no router or dependency solving; every other request goes to the Fa
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from fastapi import FastAPI
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statestore.api.messages import handle_message
 from statestore.errors import RequestTooLarge
 from statestore.metrics import Metrics
 from statestore.middleware import RequestContextMiddleware
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Tracer
 
 HOT_ROUTE = "/v1/messages"
 
@@ -30,16 +35,23 @@ def _declared_length(scope: Scope) -> int | None:
 
 
 class FrontDoor:
-    def __init__(self, app: FastAPI, *, metrics: Metrics, max_body_bytes: int) -> None:
+    def __init__(self, app: FastAPI, *, metrics: Metrics, max_body_bytes: int, tracer: Tracer | None = None) -> None:
         self.app = app
+        self._rest: ASGIApp = app  # every other request
         self.max_body_bytes = max_body_bytes
-        self._hot = RequestContextMiddleware(self._messages, metrics, route_resolver=_hot_route)
+        self._hot: ASGIApp = RequestContextMiddleware(self._messages, metrics, route_resolver=_hot_route)
+        if tracer is not None:
+            # Chosen once here: with tracing off, requests run through exactly the objects above.
+            from statestore.traced import TracedHttp  # noqa: PLC0415
+
+            self._hot = TracedHttp(self._hot, tracer, route=HOT_ROUTE)
+            self._rest = TracedHttp(app, tracer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] == HOT_ROUTE and scope["method"] == "POST":
             await self._hot(scope, receive, send)
         else:
-            await self.app(scope, receive, send)
+            await self._rest(scope, receive, send)
 
     async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
         body = await self._read_body(scope, receive)
