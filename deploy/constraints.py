@@ -3,7 +3,7 @@
     python deploy/constraints.py freeze > deploy/constraints.txt   # from the packages installed in this venv
     python deploy/constraints.py check                             # what `make lint` runs
 
-`freeze` writes statestore's runtime dependency closure (no dev extras) at the versions installed here. `check` fails
+`freeze` writes statestore's runtime dependency closure (with the image's extras, IMAGE_EXTRAS; no dev tools) at the versions installed here. `check` fails
 when a runtime dependency of pyproject.toml has no pin in deploy/constraints.txt, or a pin that the dependency's
 version specifier does not allow, so a bump in pyproject.toml cannot leave the image on an older version unnoticed.
 Reads only local files and installed metadata: no network.
@@ -23,9 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 CONSTRAINTS = ROOT / "deploy" / "constraints.txt"
 
 
+# Extras the image installs (deploy/Dockerfile): their packages are pinned too.
+IMAGE_EXTRAS = ("otel",)
+
+
 def runtime_requirements() -> list[Requirement]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    requirements = [Requirement(text) for text in project["dependencies"]]
+    texts = [*project["dependencies"], *(t for extra in IMAGE_EXTRAS for t in project["optional-dependencies"][extra])]
+    requirements = [Requirement(text) for text in texts]
     return [r for r in requirements if r.marker is None or r.marker.evaluate({"extra": ""})]
 
 
