@@ -2,8 +2,9 @@
 
 - ``fake_backend`` (session): the scriptable fake model backend (tests/support/fake_backend.py).
 - ``wheel`` (session): the wheel `pip wheel` builds from this checkout.
-- ``installed`` (session): a fresh virtual environment outside the checkout with that wheel installed from the
-  package index (the image's pins, deploy/constraints.txt); its ``statestore`` command.
+- ``installed`` (session, twice): a fresh virtual environment outside the checkout with that wheel installed from the
+  package index, its dependencies at the image's pins (deploy/constraints.txt) and then at pyproject.toml's lower
+  bounds; its ``statestore`` command.
 - ``outside_env`` (function): an environment with no STATESTORE_* setting and no PYTHONPATH, so nothing leads the
   installed command back to the checkout.
 """
@@ -13,11 +14,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 import venv
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 from tests.support.fake_backend import FakeBackend
 
@@ -44,10 +47,29 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
-@pytest.fixture(scope="session")
-def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def lower_bounds() -> str:
+    """Constraints pinning every runtime dependency at the lower bound pyproject.toml declares (`>=X` → `==X`)."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    pins = []
+    for text in project["dependencies"]:
+        requirement = Requirement(text)
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        (bound,) = (spec.version for spec in requirement.specifier if spec.operator == ">=")
+        pins.append(f"{requirement.name}=={bound}")
+    return "\n".join(pins) + "\n"
+
+
+@pytest.fixture(scope="session", params=["image-pins", "lower-bounds"])
+def installed(request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel in a fresh venv, with its dependencies at the image's pins (deploy/constraints.txt), or at the lower
+    bounds pyproject.toml declares: those bounds are what the code is tested with, not a guess."""
     environment = tmp_path_factory.mktemp("venv") / "venv"
     venv.create(environment, with_pip=True)
+    constraints = REPO / "deploy" / "constraints.txt"
+    if request.param == "lower-bounds":
+        constraints = environment.parent / "lower-bounds.txt"
+        constraints.write_text(lower_bounds())
     python = environment / "bin" / "python"
     run(
         [
@@ -57,8 +79,9 @@ def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
             "install",
             "--quiet",
             "--disable-pip-version-check",
+            "--only-binary=:all:",
             "--constraint",
-            str(REPO / "deploy" / "constraints.txt"),
+            str(constraints),
             str(wheel),
         ],
         cwd=environment,

@@ -13,7 +13,7 @@ import pytest
 from statestore.threads.ids import thread_of_response
 from tests.packaging.conftest import REPO, run
 from tests.support.fake_backend import FakeBackend
-from tests.support.server import StatestoreServer
+from tests.support.server import OWNER_SECRET, StatestoreServer
 
 
 def test_the_installed_package_runs_its_own_code_and_migrations(installed: Path, outside_env: dict[str, str]) -> None:
@@ -68,6 +68,8 @@ def test_installed_wheel_migrates_serves_and_keeps_a_thread(
             thread = client.beta.messages.thread(model="claude-test", max_tokens=64)
             first = thread.send({"role": "user", "content": "Hello"})
             second = thread.send({"role": "user", "content": "Again"})
+            with thread.stream({"role": "user", "content": "Streamed"}) as stream:
+                assert stream.get_final_text() == "echo: Streamed"
             assert first.content[0].type == "text" and first.content[0].text == "echo: Hello"
             assert second.content[0].type == "text" and second.content[0].text == "echo: Again"
             thread_id = thread_of_response(thread.previous_message_id or "")
@@ -75,7 +77,8 @@ def test_installed_wheel_migrates_serves_and_keeps_a_thread(
             f"{server.url}/statestore/v1/threads/{thread_id}/messages", headers={"x-api-key": "sk-test-wheel"}
         )
         assert exported.status_code == 200, exported.text
-        assert [m["role"] for m in exported.json()["messages"]] == ["user", "assistant", "user", "assistant"]
+        assert [m["role"] for m in exported.json()["messages"]] == ["user", "assistant"] * 3
+        assert httpx.get(f"{server.url}/docs").status_code == 200
     finally:
         server.stop()
     # The installed command never looked at the checkout.
@@ -91,6 +94,7 @@ def test_serve_before_migrate_says_to_migrate(installed: Path, outside_env: dict
             **outside_env,
             "STATESTORE_DATABASE_URL": f"sqlite:///{database}",
             "STATESTORE_UPSTREAM_URL": "http://127.0.0.1:9",
+            "STATESTORE_OWNER_SECRET": OWNER_SECRET,
         },
         capture_output=True,
         text=True,
