@@ -3,9 +3,10 @@
     python deploy/constraints.py freeze > deploy/constraints.txt   # from the packages installed in this venv
     python deploy/constraints.py check                             # what `make lint` runs
 
-`freeze` writes statestore's runtime dependency closure (with the image's extras, IMAGE_EXTRAS; no dev tools) at the versions installed here. `check` fails
-when a runtime dependency of pyproject.toml has no pin in deploy/constraints.txt, or a pin that the dependency's
-version specifier does not allow, so a bump in pyproject.toml cannot leave the image on an older version unnoticed.
+`freeze` writes statestore's runtime dependency closure (with the image's extras, IMAGE_EXTRAS; no dev tools) at the
+versions installed here. `check` fails when a runtime dependency of pyproject.toml has no pin in
+deploy/constraints.txt, or a pin that the dependency's version specifier does not allow, so a bump in pyproject.toml
+cannot leave the image on an older version unnoticed.
 Reads only local files and installed metadata: no network.
 """
 
