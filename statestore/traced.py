@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from typing import Any
+from urllib.parse import urlsplit
 
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
@@ -91,7 +92,7 @@ class TracedUpstream(_Delegate):
         attributes: dict[str, Any] = {
             "http.request.method": method,
             "url.path": path_and_query.split("?", 1)[0],
-            "server.address": self._inner.base_url,
+            "server.address": urlsplit(self._inner.base_url).hostname or "",
             "gen_ai.system": GENAI_SYSTEM,
             "gen_ai.operation.name": "chat",
         }
