@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -41,8 +42,15 @@ def run(argv: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # From a copy of what the package is built from, as the image's build context is: a build in the checkout would
+    # reuse its build/ folder, stale files included.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "setup.py", "README.md", "LICENSE"):
+        shutil.copy2(REPO / name, source / name)
+    for folder in ("statestore", "migrations"):
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     dist = tmp_path_factory.mktemp("dist")
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(REPO)])
+    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(source)])
     (built,) = dist.glob("statestore-*.whl")
     return built
 

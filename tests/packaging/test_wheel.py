@@ -31,6 +31,18 @@ def test_the_installed_package_runs_its_own_code_and_migrations(installed: Path,
     shipped = sorted(path.name for path in (migrations / "versions").glob("0*.py"))
     assert shipped == sorted(path.name for path in (REPO / "migrations" / "versions").glob("0*.py"))
     assert (migrations / "script.py.mako").is_file()
+    # Every file of the package ships, Python or not (templates, static assets, py.typed), and nothing else.
+    installed_root = module.parent.parent
+
+    def files(root: Path) -> set[str]:
+        return {
+            str(path.relative_to(root))
+            for path in root.rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+        }
+
+    package = {name for name in files(installed_root) if not name.startswith("migrations/")}
+    assert package == files(REPO / "statestore")
 
 
 @pytest.mark.parametrize("store", ["postgres", "sqlite"])
