@@ -15,6 +15,10 @@ from tests.packaging.conftest import REPO, run
 from tests.support.fake_backend import FakeBackend
 from tests.support.server import OWNER_SECRET, StatestoreServer
 
+# Building the wheel and installing it twice from the package index (the image's pins, the lower bounds) takes
+# a minute or two on a quiet machine, more on a busy one.
+pytestmark = pytest.mark.timeout(900)
+
 
 def test_the_installed_package_runs_its_own_code_and_migrations(installed: Path, outside_env: dict[str, str]) -> None:
     python = installed.parent / "python"
