@@ -21,11 +21,11 @@ from redis.crc import key_slot
 from statestore.store.cache import (
     CachedHistory,
     HistoryCache,
-    MemoryHistoryCache,
     RedisHistoryCache,
     create_cache,
     split_cluster_flag,
 )
+from statestore.store.memory_cache import MemoryHistoryCache
 
 REDIS_URL = os.environ.get("STATESTORE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TTL_MS = 60_000

@@ -24,8 +24,8 @@ from statestore.errors import (
     ThreadUnsupportedRequest,
 )
 from statestore.metrics import Metrics
-from statestore.store.cache import MemoryHistoryCache
 from statestore.store.engine import create_engine
+from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.pg_turns import PgTurnStatements
 from statestore.store.turn_writes import ThreadRepository, TurnUsage
 from statestore.threads import assembly
