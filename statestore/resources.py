@@ -124,6 +124,7 @@ async def build_resources(
             repository = cast(ThreadRepository, TracedRepository(repository, tracer))
             thread_cache = cast(HistoryCache, TracedCache(cache, tracer))
             upstream = cast(UpstreamClient, TracedUpstream(upstream, tracer))
+            chat_upstream = cast(UpstreamClient, TracedUpstream(chat_upstream, tracer, system="openai"))
         admin_repository = AdminRepository(engine)
         policies = PolicyStore(
             admin_repository,

@@ -88,12 +88,18 @@ class TracedCache(_Delegate):
 
 
 class TracedUpstream(_Delegate):
+    """`system`: the GenAI system the backend speaks for (anthropic for Messages, openai for Chat Completions)."""
+
+    def __init__(self, inner: Any, tracer: Tracer, *, system: str = GENAI_SYSTEM) -> None:
+        super().__init__(inner, tracer)
+        self._system = system
+
     async def send(self, method: str, path_and_query: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Any:
         attributes: dict[str, Any] = {
             "http.request.method": method,
             "url.path": path_and_query.split("?", 1)[0],
             "server.address": urlsplit(self._inner.base_url).hostname or "",
-            "gen_ai.system": GENAI_SYSTEM,
+            "gen_ai.system": self._system,
             "gen_ai.operation.name": "chat",
         }
         found = _MODEL.search(body, 0, _MODEL_SCAN_BYTES)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anthropic
+import httpx
 import httpx2
+import openai
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -36,10 +39,16 @@ def exporter() -> InMemorySpanExporter:
     return InMemorySpanExporter()
 
 
+@dataclass(frozen=True)
+class Clients:
+    anthropic: anthropic.AsyncAnthropic
+    openai: openai.AsyncOpenAI
+
+
 @pytest.fixture
-async def traced_client(
+async def traced_clients(
     migrated_pg_url: str, redis_url: str, redis_prefix: str, backend: FakeBackend, exporter: InMemorySpanExporter
-) -> AsyncIterator[anthropic.AsyncAnthropic]:
+) -> AsyncIterator[Clients]:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     front = create_server_app(
@@ -48,6 +57,7 @@ async def traced_client(
             redis_url=redis_url,
             redis_prefix=redis_prefix,
             upstream_url=backend.url,
+            chat_upstream_url=backend.url,
             owner_secret="tracing-secret-0123456789",
         ),
         tracer_provider=provider,
@@ -55,11 +65,20 @@ async def traced_client(
     assert isinstance(front, FrontDoor)
     async with (
         front.app.router.lifespan_context(front.app),
-        # The SDK's own HTTP library (httpx2), in process.
+        # Each SDK's own HTTP library (httpx2 for anthropic, httpx for openai), in process.
         httpx2.AsyncClient(transport=httpx2.ASGITransport(app=front), base_url="http://statestore") as http,
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=front), base_url="http://statestore") as openai_http,
     ):
         exporter.clear()
-        yield anthropic.AsyncAnthropic(base_url="http://statestore", api_key="sk-trace", http_client=http)
+        yield Clients(
+            anthropic.AsyncAnthropic(base_url="http://statestore", api_key="sk-trace", http_client=http),
+            openai.AsyncOpenAI(base_url="http://statestore/v1", api_key="sk-trace", http_client=openai_http),
+        )
+
+
+@pytest.fixture
+def traced_client(traced_clients: Clients) -> anthropic.AsyncAnthropic:
+    return traced_clients.anthropic
 
 
 def _request_spans(spans: tuple[ReadableSpan, ...]) -> list[ReadableSpan]:
@@ -126,6 +145,22 @@ async def test_other_routes_get_a_span_named_for_their_route(
     (span,) = exporter.get_finished_spans()
     assert span.name == "GET /statestore/v1/threads"
     assert span.attributes is not None and span.attributes["http.response.status_code"] == 200
+
+
+async def test_a_responses_turn_is_traced_as_openai(traced_clients: Clients, exporter: InMemorySpanExporter) -> None:
+    """The Responses front door's backend speaks Chat Completions: its upstream span says so."""
+    first = await traced_clients.openai.responses.create(model="gpt-trace", input="one")
+    await traced_clients.openai.responses.create(model="gpt-trace", input="two", previous_response_id=first.id)
+    spans = exporter.get_finished_spans()
+    requests = [s for s in spans if s.name == "POST /v1/responses"]
+    assert len(requests) == 2
+    for request in requests:
+        (upstream,) = _children(spans, request)["statestore.upstream"]
+        attributes: Any = upstream.attributes
+        assert upstream.kind == SpanKind.CLIENT
+        assert attributes["gen_ai.system"] == "openai"
+        assert attributes["gen_ai.request.model"] == "gpt-trace"
+        assert attributes["url.path"] == "/v1/chat/completions"
 
 
 def test_tracing_is_off_unless_otel_variables_ask() -> None:
