@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anthropic
-import httpx
 import httpx2
 import openai
 import pytest
@@ -65,14 +64,13 @@ async def traced_clients(
     assert isinstance(front, FrontDoor)
     async with (
         front.app.router.lifespan_context(front.app),
-        # Each SDK's own HTTP library (httpx2 for anthropic, httpx for openai), in process.
+        # The SDKs' own HTTP library (httpx2), in process.
         httpx2.AsyncClient(transport=httpx2.ASGITransport(app=front), base_url="http://statestore") as http,
-        httpx.AsyncClient(transport=httpx.ASGITransport(app=front), base_url="http://statestore") as openai_http,
     ):
         exporter.clear()
         yield Clients(
             anthropic.AsyncAnthropic(base_url="http://statestore", api_key="sk-trace", http_client=http),
-            openai.AsyncOpenAI(base_url="http://statestore/v1", api_key="sk-trace", http_client=openai_http),
+            openai.AsyncOpenAI(base_url="http://statestore/v1", api_key="sk-trace", http_client=http),
         )
 
 
