@@ -229,3 +229,10 @@ class Stats(BaseModel):
     purged_threads_total: int
     erased_threads_total: int
     purger_last_run_ms: int = Field(description="0 until the background purger has run once on this database")
+    # The Responses front door's share (live responses and conversations, and those purged and erased).
+    live_responses: int
+    live_conversations: int
+    purged_responses_total: int
+    erased_responses_total: int
+    purged_conversations_total: int
+    erased_conversations_total: int
