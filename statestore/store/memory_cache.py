@@ -1,0 +1,129 @@
+"""The in-process history cache of the embedded default (no Redis): the same contract as the Redis one
+(statestore/store/cache.py), an LRU bounded by total bytes."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from statestore.store.cache import CachedHistory, appended
+
+_MIB = 1024 * 1024
+
+# Rough per-entry cost of the dict slot, the tuple and the key string, charged against the budget
+# so that a great many tiny entries are bounded too.
+_ENTRY_OVERHEAD = 128
+_SWEEP_INTERVAL_MS = 60_000
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class _Entry(NamedTuple):
+    messages: int
+    joined: bytes
+    expires_at_ms: int
+
+
+class MemoryHistoryCache:
+    """In-process history cache for the embedded default (no Redis): an LRU bounded by total bytes.
+
+    Not thread-safe and needs no locks: it is used from one event loop and no method awaits, so each
+    call runs to completion without interleaving. Expired entries are misses; they are dropped when
+    touched, and a sweep at most once a minute drops the untouched ones.
+    """
+
+    def __init__(self, max_bytes: int = 256 * _MIB, *, clock: Callable[[], int] = _monotonic_ms) -> None:
+        self._max_bytes = max_bytes
+        self._clock = clock
+        self._entries: OrderedDict[str, _Entry] = OrderedDict()
+        self._bytes = 0
+        self._next_sweep_ms = clock() + _SWEEP_INTERVAL_MS
+        self.errors = 0  # never incremented; present so metrics can read any cache alike
+
+    @property
+    def kind(self) -> str:
+        return "memory"
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def _live(self, thread_id: str, now: int) -> _Entry | None:
+        entry = self._entries.get(thread_id)
+        if entry is None:
+            return None
+        if entry.expires_at_ms <= now:
+            self._remove(thread_id)
+            return None
+        return entry
+
+    def _remove(self, thread_id: str) -> None:
+        entry = self._entries.pop(thread_id, None)
+        if entry is not None:
+            self._bytes -= len(entry.joined) + _ENTRY_OVERHEAD
+
+    def _store(self, thread_id: str, entry: _Entry, now: int) -> None:
+        self._remove(thread_id)
+        size = len(entry.joined) + _ENTRY_OVERHEAD
+        if size > self._max_bytes:
+            return  # would evict everything else and still not fit
+        if now >= self._next_sweep_ms:
+            self._sweep(now)
+        self._entries[thread_id] = entry
+        self._bytes += size
+        while self._bytes > self._max_bytes:
+            oldest = next(iter(self._entries))
+            self._remove(oldest)
+
+    def _sweep(self, now: int) -> None:
+        self._next_sweep_ms = now + _SWEEP_INTERVAL_MS
+        for thread_id in [key for key, entry in self._entries.items() if entry.expires_at_ms <= now]:
+            self._remove(thread_id)
+
+    async def get(self, thread_id: str) -> CachedHistory | None:
+        entry = self._live(thread_id, self._clock())
+        if entry is None:
+            return None
+        self._entries.move_to_end(thread_id)
+        return CachedHistory(entry.messages, entry.joined)
+
+    async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None:
+        if ttl_ms <= 0:
+            self._remove(thread_id)
+            return
+        now = self._clock()
+        self._store(thread_id, _Entry(history.count, history.joined, now + ttl_ms), now)
+
+    async def append(self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> None:
+        now = self._clock()
+        entry = self._live(thread_id, now)
+        if entry is None:
+            return
+        if entry.messages != expected_count or ttl_ms <= 0:
+            self._remove(thread_id)
+            return
+        joined = appended(entry.joined, added)
+        self._store(thread_id, _Entry(entry.messages + len(added), joined, now + ttl_ms), now)
+
+    async def delete(self, thread_id: str) -> bool:
+        self._remove(thread_id)
+        return True
+
+    async def delete_many(self, thread_ids: Sequence[str]) -> bool:
+        for thread_id in thread_ids:
+            self._remove(thread_id)
+        return True
+
+    async def ping(self) -> bool:
+        return True
+
+    async def aclose(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
