@@ -156,3 +156,19 @@ def threads_off_server(
     )
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="module")
+async def module_db(postgres_admin_url: str) -> AsyncIterator[str]:
+    """A migrated PostgreSQL database of the test module's own (its servers' state is the module's alone)."""
+    from tests.support.admin_api import migrated_database
+
+    async with migrated_database(postgres_admin_url) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def module_prefix(redis_url: str) -> Iterator[str]:
+    """A Redis key prefix of the test module's own."""
+    with own_redis_prefix(redis_url) as value:
+        yield value

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,6 @@ from tests.support.admin_api import (
     error_of,
     granted_ttl,
     json_of,
-    migrated_database,
     policy,
     rfc3339,
     said,
@@ -48,33 +47,20 @@ from tests.support.admin_api import (
     user,
 )
 from tests.support.fake_backend import FakeBackend
-from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 
 @pytest.fixture(scope="module")
-async def admin_db(postgres_admin_url: str) -> AsyncIterator[str]:
-    async with migrated_database(postgres_admin_url) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def admin_prefix(redis_url: str) -> Iterator[str]:
-    with own_redis_prefix(redis_url) as prefix:
-        yield prefix
-
-
-@pytest.fixture(scope="module")
 def keys_server(
-    admin_db: str, redis_url: str, admin_prefix: str, fake_backend_process: FakeBackend
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
     """keys mode; keys and policies are read from the database on every request, so a change made by another
     process (the CLI) applies at once."""
     server = start_server(
-        admin_db,
+        module_db,
         fake_backend_process.url,
         redis_url,
-        admin_prefix,
+        module_prefix,
         {
             "STATESTORE_AUTH_MODE": "keys",
             "STATESTORE_UPSTREAM_API_KEY": UPSTREAM_KEY,
@@ -89,10 +75,10 @@ def keys_server(
 
 @pytest.fixture(scope="module")
 def passthrough_server(
-    admin_db: str, redis_url: str, admin_prefix: str, fake_backend_process: FakeBackend
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
     server = start_server(
-        admin_db, fake_backend_process.url, redis_url, admin_prefix, {"STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS}
+        module_db, fake_backend_process.url, redis_url, module_prefix, {"STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS}
     )
     yield server
     server.stop()
@@ -100,9 +86,9 @@ def passthrough_server(
 
 @pytest.fixture(scope="module")
 def tokenless_server(
-    admin_db: str, redis_url: str, admin_prefix: str, fake_backend_process: FakeBackend
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
-    server = start_server(admin_db, fake_backend_process.url, redis_url, admin_prefix, {})
+    server = start_server(module_db, fake_backend_process.url, redis_url, module_prefix, {})
     yield server
     server.stop()
 
@@ -114,8 +100,8 @@ def admin(keys_server: StatestoreServer) -> Iterator[AdminApi]:
 
 
 @pytest.fixture(scope="module")
-def db(admin_db: str) -> Database:
-    return Database(admin_db)
+def db(module_db: str) -> Database:
+    return Database(module_db)
 
 
 @pytest.fixture(autouse=True)
@@ -579,8 +565,8 @@ def test_an_admin_token_is_not_a_tenant_credential(keys_server: StatestoreServer
 
 
 @pytest.fixture(scope="module")
-def env(admin_db: str, redis_url: str, admin_prefix: str) -> dict[str, str]:
-    return cli_env(admin_db, redis_url=redis_url, redis_prefix=admin_prefix)
+def env(module_db: str, redis_url: str, module_prefix: str) -> dict[str, str]:
+    return cli_env(module_db, redis_url=redis_url, redis_prefix=module_prefix)
 
 
 def _secret_in(text: str) -> str:

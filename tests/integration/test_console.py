@@ -10,7 +10,7 @@ ones the README shows: `make console-screenshots`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -27,7 +27,6 @@ from tests.support.admin_api import (
     Api,
     created,
     error_of,
-    migrated_database,
     start_server,
     unique,
 )
@@ -51,17 +50,11 @@ from tests.support.server import StatestoreServer
 
 
 @pytest.fixture(scope="module")
-async def console_db(postgres_admin_url: str) -> AsyncIterator[str]:
-    async with migrated_database(postgres_admin_url) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def console_server(console_db: str, redis_url: str, fake_backend_process: FakeBackend) -> Iterator[StatestoreServer]:
+def console_server(module_db: str, redis_url: str, fake_backend_process: FakeBackend) -> Iterator[StatestoreServer]:
     """keys mode, so a key made in the console is a credential a client can use at once."""
     with own_redis_prefix(redis_url) as prefix:
         server = start_server(
-            console_db,
+            module_db,
             fake_backend_process.url,
             redis_url,
             prefix,

@@ -3,7 +3,7 @@ commits, on PostgreSQL's one-statement commit and on SQLite's transaction alike;
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +20,6 @@ from tests.support.admin_api import (
     cli_env,
     cli_json,
     created,
-    migrated_database,
     run_async,
     start_server,
 )
@@ -29,16 +28,10 @@ from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 
-@pytest.fixture(scope="module")
-async def usage_db(postgres_admin_url: str) -> AsyncIterator[str]:
-    async with migrated_database(postgres_admin_url) as url:
-        yield url
-
-
 @pytest.fixture(scope="module", params=["postgres", "sqlite"])
 def usage_server(
     request: pytest.FixtureRequest,
-    usage_db: str,
+    module_db: str,
     redis_url: str,
     tmp_path_factory: pytest.TempPathFactory,
     fake_backend_process: FakeBackend,
@@ -46,9 +39,9 @@ def usage_server(
     if request.param == "postgres":
         with own_redis_prefix(redis_url) as prefix:
             server = start_server(
-                usage_db, fake_backend_process.url, redis_url, prefix, {"STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS}
+                module_db, fake_backend_process.url, redis_url, prefix, {"STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS}
             )
-            yield server, usage_db
+            yield server, module_db
             server.stop()
         return
     from statestore.store.migrate import upgrade

@@ -10,14 +10,14 @@ their own, since the tests change the default policy.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import anthropic
 import pytest
 
-from tests.support.admin_api import ADMIN_TOKENS, AdminApi, cli, cli_env, error_of, migrated_database, policy
+from tests.support.admin_api import ADMIN_TOKENS, AdminApi, cli, cli_env, error_of, policy
 from tests.support.fake_backend import FakeBackend
 from tests.support.long_context import (
     COMPACT_EDIT,
@@ -30,27 +30,12 @@ from tests.support.long_context import (
     managed,
     words,
 )
-from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 
 @pytest.fixture(scope="module")
-async def context_db(postgres_admin_url: str) -> AsyncIterator[str]:
-    async with migrated_database(postgres_admin_url) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def context_prefix(redis_url: str) -> Iterator[str]:
-    with own_redis_prefix(redis_url) as prefix:
-        yield prefix
-
-
-@pytest.fixture(scope="module")
-def servers(
-    context_db: str, redis_url: str, context_prefix: str, fake_backend_process: FakeBackend
-) -> Iterator[Servers]:
-    started = Servers(context_db, fake_backend_process.url, redis_url, context_prefix)
+def servers(module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend) -> Iterator[Servers]:
+    started = Servers(module_db, fake_backend_process.url, redis_url, module_prefix)
     yield started
     started.current.stop()
 
@@ -263,13 +248,13 @@ def test_a_managed_strategy_needs_a_window(servers: Servers) -> None:
         assert "context_window_tokens" in message
 
 
-def test_policy_fields_are_served_as_data_and_set_from_the_cli(servers: Servers, context_db: str) -> None:
+def test_policy_fields_are_served_as_data_and_set_from_the_cli(servers: Servers, module_db: str) -> None:
     with AdminApi(servers.current.url) as admin:
         fields = {item["name"]: item for item in admin.ok("GET", "/policy-fields")["data"]}
         assert fields["context_strategy"]["choices"] == ["none", "truncate", "summarize"]
         assert fields["context_trigger_ratio"]["default"] == 0.8
         done = cli(
-            cli_env(context_db),
+            cli_env(module_db),
             "admin",
             "policy",
             "set",
@@ -288,10 +273,10 @@ def test_policy_fields_are_served_as_data_and_set_from_the_cli(servers: Servers,
             50000,
             "claude-small",
         )
-        done = cli(cli_env(context_db), "admin", "policy", "set", "default", "--summary-model", "none")
+        done = cli(cli_env(module_db), "admin", "policy", "set", "default", "--summary-model", "none")
         assert done.returncode == 0, done.stderr
         assert admin.ok("GET", "/policies/default")["policy"]["summary_model"] is None
-        refused = cli(cli_env(context_db), "admin", "policy", "set", "default", "--context-target-ratio", "0.9")
+        refused = cli(cli_env(module_db), "admin", "policy", "set", "default", "--context-target-ratio", "0.9")
         assert refused.returncode != 0 and "context_target_ratio" in refused.stderr + refused.stdout
         entries = admin.ok("GET", "/audit", limit=5)["data"]
         assert any(entry["action"] == "policy.put" and "context_strategy" in str(entry["after"]) for entry in entries)

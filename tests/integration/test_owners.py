@@ -8,7 +8,7 @@ Both modes run on a database of this module's own, so its tenants and threads me
 from __future__ import annotations
 
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +30,6 @@ from tests.support.admin_api import (
     created,
     error_of,
     json_of,
-    migrated_database,
     passthrough_owner,
     said,
     start_server,
@@ -38,7 +37,6 @@ from tests.support.admin_api import (
     user,
 )
 from tests.support.fake_backend import FakeBackend, RecordedRequest
-from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 # The tenant whose backend credential is its own (STATESTORE_TENANT_UPSTREAM_KEYS is keyed by tenant name).
@@ -47,35 +45,23 @@ OWN_UPSTREAM_KEY = "sk-upstream-own-0123456789"
 
 
 @pytest.fixture(scope="module")
-async def owners_db(postgres_admin_url: str) -> AsyncIterator[str]:
-    async with migrated_database(postgres_admin_url) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def owners_prefix(redis_url: str) -> Iterator[str]:
-    with own_redis_prefix(redis_url) as prefix:
-        yield prefix
-
-
-@pytest.fixture(scope="module")
 def passthrough_server(
-    owners_db: str, redis_url: str, owners_prefix: str, fake_backend_process: FakeBackend
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
-    server = start_server(owners_db, fake_backend_process.url, redis_url, owners_prefix, {})
+    server = start_server(module_db, fake_backend_process.url, redis_url, module_prefix, {})
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
 def keys_server(
-    owners_db: str, redis_url: str, owners_prefix: str, fake_backend_process: FakeBackend
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
     server = start_server(
-        owners_db,
+        module_db,
         fake_backend_process.url,
         redis_url,
-        owners_prefix,
+        module_prefix,
         {
             "STATESTORE_AUTH_MODE": "keys",
             "STATESTORE_UPSTREAM_API_KEY": UPSTREAM_KEY,
@@ -90,14 +76,14 @@ def keys_server(
 
 @pytest.fixture(scope="module")
 def listed_keys_server(
-    owners_db: str, redis_url: str, owners_prefix: str, fake_backend_process: FakeBackend
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
     """keys mode with backend credentials for named tenants only, and none for the others."""
     server = start_server(
-        owners_db,
+        module_db,
         fake_backend_process.url,
         redis_url,
-        owners_prefix,
+        module_prefix,
         {
             "STATESTORE_AUTH_MODE": "keys",
             "STATESTORE_TENANT_UPSTREAM_KEYS": orjson.dumps({OWN_KEY_TENANT: OWN_UPSTREAM_KEY}).decode(),
@@ -115,13 +101,13 @@ def admin(keys_server: StatestoreServer) -> Iterator[AdminApi]:
 
 
 @pytest.fixture(scope="module")
-def db(owners_db: str) -> Database:
-    return Database(owners_db)
+def db(module_db: str) -> Database:
+    return Database(module_db)
 
 
 @pytest.fixture(scope="module")
-def cache(redis_url: str, owners_prefix: str) -> Iterator[RedisKeys]:
-    keys = RedisKeys(redis_url, owners_prefix)
+def cache(redis_url: str, module_prefix: str) -> Iterator[RedisKeys]:
+    keys = RedisKeys(redis_url, module_prefix)
     yield keys
     keys.close()
 
@@ -150,7 +136,7 @@ def owners(request: pytest.FixtureRequest) -> TwoOwners:
 
 
 def test_another_owners_thread_is_404_on_every_route(
-    owners: TwoOwners, backend: FakeBackend, db: Database, cache: RedisKeys, owners_prefix: str
+    owners: TwoOwners, backend: FakeBackend, db: Database, cache: RedisKeys, module_prefix: str
 ) -> None:
     with (
         anthropic.Anthropic(base_url=owners.server.url, api_key=owners.key_a, max_retries=0) as sdk_a,
@@ -178,7 +164,7 @@ def test_another_owners_thread_is_404_on_every_route(
         ):
             error_of(b.http.get(path), 404, "not_found_error")
         cached = cache.keys_of(thread_id)
-        assert cached == [f"{owners_prefix}{{{thread_id}}}:h", f"{owners_prefix}{{{thread_id}}}:n"]
+        assert cached == [f"{module_prefix}{{{thread_id}}}:h", f"{module_prefix}{{{thread_id}}}:n"]
         error_of(b.delete(thread_id), 404, "not_found_error")
         error_of(b.delete(session_thread), 404, "not_found_error")
         # Not a byte of A's touched: rows and cache entries alike.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import anthropic
@@ -38,7 +38,6 @@ from tests.support.admin_api import (
     error_of,
     granted_ttl,
     json_of,
-    migrated_database,
     rfc3339,
     run_async,
     said,
@@ -47,22 +46,9 @@ from tests.support.admin_api import (
     user,
 )
 from tests.support.fake_backend import FakeBackend
-from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 BATCH = 100
-
-
-@pytest.fixture(scope="module")
-async def retention_db(postgres_admin_url: str) -> AsyncIterator[str]:
-    async with migrated_database(postgres_admin_url) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def prefix(redis_url: str) -> Iterator[str]:
-    with own_redis_prefix(redis_url) as value:
-        yield value
 
 
 @pytest.fixture(scope="module")
@@ -84,11 +70,11 @@ def _env(clock: ClockFile, **extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(
-    retention_db: str, redis_url: str, prefix: str, clock: ClockFile, fake_backend_process: FakeBackend
+    module_db: str, redis_url: str, module_prefix: str, clock: ClockFile, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
     """Purges only when asked: its background purger waits an hour."""
     running = start_server(
-        retention_db, fake_backend_process.url, redis_url, prefix, _env(clock, purge_interval_seconds="3600")
+        module_db, fake_backend_process.url, redis_url, module_prefix, _env(clock, purge_interval_seconds="3600")
     )
     yield running
     running.stop()
@@ -101,13 +87,13 @@ def admin(server: StatestoreServer) -> Iterator[AdminApi]:
 
 
 @pytest.fixture(scope="module")
-def db(retention_db: str) -> Database:
-    return Database(retention_db)
+def db(module_db: str) -> Database:
+    return Database(module_db)
 
 
 @pytest.fixture(scope="module")
-def cache(redis_url: str, prefix: str) -> Iterator[RedisKeys]:
-    keys = RedisKeys(redis_url, prefix)
+def cache(redis_url: str, module_prefix: str) -> Iterator[RedisKeys]:
+    keys = RedisKeys(redis_url, module_prefix)
     yield keys
     keys.close()
 
@@ -199,12 +185,16 @@ def test_an_expired_thread_is_gone_for_the_sdk_which_replays(
 
 
 def test_the_purge_command_uses_the_same_clock(
-    api: Api, db: Database, cache: RedisKeys, clock: ClockFile, retention_db: str, redis_url: str, prefix: str
+    api: Api, db: Database, cache: RedisKeys, clock: ClockFile, module_db: str, redis_url: str, module_prefix: str
 ) -> None:
     thread_id, _ = created(api.create("short", ttl=5))
     clock.advance(6)
     env = cli_env(
-        retention_db, redis_url=redis_url, redis_prefix=prefix, clock_offset_file=str(clock.path), purge_batch_size="7"
+        module_db,
+        redis_url=redis_url,
+        redis_prefix=module_prefix,
+        clock_offset_file=str(clock.path),
+        purge_batch_size="7",
     )
     # `statestore admin purge` (test_admin runs its twin, `statestore purge`).
     assert cli_json(cli(env, "admin", "purge", "--json", "--actor", "cli:retention"))["purged_threads"] >= 1
@@ -217,14 +207,14 @@ def test_the_background_purger_removes_expired_threads_within_its_interval(
     db: Database,
     cache: RedisKeys,
     clock: ClockFile,
-    retention_db: str,
+    module_db: str,
     redis_url: str,
-    prefix: str,
+    module_prefix: str,
     fake_backend_process: FakeBackend,
 ) -> None:
     interval = 0.5
     purger = start_server(
-        retention_db, fake_backend_process.url, redis_url, prefix, _env(clock, purge_interval_seconds=str(interval))
+        module_db, fake_backend_process.url, redis_url, module_prefix, _env(clock, purge_interval_seconds=str(interval))
     )
     try:
         thread_id, _ = created(api.create("background", ttl=10))
@@ -242,7 +232,13 @@ def test_the_background_purger_removes_expired_threads_within_its_interval(
 
 
 def test_a_large_backlog_is_purged_completely_in_batches(
-    admin: AdminApi, db: Database, cache: RedisKeys, clock: ClockFile, retention_db: str, redis_url: str, prefix: str
+    admin: AdminApi,
+    db: Database,
+    cache: RedisKeys,
+    clock: ClockFile,
+    module_db: str,
+    redis_url: str,
+    module_prefix: str,
 ) -> None:
     now = int(clock.now() * 1000)
     doomed = _insert_threads(db, cache, 1200, owner="t:backlog", expires_ms=now - 60_000)
@@ -275,7 +271,7 @@ def test_a_large_backlog_is_purged_completely_in_batches(
     # In batches of STATESTORE_PURGE_BATCH_SIZE: the same Retention the server runs, with its batches recorded.
     now = int(clock.now() * 1000)
     more = _insert_threads(db, cache, 250, owner="t:backlog", expires_ms=now - 1)
-    batches = run_async(lambda: _purge_recording_batches(retention_db, redis_url, prefix, now))
+    batches = run_async(lambda: _purge_recording_batches(module_db, redis_url, module_prefix, now))
     assert batches == [100, 100, 50]
     assert db.value("SELECT count(*) FROM threads WHERE id = ANY($1::text[])", more) == 0
 

@@ -5,7 +5,7 @@ passthrough mode warns when tenants, keys or tenant policies are created (API an
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -21,28 +21,14 @@ from tests.support.admin_api import (
     cli_env,
     cli_json,
     created,
-    migrated_database,
     policy,
     start_server,
     unique,
 )
 from tests.support.fake_backend import FakeBackend
-from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
 
 TYPED_PREFIXES = ("/statestore/v1/", "/admin/v1/")
-
-
-@pytest.fixture(scope="module")
-async def typed_db(postgres_admin_url: str) -> AsyncIterator[str]:
-    async with migrated_database(postgres_admin_url) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def typed_prefix(redis_url: str) -> Iterator[str]:
-    with own_redis_prefix(redis_url) as prefix:
-        yield prefix
 
 
 def _server(db: str, backend: FakeBackend, redis_url: str, prefix: str, **env: str) -> StatestoreServer:
@@ -51,13 +37,13 @@ def _server(db: str, backend: FakeBackend, redis_url: str, prefix: str, **env: s
 
 @pytest.fixture(scope="module")
 def keys_server(
-    typed_db: str, redis_url: str, typed_prefix: str, fake_backend_process: FakeBackend
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
     server = _server(
-        typed_db,
+        module_db,
         fake_backend_process,
         redis_url,
-        typed_prefix,
+        module_prefix,
         STATESTORE_AUTH_MODE="keys",
         STATESTORE_UPSTREAM_API_KEY=UPSTREAM_KEY,
         STATESTORE_KEY_CACHE_SECONDS="0",
@@ -69,9 +55,9 @@ def keys_server(
 
 @pytest.fixture(scope="module")
 def passthrough_server(
-    typed_db: str, redis_url: str, typed_prefix: str, fake_backend_process: FakeBackend
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
-    server = _server(typed_db, fake_backend_process, redis_url, typed_prefix)
+    server = _server(module_db, fake_backend_process, redis_url, module_prefix)
     yield server
     server.stop()
 
@@ -178,7 +164,7 @@ def test_docs_work_offline(keys_server: StatestoreServer) -> None:
 
 
 def test_passthrough_mode_warns_when_tenants_keys_or_tenant_policies_are_created(
-    passthrough_server: StatestoreServer, typed_db: str
+    passthrough_server: StatestoreServer, module_db: str
 ) -> None:
     with AdminApi(passthrough_server.url) as admin:
         tenant = admin.create_tenant()
@@ -192,10 +178,10 @@ def test_passthrough_mode_warns_when_tenants_keys_or_tenant_policies_are_created
     assert key["secret"].startswith("ssk_")
     assert "warning" not in default_policy  # the default policy applies in both modes
 
-    passthrough = cli_env(typed_db)
+    passthrough = cli_env(module_db)
     made = cli(passthrough, "admin", "tenants", "create", unique("cli"), "--json")
     assert "warning" in made.stderr and "STATESTORE_AUTH_MODE=keys" in made.stderr
     assert cli_json(made)["name"].startswith("cli")
-    keys_mode = cli_env(typed_db, auth_mode="keys", upstream_api_key=UPSTREAM_KEY)
+    keys_mode = cli_env(module_db, auth_mode="keys", upstream_api_key=UPSTREAM_KEY)
     quiet = cli(keys_mode, "admin", "tenants", "create", unique("cli"))
     assert quiet.returncode == 0 and "warning" not in quiet.stderr

@@ -4,7 +4,7 @@ keys mode, a clock the tests move forward, and the admin API."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import openai
 import pytest
@@ -17,24 +17,10 @@ from tests.support.admin_api import (
     ClockFile,
     Database,
     RedisKeys,
-    migrated_database,
     start_server,
 )
 from tests.support.fake_backend import FakeBackend
-from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
-
-
-@pytest.fixture(scope="module")
-async def retention_db(postgres_admin_url: str) -> AsyncIterator[str]:
-    async with migrated_database(postgres_admin_url) as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def prefix(redis_url: str) -> Iterator[str]:
-    with own_redis_prefix(redis_url) as value:
-        yield value
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +30,7 @@ def clock(tmp_path_factory: pytest.TempPathFactory) -> ClockFile:
 
 @pytest.fixture(scope="module")
 def server(
-    retention_db: str, redis_url: str, prefix: str, clock: ClockFile, fake_backend_process: FakeBackend
+    module_db: str, redis_url: str, module_prefix: str, clock: ClockFile, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
     env = {
         "STATESTORE_AUTH_MODE": "keys",
@@ -58,7 +44,7 @@ def server(
         "STATESTORE_PURGE_INTERVAL_SECONDS": "3600",
         "STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url,
     }
-    running = start_server(retention_db, fake_backend_process.url, redis_url, prefix, env)
+    running = start_server(module_db, fake_backend_process.url, redis_url, module_prefix, env)
     yield running
     running.stop()
 
@@ -70,8 +56,8 @@ def admin(server: StatestoreServer) -> Iterator[AdminApi]:
 
 
 @pytest.fixture(scope="module")
-def cache(redis_url: str, prefix: str) -> Iterator[RedisKeys]:
-    keys = RedisKeys(redis_url, prefix)
+def cache(redis_url: str, module_prefix: str) -> Iterator[RedisKeys]:
+    keys = RedisKeys(redis_url, module_prefix)
     yield keys
     keys.close()
 
@@ -110,7 +96,7 @@ def test_tenants_stats_and_erasure_by_tenant(server: StatestoreServer, admin: Ad
 
 
 def test_erasure_by_user_id_takes_whole_trees_and_their_cache(
-    server: StatestoreServer, admin: AdminApi, cache: RedisKeys, retention_db: str
+    server: StatestoreServer, admin: AdminApi, cache: RedisKeys, module_db: str
 ) -> None:
     _, key = admin.tenant_with_key()
     with _client(server, key) as client:
@@ -127,7 +113,7 @@ def test_erasure_by_user_id_takes_whole_trees_and_their_cache(
         with pytest.raises(openai.NotFoundError):
             client.conversations.retrieve(conversation.id)
         assert not cache.keys_of(f"resp:{head.id}")
-    assert Database(retention_db).value("SELECT count(*) FROM response_items WHERE response_id = $1", head.id) == 0
+    assert Database(module_db).value("SELECT count(*) FROM response_items WHERE response_id = $1", head.id) == 0
 
 
 def test_ttl_purge_and_a_tree_kept_while_any_response_lives(
@@ -136,7 +122,7 @@ def test_ttl_purge_and_a_tree_kept_while_any_response_lives(
     clock: ClockFile,
     backend: FakeBackend,
     cache: RedisKeys,
-    retention_db: str,
+    module_db: str,
 ) -> None:
     _, key = admin.tenant_with_key()
     with _client(server, key) as client:
@@ -157,7 +143,7 @@ def test_ttl_purge_and_a_tree_kept_while_any_response_lives(
         ]  # fmt: skip
         clock.advance(301)
         admin.purge()
-        database = Database(retention_db)
+        database = Database(module_db)
         assert database.value("SELECT count(*) FROM responses WHERE root_id = $1", old.id) == 0
         assert database.value("SELECT count(*) FROM conversations WHERE id = $1", conversation.id) == 0
         assert not cache.keys_of(f"resp:{newer.id}")
