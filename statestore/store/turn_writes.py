@@ -8,10 +8,6 @@ double append.
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Mapping
-from typing import Any
-
 from sqlalchemy import bindparam, delete, exists, func, insert, literal, or_, select, union_all, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -27,57 +23,9 @@ from statestore.store.turn_records import (
     TurnCommit,
     TurnUsage,
 )
+from statestore.store.turn_rows import LEASED_COLUMNS, context_values, leased_thread, usage_key
 
 __all__ = ["ContextMove", "ContinueRefusal", "LeasedThread", "NewThread", "ThreadRepository", "TurnCommit", "TurnUsage"]
-
-DAY_MS = 86_400_000
-# Rows a day's usage is spread over: concurrent commits on PostgreSQL would otherwise all wait on one row's lock.
-USAGE_SHARDS = 16
-
-
-def usage_key(commit: TurnCommit) -> tuple[int, int]:
-    """The daily_usage row a commit adds to: its UTC day, and a shard chosen by thread so one thread's turns, which
-    never run concurrently, share a row."""
-    return commit.now_ms // DAY_MS, zlib.crc32(commit.thread_id.encode()) % USAGE_SHARDS
-
-
-_LEASED_COLUMNS = (
-    threads.c.id,
-    threads.c.session_id,
-    threads.c.system,
-    threads.c.tools,
-    threads.c.system_fp,
-    threads.c.tools_fp,
-    threads.c.output_config_fp,
-    threads.c.fixed_markers,
-    threads.c.head_position,
-    threads.c.byte_count,
-    threads.c.ttl_seconds,
-    threads.c.base_position,
-    threads.c.base_bytes,
-    func.coalesce(func.length(threads.c.context_head), 0).label("head_bytes"),
-    threads.c.context_tokens,
-)
-
-
-def _leased(m: Mapping[Any, Any]) -> LeasedThread:
-    return LeasedThread(
-        id=m["id"],
-        session_id=m["session_id"],
-        system=m["system"],
-        tools=m["tools"],
-        system_fp=m["system_fp"],
-        tools_fp=m["tools_fp"],
-        output_config_fp=m["output_config_fp"],
-        fixed_markers=m["fixed_markers"],
-        head_position=m["head_position"],
-        byte_count=m["byte_count"],
-        ttl_seconds=m["ttl_seconds"],
-        base_position=m["base_position"],
-        base_bytes=m["base_bytes"],
-        head_bytes=m["head_bytes"],
-        context_tokens=m["context_tokens"],
-    )
 
 
 def _lease_is_free(now_ms: int) -> ColumnElement[bool]:
@@ -96,23 +44,8 @@ _ACQUIRE_BY_RESPONSE = (
         or_(threads.c.lease_token.is_(None), threads.c.lease_expires_ms <= bindparam("p_now")),
     )
     .values(lease_token=bindparam("p_token"), lease_expires_ms=bindparam("p_until"))
-    .returning(*_LEASED_COLUMNS)
+    .returning(*LEASED_COLUMNS)
 )
-
-
-def _context_values(commit: TurnCommit) -> dict[str, Any]:
-    move = commit.move
-    values: dict[str, Any] = {"context_tokens": commit.context_tokens}
-    if move is not None:
-        values |= {
-            "base_position": move.base_position,
-            "base_bytes": move.base_bytes,
-            "context_head": move.head,
-            "context_compacted": threads.c.context_compacted + move.count("compacted"),
-            "context_truncated": threads.c.context_truncated + move.count("truncated"),
-            "context_summarized": threads.c.context_summarized + move.count("summarized"),
-        }
-    return values
 
 
 class ThreadRepository:
@@ -132,7 +65,7 @@ class ThreadRepository:
     ) -> LeasedThread | None:
         if self._pg is not None:
             record = await self._pg.acquire_by_response(thread_id, owner, response_id, now_ms, token, lease_until_ms)
-            return _leased(record) if record is not None else None
+            return leased_thread(record) if record is not None else None
         params = {
             "p_thread": thread_id,
             "p_owner": owner,
@@ -143,7 +76,7 @@ class ThreadRepository:
         }
         async with self._single.connect() as conn:
             row = (await conn.execute(_ACQUIRE_BY_RESPONSE, params)).first()
-        return _leased(row._mapping) if row is not None else None
+        return leased_thread(row._mapping) if row is not None else None
 
     async def why_not_continuable(
         self, *, owner: str, thread_id: str, response_id: str, now_ms: int
@@ -200,11 +133,11 @@ class ThreadRepository:
                 _lease_is_free(now_ms),
             )
             .values(lease_token=token, lease_expires_ms=lease_until_ms)
-            .returning(*_LEASED_COLUMNS)
+            .returning(*LEASED_COLUMNS)
         )
         async with self._single.connect() as conn:
             row = (await conn.execute(stmt)).first()
-        return _leased(row._mapping) if row is not None else None
+        return leased_thread(row._mapping) if row is not None else None
 
     async def session_is_busy(self, *, owner: str, session: str, now_ms: int) -> bool:
         """Whether the session's thread is live but leased (or still being created) by another request."""
@@ -295,7 +228,7 @@ class ThreadRepository:
                     updated_ms=commit.now_ms,
                     expires_ms=commit.expires_ms,
                     metadata_user_id=func.coalesce(threads.c.metadata_user_id, commit.metadata_user_id),
-                    **_context_values(commit),
+                    **context_values(commit),
                     last_model=commit.model,
                     last_max_tokens=commit.max_tokens,
                 )
