@@ -8,10 +8,10 @@ import os
 import threading
 from pathlib import Path
 
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
-from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.support.admin_api import AdminApi
@@ -26,13 +26,20 @@ def go(driver: Chrome, server: StatestoreServer, path: str) -> None:
 
 
 def click_and_wait(driver: Chrome, element: WebElement) -> None:
-    """Click something that loads a new page, and wait until the old one is gone."""
-    page = driver.find_element(By.TAG_NAME, "html")
+    """Click something that loads a new page, and wait until the new page has replaced the old one and loaded.
+
+    The old page is marked with a window property that no new page has; asking the browser while it swaps pages can
+    fail with a transient driver error (chromium: "Node with given id does not belong to the document"), so those
+    are retried until the deadline rather than taken as the answer."""
+    driver.execute_script("window.__statestoreOldPage = true")
     element.click()
-    wait = WebDriverWait(driver, 20)
-    wait.until(expected_conditions.staleness_of(page))
-    # The old page is gone; the new one may still be arriving.
-    wait.until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+    def new_page_loaded(d: Chrome) -> bool:
+        return bool(
+            d.execute_script("return window.__statestoreOldPage === undefined && document.readyState === 'complete'")
+        )
+
+    WebDriverWait(driver, 20, ignored_exceptions=(WebDriverException,)).until(new_page_loaded)
 
 
 def press(driver: Chrome, element_id: str) -> None:
