@@ -8,6 +8,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from statestore.store.resp import parse_url, split_cluster_flag
+
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./statestore.db"
 
 
@@ -98,6 +100,10 @@ class Settings(BaseSettings):
         assert value is not None
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
+        url, cluster = split_cluster_flag(value)
+        if not cluster:
+            # What the standalone client accepts, checked at start-up rather than at the first turn.
+            parse_url(url)
         return value
 
     @model_validator(mode="after")

@@ -11,14 +11,13 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import NamedTuple, Protocol
 
-from redis.asyncio import BlockingConnectionPool, Redis, RedisCluster
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
+
+from statestore.store.redis_commands import ClusterCommands, RedisCommands, StandaloneCommands
+from statestore.store.resp import RespError, Script, split_cluster_flag
 
 logger = logging.getLogger(__name__)
 
@@ -112,27 +111,16 @@ return apply_or_drop({
 """
 )
 
-# Errors a cache call may raise; all of them mean "behave like a miss". OSError covers socket errors
-# that escape redis-py's wrapping and asyncio timeouts (TimeoutError is an OSError subclass). RuntimeError is what
-# uvloop raises for a write on a transport that a reset just closed, before redis-py notices the connection is gone.
-_FAULTS = (RedisError, RedisClusterException, OSError, RuntimeError)
+_PUT = Script(_PUT_LUA)
+_APPEND = Script(_APPEND_LUA)
+
+# Errors a cache call may raise; all of them mean "behave like a miss". OSError covers the lean client's
+# ConnectionError and TimeoutError, and socket errors that escape redis-py's wrapping in cluster mode. RuntimeError is
+# what uvloop raises for a write on a transport that a reset just closed, before the client notices it is gone.
+_FAULTS = (RespError, RedisError, RedisClusterException, OSError, RuntimeError)
 
 _DELETE_BATCH = 256  # threads per pipeline in delete_many: bounded request size, few round trips
 _WARN_INTERVAL_S = 10.0
-_TRUE_FLAGS = {"1", "true", "yes", "on"}
-
-
-def split_cluster_flag(url: str) -> tuple[str, bool]:
-    """Strip our `cluster=1` query flag (redis-py would pass it to the connection and fail) and report it."""
-    parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    flags = [value.lower() for key, value in query if key == "cluster"]
-    if not flags:
-        return url, False
-    if flags[-1] not in _TRUE_FLAGS | {"0", "false", "no", "off"}:
-        raise ValueError("the redis URL's cluster flag must be 1/true or 0/false")
-    rest = urlencode([(key, value) for key, value in query if key != "cluster"])
-    return urlunsplit(parts._replace(query=rest)), flags[-1] in _TRUE_FLAGS
 
 
 class _WarningGate:
@@ -168,27 +156,12 @@ class RedisHistoryCache:
             raise ValueError("the redis key prefix must not contain '{' or '}'")
         self._prefix = prefix
         url, cluster = split_cluster_flag(url)
-        # Retry once, at once, only on connection errors: that covers a pooled connection that died
-        # with a Redis restart. A timeout is not retried, so a hung Redis costs a request one timeout.
-        options: dict[str, Any] = {
-            "socket_timeout": socket_timeout,
-            "socket_connect_timeout": socket_timeout,
-            "max_connections": max_connections,
-            "decode_responses": False,
-            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-        }
-        self._client: Redis | RedisCluster
+        self._commands: RedisCommands
         if cluster:
-            # Cluster pools are per node and fail fast when full; size max_connections per node.
-            self._client = RedisCluster.from_url(url, **options)
+            self._commands = ClusterCommands(url, timeout_s=socket_timeout, max_connections=max_connections)
         else:
-            # A blocking pool makes a burst beyond max_connections wait briefly for a free connection
-            # instead of failing, which here would turn into needless misses and database rebuilds.
-            pool = BlockingConnectionPool.from_url(url, timeout=socket_timeout, **options)
-            self._client = Redis.from_pool(pool)
-        # register_script reloads the script on NOSCRIPT (Redis restarted or SCRIPT FLUSH) and retries.
-        self._put_script = self._client.register_script(_PUT_LUA)
-        self._append_script = self._client.register_script(_APPEND_LUA)
+            # Commands share connections (several in flight on each), so no pool size is needed.
+            self._commands = StandaloneCommands(url, timeout_s=socket_timeout)
         self._gate = _WarningGate()
         self.errors = 0
 
@@ -216,7 +189,7 @@ class RedisHistoryCache:
 
     async def get(self, thread_id: str) -> CachedHistory | None:
         try:
-            joined, count = await self._client.mget(self._keys(thread_id))
+            joined, count = await self._commands.mget(self._keys(thread_id))
         except _FAULTS as exc:
             self._fault("get", thread_id, exc)
             return None
@@ -236,7 +209,7 @@ class RedisHistoryCache:
             await self.delete(thread_id)
             return
         try:
-            await self._put_script(keys=self._keys(thread_id), args=(history.joined, history.count, ttl_ms))
+            await self._commands.run(_PUT, self._keys(thread_id), (history.joined, history.count, ttl_ms))
         except _FAULTS as exc:
             self._fault("put", thread_id, exc)
 
@@ -251,18 +224,18 @@ class RedisHistoryCache:
             tail = b"," + tail
         keys = self._keys(thread_id)
         try:
-            await self._append_script(keys=keys, args=(expected_count, expected_count + len(added), ttl_ms, tail))
+            await self._commands.run(_APPEND, keys, (expected_count, expected_count + len(added), ttl_ms, tail))
         except _FAULTS as exc:
             self._fault("append", thread_id, exc)
             # The script is atomic, so the entry is either untouched (shorter, seen as stale) or fully
             # appended; after a timeout we cannot tell which, so drop it rather than rely on every
             # reader's count check. Not after a connection error: that DEL would fail the same way.
-            if not isinstance(exc, RedisConnectionError):
+            if not isinstance(exc, (ConnectionError, RedisConnectionError)):
                 await self.delete(thread_id)
 
     async def delete(self, thread_id: str) -> bool:
         try:
-            await self._client.delete(*self._keys(thread_id))
+            await self._commands.delete(self._keys(thread_id))
         except _FAULTS as exc:
             self._fault("delete", thread_id, exc)
             return False
@@ -270,13 +243,10 @@ class RedisHistoryCache:
 
     async def delete_many(self, thread_ids: Sequence[str]) -> bool:
         for start in range(0, len(thread_ids), _DELETE_BATCH):
-            # Not a transaction: Cluster pipelines cannot span slots transactionally, and each DEL
-            # stands alone. One DEL per thread keeps every command inside a single slot.
-            pipe = self._client.pipeline(transaction=False)
-            for thread_id in thread_ids[start : start + _DELETE_BATCH]:
-                pipe.delete(*self._keys(thread_id))
+            # One DEL per thread keeps every command inside a single slot (Cluster cannot run one across slots).
+            batch = thread_ids[start : start + _DELETE_BATCH]
             try:
-                await pipe.execute()
+                await self._commands.delete_each([self._keys(thread_id) for thread_id in batch])
             except _FAULTS as exc:
                 # Stop at the first failed batch: Redis is likely down and the rest would fail slowly.
                 # Entries left behind expire with their TTL and the database no longer serves them.
@@ -286,14 +256,14 @@ class RedisHistoryCache:
 
     async def ping(self) -> bool:
         try:
-            return bool(await self._client.ping())
+            return await self._commands.ping()
         except _FAULTS as exc:
             self._fault("ping", None, exc)
             return False
 
     async def aclose(self) -> None:
         try:
-            await self._client.aclose()
+            await self._commands.aclose()
         except _FAULTS as exc:
             self._fault("close", None, exc)
 

@@ -23,9 +23,9 @@ from statestore.store.cache import (
     HistoryCache,
     RedisHistoryCache,
     create_cache,
-    split_cluster_flag,
 )
 from statestore.store.memory_cache import MemoryHistoryCache
+from statestore.store.resp import split_cluster_flag
 
 REDIS_URL = os.environ.get("STATESTORE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TTL_MS = 60_000
@@ -259,7 +259,7 @@ async def test_hung_redis_times_out_to_a_miss(prefix: str) -> None:
 
 async def test_cluster_mode_against_a_standalone_redis_degrades_to_misses(prefix: str) -> None:
     cache = RedisHistoryCache(f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}cluster=1", prefix)
-    assert cache._client.__class__.__name__ == "RedisCluster"
+    assert cache._commands.__class__.__name__ == "ClusterCommands"
     assert await cache.get(thread()) is None
     await cache.put(thread(), CachedHistory(1, M1), TTL_MS)
     assert await cache.ping() is False
@@ -267,12 +267,15 @@ async def test_cluster_mode_against_a_standalone_redis_degrades_to_misses(prefix
     await cache.aclose()
 
 
-async def test_burst_beyond_the_pool_waits_for_a_connection(prefix: str) -> None:
-    cache = RedisHistoryCache(REDIS_URL, prefix, max_connections=2)
-    tid = thread()
-    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
-    results = await asyncio.gather(*[cache.get(tid) for _ in range(50)])
-    assert results == [CachedHistory(1, M1)] * 50
+async def test_a_burst_shares_connections_and_every_reply_reaches_its_request(prefix: str) -> None:
+    """Many commands in flight on a few connections: Redis answers in order, and each caller gets its own reply."""
+    cache = RedisHistoryCache(REDIS_URL, prefix)
+    tids = [thread() for _ in range(200)]
+    await asyncio.gather(
+        *[cache.put(tid, CachedHistory(i + 1, b",".join([M1] * (i + 1))), TTL_MS) for i, tid in enumerate(tids)]
+    )
+    results = await asyncio.gather(*[cache.get(tid) for tid in tids])
+    assert results == [CachedHistory(i + 1, b",".join([M1] * (i + 1))) for i in range(len(tids))]
     assert cache.errors == 0
     await cache.aclose()
 
@@ -354,10 +357,9 @@ async def test_transport_runtime_error_is_a_miss(prefix: str) -> None:
     async def closed_transport(*args: object, **kwargs: object) -> object:
         raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
 
-    cache._client.mget = closed_transport  # type: ignore[method-assign,assignment]
-    cache._client.delete = closed_transport  # type: ignore[method-assign,assignment]
-    cache._put_script = closed_transport  # type: ignore[assignment]
-    cache._append_script = closed_transport  # type: ignore[assignment]
+    cache._commands.mget = closed_transport  # type: ignore[method-assign,assignment]
+    cache._commands.delete = closed_transport  # type: ignore[method-assign,assignment]
+    cache._commands.run = closed_transport  # type: ignore[method-assign]
     tid = thread()
     assert await cache.get(tid) is None
     await cache.put(tid, CachedHistory(1, M1), TTL_MS)

@@ -1,0 +1,273 @@
+"""A lean Redis client for the history cache's few commands: RESP2 over asyncio protocols, replies parsed by hiredis.
+
+Why not redis-py here: every turn reads and appends its thread's history, and redis-py spends 60-90 us of CPU per
+command on its pool, locks, a task per write (`asyncio.wait_for`) and timeout contexts, against about 15 us for the
+command itself (bench/README.md). This client keeps several commands in flight on one connection (Redis answers in
+order, so a FIFO of futures matches replies to requests), arms one timer per command, and writes each command with
+one `writelines`. redis-py stays for Redis Cluster (statestore/store/cluster_commands.py), whose slot routing is
+worth its cost.
+
+Every failure is an exception the cache takes as a miss: `RespError` (an error reply), `ConnectionError` (the
+connection failed or was lost) and `TimeoutError` (no reply in time; the connection is then dropped, as a reply
+that arrives late would otherwise be matched to the wrong request). Both built-ins are OSErrors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+
+import hiredis
+
+Arg = bytes | str | int
+
+
+_TRUE_FLAGS = {"1", "true", "yes", "on"}
+
+
+def split_cluster_flag(url: str) -> tuple[str, bool]:
+    """Strip our `cluster=1` query flag (redis-py would pass it to the connection and fail) and report it."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    flags = [value.lower() for key, value in query if key == "cluster"]
+    if not flags:
+        return url, False
+    if flags[-1] not in _TRUE_FLAGS | {"0", "false", "no", "off"}:
+        raise ValueError("the redis URL's cluster flag must be 1/true or 0/false")
+    rest = urlencode([(key, value) for key, value in query if key != "cluster"])
+    return urlunsplit(parts._replace(query=rest)), flags[-1] in _TRUE_FLAGS
+
+
+class RespError(Exception):
+    """An error reply from Redis (its text never carries stored values)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    host: str | None
+    port: int
+    path: str | None  # a unix socket
+    tls: bool
+    username: str | None
+    password: str | None
+    db: int
+
+
+def parse_url(url: str) -> Endpoint:
+    """redis://[[user]:password@]host[:port][/db], rediss://… (TLS), unix:///path[?db=N]; `db`, `username` and
+    `password` may also be query parameters. Anything else is refused, so a setting is never silently ignored."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ValueError("the redis URL must be a redis://, rediss:// or unix:// URL")
+    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(query) - {"db", "username", "password"})
+    if unknown:
+        raise ValueError(f"the redis URL has options statestore does not support: {', '.join(unknown)}")
+    db_text = query.get("db") or (parts.path.strip("/") if parts.scheme != "unix" else "") or "0"
+    if not db_text.isdigit():
+        raise ValueError("the redis URL's database must be a number")
+    username = query.get("username") or (unquote(parts.username) if parts.username else None)
+    password = query.get("password") or (unquote(parts.password) if parts.password else None)
+    if parts.scheme == "unix":
+        return Endpoint(None, 0, parts.path, False, username, password, int(db_text))
+    return Endpoint(
+        parts.hostname or "localhost",
+        parts.port or 6379,
+        None,
+        parts.scheme == "rediss",
+        username,
+        password,
+        int(db_text),
+    )
+
+
+def pack(args: Sequence[Arg]) -> list[bytes]:
+    """A command in RESP2; large values are separate chunks, never copied into one buffer."""
+    chunks = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        value = arg if isinstance(arg, bytes) else str(arg).encode()
+        chunks.append(b"$%d\r\n" % len(value))
+        chunks.append(value)
+        chunks.append(b"\r\n")
+    return chunks
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout_s = timeout_s
+        self._reader = hiredis.Reader(replyError=RespError)
+        self._waiters: deque[asyncio.Future[Any]] = deque()
+        self._transport: asyncio.Transport | None = None
+        self.closed = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._waiters)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not subclasses of asyncio.Transport, though they implement it.
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._reader.feed(data)
+        while True:
+            try:
+                reply = self._reader.gets()
+            except hiredis.ProtocolError as exc:
+                self._fail(ConnectionError(f"redis protocol error: {exc}"))
+                return
+            if reply is False:
+                return
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(ConnectionError("the redis connection was lost"))
+
+    def _fail(self, exc: BaseException) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.abort()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(exc)
+
+    def _expire(self, waiter: asyncio.Future[Any]) -> None:
+        if not waiter.done():
+            self._fail(TimeoutError(f"no reply from redis within {self._timeout_s} s"))
+
+    async def send(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Write commands back to back and wait for their replies (error replies are returned, not raised)."""
+        if self.closed or self._transport is None:
+            raise ConnectionError("the redis connection is closed")
+        loop = asyncio.get_running_loop()
+        waiters = []
+        chunks: list[bytes] = []
+        for command in commands:
+            waiter: asyncio.Future[Any] = loop.create_future()
+            self._waiters.append(waiter)
+            waiters.append(waiter)
+            chunks += pack(command)
+        self._transport.writelines(chunks)
+        timer = loop.call_later(self._timeout_s, self._expire, waiters[-1])
+        try:
+            return [await waiter for waiter in waiters]
+        finally:
+            timer.cancel()
+
+    def close(self) -> None:
+        self.closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+
+class RespClient:
+    """Up to `connections` connections, each carrying many commands at once; the least busy one takes the next."""
+
+    def __init__(self, url: str, *, timeout_s: float = 0.5, connections: int = 4) -> None:
+        self._endpoint = parse_url(url)
+        self._timeout_s = timeout_s
+        self._slots: list[_Connection | None] = [None] * connections
+        self._connecting: list[asyncio.Future[_Connection] | None] = [None] * connections
+
+    async def _connect(self) -> _Connection:
+        loop = asyncio.get_running_loop()
+        end = self._endpoint
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                if end.path is not None:
+                    _, conn = await loop.create_unix_connection(lambda: _Connection(self._timeout_s), end.path)
+                else:
+                    tls = ssl.create_default_context() if end.tls else None
+                    _, conn = await loop.create_connection(
+                        lambda: _Connection(self._timeout_s), end.host or "localhost", end.port, ssl=tls
+                    )
+        except OSError as exc:
+            raise ConnectionError(f"cannot connect to redis: {type(exc).__name__}: {exc}") from None
+        setup: list[list[Arg]] = []
+        if end.password is not None:
+            setup.append(["AUTH", end.username, end.password] if end.username else ["AUTH", end.password])
+        if end.db:
+            setup.append(["SELECT", end.db])
+        if setup:
+            for reply in await conn.send(setup):
+                if isinstance(reply, RespError):
+                    conn.close()
+                    raise reply
+        return conn
+
+    async def _connection(self) -> _Connection:
+        """An idle connection, else a new one while there is room, else the least busy."""
+        best: _Connection | None = None
+        free_slot: int | None = None
+        for i, conn in enumerate(self._slots):
+            if conn is None or conn.closed:
+                free_slot = i if free_slot is None else free_slot
+            elif conn.in_flight == 0:
+                return conn
+            elif best is None or conn.in_flight < best.in_flight:
+                best = conn
+        if free_slot is not None:
+            return await self._open(free_slot)
+        assert best is not None
+        return best
+
+    async def _open(self, slot: int) -> _Connection:
+        """Callers that find the same slot empty share one connect; it completes even if they are cancelled."""
+        pending = self._connecting[slot]
+        if pending is None:
+            pending = asyncio.ensure_future(self._connect())
+            self._connecting[slot] = pending
+
+            def settle(done: asyncio.Future[_Connection]) -> None:
+                self._connecting[slot] = None
+                if not done.cancelled() and done.exception() is None:
+                    self._slots[slot] = done.result()
+
+            pending.add_done_callback(settle)
+        return await asyncio.shield(pending)
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        """Replies in order; an error reply is returned as a RespError, not raised. A connection found dead is
+        replaced once (Redis restarted since it was last used)."""
+        try:
+            return await (await self._connection()).send(commands)
+        except ConnectionError:
+            return await (await self._connection()).send(commands)
+
+    async def execute(self, *command: Arg) -> Any:
+        (reply,) = await self.pipeline([command])
+        if isinstance(reply, RespError):
+            raise reply
+        return reply
+
+    async def aclose(self) -> None:
+        for conn in self._slots:
+            if conn is not None:
+                conn.close()
+        self._slots = [None] * len(self._slots)
+
+
+class Script:
+    """A Lua script run by its SHA1 (EVALSHA), loaded with EVAL when Redis does not know it (a restart, a flush)."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA1
+
+    async def run(self, client: RespClient, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+        try:
+            return await client.execute("EVALSHA", self.sha, len(keys), *keys, *args)
+        except RespError as exc:
+            if not str(exc).startswith("NOSCRIPT"):
+                raise
+        return await client.execute("EVAL", self.source, len(keys), *keys, *args)
