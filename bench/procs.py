@@ -114,14 +114,21 @@ class Service:
     """A child process of the benchmark with its log in a file; stopped by its own pid only."""
 
     def __init__(
-        self, name: str, argv: Sequence[str], *, env: Mapping[str, str], log_dir: Path, health_url: str
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str],
+        log_dir: Path,
+        health_url: str,
+        cwd: Path = REPO,
     ) -> None:
         self.name = name
         self.health_url = health_url
         self.log_path = log_dir / f"{name}.log"
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            list(argv), env=dict(env), cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
+            list(argv), env=dict(env), cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True
         )
 
     @property

@@ -1,0 +1,148 @@
+"""`python -m bench.ab --base REV`: the working tree's statestore against another revision's, side by side in one run.
+
+Two statestore servers, each on a scratch PostgreSQL database and a Redis prefix of its own, in front of one echo
+backend: "base" runs the code of REV (a temporary git worktree, on the same venv), "head" runs the working tree.
+Rounds alternate between them; each round is one new thread continued `--turns` times, one turn at a time (≈ 2k
+tokens of history by default), and the figures are each server's CPU (sum_exec_runtime of its threads) and the
+client's latency per continue. The ratio head/base is what a change costs or saves, on whatever else the machine is
+doing at the time, since both arms suffer it alike.
+
+    .venv/bin/python -m bench.ab --base HEAD~1 [--rounds 8] [--turns 150] [--history-kb 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+
+from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
+from bench.procs import REPO, Service, cpu_sample, free_port, python
+
+THREADS_BETA = "message-threads-2026-08-12"
+HEADERS = {"content-type": "application/json", "x-api-key": "bench-ab", "anthropic-beta": THREADS_BETA}
+
+
+def _create(client: httpx.Client, url: str, history_bytes: int) -> str:
+    turns: list[dict[str, str]] = []
+    while sum(len(t["content"]) for t in turns) < history_bytes:
+        role = "user" if len(turns) % 2 == 0 else "assistant"
+        turns.append({"role": role, "content": f"turn {len(turns)}: a line of history, café ☕. " * 8})
+    if turns[-1]["role"] == "assistant":
+        turns.append({"role": "user", "content": "and now?"})
+    body = {"model": "bench-1", "max_tokens": 64, "thread": {"type": "create"}, "messages": turns}
+    reply = client.post(url + "/v1/messages", json=body, headers=HEADERS)
+    reply.raise_for_status()
+    message_id: str = reply.json()["id"]
+    return message_id
+
+
+def _continue(client: httpx.Client, url: str, previous: str, n: int) -> str:
+    body = {
+        "model": "bench-1",
+        "max_tokens": 64,
+        "thread": {"type": "continue", "previous_message_id": previous},
+        "messages": [{"role": "user", "content": f"turn {n}: " + "x" * 150}],
+    }
+    reply = client.post(url + "/v1/messages", json=body, headers=HEADERS)
+    reply.raise_for_status()
+    message_id: str = reply.json()["id"]
+    return message_id
+
+
+def _round(client: httpx.Client, service: Service, url: str, turns: int, history: int) -> tuple[float, float]:
+    """(server CPU µs per continue, median client latency ms) of one thread of `turns` continues."""
+    previous = _create(client, url, history)
+    before = cpu_sample([service.pid])
+    latencies = []
+    for n in range(turns):
+        started = time.perf_counter()
+        previous = _continue(client, url, previous, n)
+        latencies.append(time.perf_counter() - started)
+    cpu_ns = cpu_sample([service.pid]).sched_ns - before.sched_ns
+    return cpu_ns / turns / 1000, statistics.median(latencies) * 1000
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds per server, interleaved (default 8)")
+    parser.add_argument("--turns", type=int, default=150, help="continues per round (default 150)")
+    parser.add_argument("--history-kb", type=int, default=8, help="history of each thread, KiB (default 8: ≈ 2k)")
+    args = parser.parse_args(argv)
+    admin_dsn = os.environ.get("STATESTORE_BENCH_PG", DEFAULT_PG)
+    redis_url = os.environ.get("STATESTORE_BENCH_REDIS", DEFAULT_REDIS)
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith(("STATESTORE_", "OTEL_", "PYTHONPATH"))}
+
+    with tempfile.TemporaryDirectory(prefix="bench-ab-") as scratch, ExitStack() as stack:
+        work = Path(scratch)
+        tree = work / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.base], cwd=REPO, check=True)
+        stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
+        echo_port = free_port()
+        echo = Service(
+            "echo",
+            [python(), "-m", "statestore.cli", "echo-backend", "--port", str(echo_port)],
+            env=base_env,
+            log_dir=work,
+            health_url=f"http://127.0.0.1:{echo_port}/v1/models",
+        )
+        stack.callback(echo.stop)
+        echo.wait_healthy()
+        services: dict[str, tuple[Service, str]] = {}
+        for name, code in (("base", tree), ("head", REPO)):
+            database = stack.enter_context(scratch_database(admin_dsn)).replace(
+                "postgresql://", "postgresql+asyncpg://"
+            )
+            prefix = stack.enter_context(redis_prefix(redis_url))
+            env = {
+                **base_env,
+                **_statestore_env(database, redis_url, prefix, f"http://127.0.0.1:{echo_port}", "WARNING"),
+                "PYTHONPATH": str(code),  # `python -m` also puts the working directory, `code`, first
+            }
+            subprocess.run(
+                [python(), "-m", "statestore.cli", "migrate"], env=env, cwd=code, check=True, capture_output=True
+            )
+            port = free_port()
+            service = Service(
+                name,
+                [python(), "-m", "statestore.cli", "serve", "--port", str(port)],
+                env=env,
+                log_dir=work,
+                health_url=f"http://127.0.0.1:{port}/healthz",
+                cwd=code,
+            )
+            stack.callback(service.stop)
+            services[name] = (service, f"http://127.0.0.1:{port}")
+            service.wait_healthy()
+        history = args.history_kb * 1024
+        results: dict[str, list[tuple[float, float]]] = {name: [] for name in services}
+        with httpx.Client(timeout=30) as client:
+            for service, url in services.values():  # a warm-up round each, not counted
+                _round(client, service, url, max(20, args.turns // 10), history)
+            for i in range(args.rounds):
+                order = list(services.items()) if i % 2 == 0 else list(reversed(services.items()))
+                for name, (service, url) in order:
+                    results[name].append(_round(client, service, url, args.turns, history))
+
+    cpu = {name: statistics.median(r[0] for r in rows) for name, rows in results.items()}
+    latency = {name: statistics.median(r[1] for r in rows) for name, rows in results.items()}
+    print(
+        f"{args.rounds} rounds x {args.turns} threaded continues per server, interleaved; history {args.history_kb} KiB"
+    )
+    print("server | CPU per continue | client p50 latency")
+    for name in results:
+        print(f"{name:6} | {cpu[name]:11.0f} µs   | {latency[name]:8.2f} ms")
+    cpu_ratio, latency_ratio = cpu["head"] / cpu["base"], latency["head"] / latency["base"]
+    print(f"head / base ({args.base}): CPU {cpu_ratio:.3f}x, latency {latency_ratio:.3f}x")
+
+
+if __name__ == "__main__":
+    main()
