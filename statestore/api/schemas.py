@@ -1,6 +1,6 @@
 """Response models of statestore's own APIs, so /openapi.json describes every response (/statestore/v1 and
 /admin/v1). The routes build plain dicts and FastAPI checks them against these; a field added to a response is added
-here, and the live-response test (tests/integration/test_openapi_responses.py) holds the two together."""
+here, and the live-response test (tests/integration/test_typed_api.py) holds the two together."""
 
 from __future__ import annotations
 
