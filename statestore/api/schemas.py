@@ -206,7 +206,11 @@ class Purged(BaseModel):
 
 
 class Erased(BaseModel):
+    """What the erasure deleted, live or expired, database rows and cache entries."""
+
     erased_threads: int
+    erased_responses: int = Field(description="the Responses front door's: every tree holding a matching response")
+    erased_conversations: int
 
 
 class UsageDay(BaseModel):
