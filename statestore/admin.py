@@ -23,6 +23,7 @@ from statestore.store.admin_repository import (
     AuditFilter,
     Tenant,
 )
+from statestore.store.retention_queries import Erasure
 from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 
@@ -266,20 +267,21 @@ class AdminService:
     async def purge(self, *, actor: str) -> int:
         return await self.retention.purge(actor=actor)
 
-    async def erase(self, *, actor: str, tenant: str | None, user_id: str | None) -> int:
+    async def erase(self, *, actor: str, tenant: str | None, user_id: str | None) -> Erasure:
         if tenant is None and user_id is None:
             raise InvalidRequest("erasure needs a tenant, a user_id, or both")
         tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
         return await self.retention.erase(actor=actor, tenant_id=tenant_id, user_id=user_id)
 
-    async def erasable(self, *, tenant: str | None, user_id: str | None) -> int:
-        """How many threads `erase` with the same criteria would delete now: what a confirmation shows."""
+    async def erasable(self, *, tenant: str | None, user_id: str | None) -> Erasure:
+        """How many threads, responses and conversations `erase` with the same criteria would delete now: what a
+        confirmation shows."""
         if tenant is None and user_id is None:
             raise InvalidRequest("erasure needs a tenant, a user_id, or both")
         tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
         if user_id is not None and "\x00" in user_id:
-            return 0  # never stored: a NUL cannot be in metadata.user_id
-        return await self.repository.count_erasable(tenant_id=tenant_id, user_id=user_id)
+            return Erasure(threads=0, responses=0, conversations=0)  # never stored: a NUL cannot be in metadata.user_id
+        return await self.retention.queries.count_erasable(tenant_id=tenant_id, user_id=user_id)
 
     async def daily_usage(self, days: int) -> list[DailyUsage]:
         """Turns and bytes stored on each of the last `days` UTC days, today last; days without a turn as zeros."""
@@ -294,6 +296,15 @@ class AdminService:
     async def stats(self, tenant: str | None = None) -> dict[str, int]:
         tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
         return await self.repository.stats(now_ms=self.clock(), tenant_id=tenant_id)
+
+
+def erased_fields(erased: Erasure) -> dict[str, int]:
+    """An erasure's result as the admin API and `statestore admin erase --json` report it."""
+    return {
+        "erased_threads": erased.threads,
+        "erased_responses": erased.responses,
+        "erased_conversations": erased.conversations,
+    }
 
 
 def day_label(day: int) -> str:

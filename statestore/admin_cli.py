@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
-from statestore.admin import AdminService, as_dict, day_label, passthrough_warning
+from statestore.admin import AdminService, as_dict, day_label, erased_fields, passthrough_warning
 from statestore.config import Settings
 from statestore.errors import StatestoreError
 from statestore.policy_fields import POLICY_FIELDS
@@ -138,8 +138,9 @@ async def audit(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str
 
 
 async def erase(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
-    count = await admin.erase(actor=_actor(args), tenant=args.tenant, user_id=args.user_id)
-    return {"erased_threads": count}, f"erased {count} threads (database rows and cache entries)"
+    erased = await admin.erase(actor=_actor(args), tenant=args.tenant, user_id=args.user_id)
+    said = f"{erased.threads} threads, {erased.responses} responses and {erased.conversations} conversations"
+    return erased_fields(erased), f"erased {said} (database rows and cache entries)"
 
 
 async def stats(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
@@ -311,9 +312,11 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--action", help="only this action, or its prefix: policy, policy.put, key, tenant, erase")
     p.add_argument("--tenant", help="only entries about this tenant (id or name): it, its policy, keys, erasures")
     p.set_defaults(operation=audit)
-    p = groups.add_parser("erase", parents=[common], help="erase every thread of a tenant and/or a metadata.user_id")
+    p = groups.add_parser(
+        "erase", parents=[common], help="erase every thread, response and conversation of a tenant and/or a user_id"
+    )
     p.add_argument("--tenant", help="tenant id or name")
-    p.add_argument("--user-id", help="the metadata.user_id the threads were created with")
+    p.add_argument("--user-id", help="the metadata.user_id the threads, responses or conversations were created with")
     p.set_defaults(operation=erase)
     p = groups.add_parser("stats", parents=[common], help="live threads, bytes, purged and erased totals")
     p.add_argument("--tenant", help="tenant id or name")

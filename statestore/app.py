@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -31,6 +31,7 @@ from statestore.resources import build_resources
 from statestore.responses import conversation_routes
 from statestore.responses import routes as responses_routes
 from statestore.responses.errors import OPENAI_PATHS, as_openai
+from statestore.responses.schemas import add_components
 from statestore.retention import run_purger
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS, missing_sqlite_database
 from statestore.store.migrate import pending_revision
@@ -46,6 +47,21 @@ def _error_response(request: Request, error: StatestoreError) -> Response:
     if request.url.path.startswith(OPENAI_PATHS):
         error = as_openai(error)  # the Responses front door answers in OpenAI's error shape
     return error_response(error, request_id_of(request.scope))
+
+
+def _describe_raw_bodies(app: FastAPI) -> None:
+    """The Responses routes read their bodies themselves, so FastAPI knows nothing of the request models their
+    `openapi_extra` names: they are added to the document's components once, when it is first built."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        fresh = app.openapi_schema is None
+        document = build()
+        if fresh:
+            add_components(document)
+        return document
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvider | None = None) -> FastAPI:
@@ -96,12 +112,14 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
         static_url="/docs/static",
         title="statestore",
         version=__version__,
-        description="statestore's own APIs: the owner's thread API (/statestore/v1) and the admin API (/admin/v1). "
+        description="statestore's own APIs: the owner's thread API (/statestore/v1) and the admin API (/admin/v1); "
+        "the OpenAI Responses and Conversations APIs it serves itself (/v1/responses, /v1/conversations). "
         "POST /v1/messages is the Messages API with threads (see docs/protocol.md).",
         lifespan=lifespan,
         openapi_url="/openapi.json",
     )
     app.state.metrics = metrics
+    _describe_raw_bodies(app)
     app.state.settings = settings
     app.include_router(health.router)
     app.include_router(threads_api.router)

@@ -15,7 +15,7 @@ from statestore.clock import Clock
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache
 from statestore.store.engine import DATABASE_ERRORS
-from statestore.store.retention_queries import RetentionQueries
+from statestore.store.retention_queries import Erasure, RetentionQueries
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +71,9 @@ class Retention:
             log.info("purged expired threads", extra={"threads": total})
         return total
 
-    async def erase(self, *, actor: str, tenant_id: str | None = None, user_id: str | None = None) -> int:
-        """Delete every thread of a tenant, of one `metadata.user_id`, or of both together, live or not."""
+    async def erase(self, *, actor: str, tenant_id: str | None = None, user_id: str | None = None) -> Erasure:
+        """Delete every thread, response tree and conversation of a tenant, of one `metadata.user_id`, or of both
+        together, live or not."""
         total = 0
         while True:
             ids = await self.queries.erase_batch(batch_size=self.batch_size, tenant_id=tenant_id, user_id=user_id)
@@ -99,8 +100,11 @@ class Retention:
             },
             now_ms=self.clock(),
         )
-        log.info("erased threads", extra={"threads": total, "actor": actor})
-        return total
+        log.info(
+            "erased",
+            extra={"threads": total, "responses": responses, "conversations": conversations, "actor": actor},
+        )
+        return Erasure(threads=total, responses=responses, conversations=conversations)
 
     async def _drain(self, batch: Callable[[], Awaitable[list[str]]], counter: str, cache_prefix: str | None) -> int:
         total = 0

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from statestore.admin import AdminService, as_dict, day_label, passthrough_warning
+from statestore.admin import AdminService, as_dict, day_label, erased_fields, passthrough_warning
 from statestore.api import schemas
 from statestore.api.deps import ResourcesDep
 from statestore.errors import AuthenticationFailed, PermissionDenied
@@ -176,7 +176,7 @@ async def purge(actor: Actor, admin: Admin) -> dict[str, int]:
 
 @router.post("/erase", response_model=schemas.Erased)
 async def erase(body: EraseIn, actor: Actor, admin: Admin) -> dict[str, int]:
-    return {"erased_threads": await admin.erase(actor=actor, tenant=body.tenant, user_id=body.user_id)}
+    return erased_fields(await admin.erase(actor=actor, tenant=body.tenant, user_id=body.user_id))
 
 
 @router.get("/usage", response_model=schemas.UsagePage)

@@ -1,6 +1,6 @@
 """Response models of statestore's own APIs, so /openapi.json describes every response (/statestore/v1 and
 /admin/v1). The routes build plain dicts and FastAPI checks them against these; a field added to a response is added
-here, and the live-response test (tests/integration/test_openapi_responses.py) holds the two together."""
+here, and the live-response test (tests/integration/test_typed_api.py) holds the two together."""
 
 from __future__ import annotations
 
@@ -206,7 +206,11 @@ class Purged(BaseModel):
 
 
 class Erased(BaseModel):
+    """What the erasure deleted, live or expired, database rows and cache entries."""
+
     erased_threads: int
+    erased_responses: int = Field(description="the Responses front door's: every tree holding a matching response")
+    erased_conversations: int
 
 
 class UsageDay(BaseModel):

@@ -62,12 +62,13 @@ async def erasure_page(request: Request) -> Response:
 
 @router.post("/erasure/preview")
 async def erasure_preview(request: Request) -> Response:
-    """The confirmation: how many threads the erasure would delete now, and a button that does it."""
+    """The confirmation: how many threads, responses and conversations the erasure would delete now, and a button that
+    does it."""
     session, form = await checked_post(request)
     admin = resources_of(request).admin
     tenant, user_id = _criteria(form)
     try:
-        count = await admin.erasable(tenant=tenant, user_id=user_id)
+        counts = await admin.erasable(tenant=tenant, user_id=user_id)
         tenant_name = (await admin.tenant(tenant)).name if tenant is not None else None
     except StatestoreError as error:
         return page(
@@ -83,7 +84,7 @@ async def erasure_preview(request: Request) -> Response:
     return page(
         "erasure_confirm.html",
         session=session,
-        count=count,
+        counts=counts,
         tenant=tenant,
         tenant_name=tenant_name,
         user_id=user_id,

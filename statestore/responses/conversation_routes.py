@@ -12,6 +12,7 @@ from starlette.responses import Response
 from statestore.api.deps import ResourcesDep
 from statestore.api.responses import bytes_response
 from statestore.resources import Resources
+from statestore.responses import schemas
 from statestore.responses.conversation_store import ConversationRow, Locked
 from statestore.responses.errors import BadRequest, NotFound, conversation_locked, conversation_not_found
 from statestore.responses.ids import looks_like, new_id
@@ -19,7 +20,7 @@ from statestore.responses.items import normalise_input, stored
 from statestore.responses.request import read_metadata
 from statestore.responses.routes import JSON, header, json_response, list_params, page, read_json, turns_of
 
-router = APIRouter(tags=["conversations"])
+router = APIRouter(tags=["conversations"], responses=schemas.ERRORS)
 MAX_ITEMS_PER_REQUEST = 20
 
 
@@ -51,7 +52,11 @@ def _checked(conversation_id: str) -> str:
     return conversation_id
 
 
-@router.post("/v1/conversations")
+@router.post(
+    "/v1/conversations",
+    openapi_extra=schemas.request_body(schemas.ConversationCreateRequest),
+    responses=schemas.ok(schemas.Conversation, "the new conversation"),
+)
 async def create_conversation(request: Request, resources: ResourcesDep) -> Response:
     principal = await resources.authenticator.authenticate(request.headers.raw)
     turns = turns_of(resources)
@@ -75,7 +80,7 @@ async def create_conversation(request: Request, resources: ResourcesDep) -> Resp
     return _object(row)
 
 
-@router.get("/v1/conversations/{conversation_id}")
+@router.get("/v1/conversations/{conversation_id}", responses=schemas.ok(schemas.Conversation, "the conversation"))
 async def get_conversation(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)
     row = await turns_of(resources).conversations.get(owner, _checked(conversation_id), now_ms=resources.clock())
@@ -84,7 +89,11 @@ async def get_conversation(conversation_id: str, request: Request, resources: Re
     return _object(row)
 
 
-@router.post("/v1/conversations/{conversation_id}")
+@router.post(
+    "/v1/conversations/{conversation_id}",
+    openapi_extra=schemas.request_body(schemas.ConversationUpdateRequest),
+    responses=schemas.ok(schemas.Conversation, "the conversation, its metadata replaced"),
+)
 async def update_conversation(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)
     conversations = turns_of(resources).conversations
@@ -103,7 +112,9 @@ async def update_conversation(conversation_id: str, request: Request, resources:
     return _object(row)
 
 
-@router.delete("/v1/conversations/{conversation_id}")
+@router.delete(
+    "/v1/conversations/{conversation_id}", responses=schemas.ok(schemas.ConversationDeleted, "deleted, with its items")
+)
 async def delete_conversation(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)
     conversations = turns_of(resources).conversations
@@ -112,7 +123,11 @@ async def delete_conversation(conversation_id: str, request: Request, resources:
     return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
-@router.get("/v1/conversations/{conversation_id}/items")
+@router.get(
+    "/v1/conversations/{conversation_id}/items",
+    responses=schemas.ok(schemas.ItemList, "a page of the conversation's items"),
+    openapi_extra=schemas.LIST_PARAMETERS,
+)
 async def list_items(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)
     descending, after, limit = list_params(request)
@@ -124,7 +139,11 @@ async def list_items(conversation_id: str, request: Request, resources: Resource
     return page(*found)
 
 
-@router.post("/v1/conversations/{conversation_id}/items")
+@router.post(
+    "/v1/conversations/{conversation_id}/items",
+    openapi_extra=schemas.request_body(schemas.ConversationItemsRequest),
+    responses=schemas.ok(schemas.ItemList, "the items added, in order"),
+)
 async def add_items(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)
     conversations = turns_of(resources).conversations
@@ -141,7 +160,9 @@ async def add_items(conversation_id: str, request: Request, resources: Resources
     return page([row.body for row in rows], False)
 
 
-@router.get("/v1/conversations/{conversation_id}/items/{item_id}")
+@router.get(
+    "/v1/conversations/{conversation_id}/items/{item_id}", responses=schemas.ok(schemas.ConversationItem, "the item")
+)
 async def get_item(conversation_id: str, item_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)
     conversations = turns_of(resources).conversations
@@ -151,7 +172,10 @@ async def get_item(conversation_id: str, item_id: str, request: Request, resourc
     return bytes_response(200, body, JSON)
 
 
-@router.delete("/v1/conversations/{conversation_id}/items/{item_id}")
+@router.delete(
+    "/v1/conversations/{conversation_id}/items/{item_id}",
+    responses=schemas.ok(schemas.Conversation, "the conversation the item was deleted from"),
+)
 async def delete_item(conversation_id: str, item_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)
     conversations = turns_of(resources).conversations

@@ -13,6 +13,7 @@ from statestore.api.deps import ResourcesDep
 from statestore.api.responses import bytes_response, streaming_response
 from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenOff
 from statestore.resources import Resources
+from statestore.responses import schemas
 from statestore.responses.backend import call_backend
 from statestore.responses.context import cache_key
 from statestore.responses.errors import BackendError, BadRequest, response_not_found
@@ -25,7 +26,7 @@ from statestore.store.engine import DATABASE_ERRORS
 from statestore.upstream.client import StreamInterrupted, UpstreamResponse
 from statestore.upstream.sse import SSEParser
 
-router = APIRouter(tags=["responses"])
+router = APIRouter(tags=["responses"], responses=schemas.ERRORS)
 JSON = [(b"content-type", b"application/json")]
 SSE = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
 
@@ -55,7 +56,15 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     return next((value for key, value in headers if key == name), None)
 
 
-@router.post("/v1/responses")
+@router.post(
+    "/v1/responses",
+    openapi_extra=schemas.request_body(schemas.ResponseCreateRequest),
+    responses=schemas.ok(
+        schemas.Response,
+        "the Response (application/json), or with `stream: true` its events (text/event-stream)",
+        content={"text/event-stream": {"schema": {"$ref": "#/components/schemas/ResponseStreamEvent"}}},
+    ),
+)
 async def create_response(request: Request, resources: ResourcesDep) -> Response:
     try:
         return await _turn(request, resources)
@@ -148,7 +157,7 @@ async def _owner(request: Request, resources: Resources) -> str:
     return (await resources.authenticator.authenticate(request.headers.raw)).owner
 
 
-@router.get("/v1/responses/{response_id}")
+@router.get("/v1/responses/{response_id}", responses=schemas.ok(schemas.Response, "the stored Response"))
 async def retrieve_response(response_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner = await _owner(request, resources)
     turns = turns_of(resources)
@@ -162,7 +171,9 @@ async def retrieve_response(response_id: str, request: Request, resources: Resou
     return bytes_response(200, row.body, JSON)
 
 
-@router.delete("/v1/responses/{response_id}")
+@router.delete(
+    "/v1/responses/{response_id}", responses=schemas.ok(schemas.ResponseDeleted, "deleted, with its descendants' cache")
+)
 async def delete_response(response_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner = await _owner(request, resources)
     turns = turns_of(resources)
@@ -196,7 +207,11 @@ def list_params(request: Request) -> tuple[bool, str | None, int]:
     return order == "desc", query.get("after"), int(raw_limit)
 
 
-@router.get("/v1/responses/{response_id}/input_items")
+@router.get(
+    "/v1/responses/{response_id}/input_items",
+    responses=schemas.ok(schemas.ItemList, "the response's own input items"),
+    openapi_extra=schemas.LIST_PARAMETERS,
+)
 async def list_input_items(response_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner = await _owner(request, resources)
     descending, after, limit = list_params(request)

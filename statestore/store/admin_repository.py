@@ -325,16 +325,6 @@ class AdminRepository:
         async with self.engine.connect() as conn:
             return {int(day): (int(turns), int(size)) for day, turns, size in await conn.execute(stmt)}
 
-    async def count_erasable(self, *, tenant_id: str | None, user_id: str | None) -> int:
-        """How many threads, live or not, an erasure with these criteria would delete now."""
-        criteria = []
-        if tenant_id is not None:
-            criteria.append(threads.c.tenant_id == tenant_id)
-        if user_id is not None:
-            criteria.append(threads.c.metadata_user_id == user_id)
-        async with self.engine.connect() as conn:
-            return int((await conn.execute(select(func.count()).select_from(threads).where(*criteria))).scalar_one())
-
     async def add_to_counter(self, name: str, amount: int) -> None:
         if amount == 0:
             return

@@ -1,7 +1,9 @@
-"""The deletions of retention: one owner's thread, expired threads (purge), and erasure by tenant or user."""
+"""The deletions of retention: one owner's thread, expired threads (purge), and erasure by tenant or user; and the
+count of what an erasure would delete, from the same criteria."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Table, delete, func, or_, select
@@ -9,6 +11,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.store.schema import conversations, responses, threads
 from statestore.store.thread_reads import live
+
+
+@dataclass(frozen=True, slots=True)
+class Erasure:
+    """What an erasure deletes, or would delete now: threads, responses (whole trees) and conversations."""
+
+    threads: int
+    responses: int
+    conversations: int
 
 
 class RetentionQueries:
@@ -63,6 +74,19 @@ class RetentionQueries:
             if ids:
                 await conn.execute(delete(threads).where(threads.c.id.in_(ids)))
         return ids
+
+    async def count_erasable(self, *, tenant_id: str | None, user_id: str | None) -> Erasure:
+        """What `erase_batch`, `erase_responses_batch` and `erase_conversations_batch` with these criteria would delete
+        now, live or not: a confirmation shows it."""
+        trees = select(responses.c.root_id).where(*_criteria(responses, tenant_id, user_id))
+        counts = (
+            select(func.count()).select_from(threads).where(*_criteria(threads, tenant_id, user_id)),
+            select(func.count()).select_from(responses).where(responses.c.root_id.in_(trees)),
+            select(func.count()).select_from(conversations).where(*_criteria(conversations, tenant_id, user_id)),
+        )
+        async with self.engine.connect() as conn:
+            found = [int((await conn.execute(count)).scalar_one()) for count in counts]
+        return Erasure(threads=found[0], responses=found[1], conversations=found[2])
 
     # -- the Responses front door: responses go by tree (a tree is kept while any of its responses is live, since
     # -- each holds items its descendants' contexts are made of), conversations one by one.

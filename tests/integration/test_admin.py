@@ -378,8 +378,9 @@ def test_audit_records_every_admin_change_without_content_or_secrets(
     admin.ok("PUT", "/policies/default", first_policy)
     admin.ok("DELETE", "/policies/default")
     admin.purge()
-    assert admin.ok("POST", "/erase", {"user_id": user_id}) == {"erased_threads": 1}
-    assert admin.ok("POST", "/erase", {"tenant": tenant["name"]}) == {"erased_threads": 0}
+    nothing_else = {"erased_responses": 0, "erased_conversations": 0}
+    assert admin.ok("POST", "/erase", {"user_id": user_id}) == {"erased_threads": 1, **nothing_else}
+    assert admin.ok("POST", "/erase", {"tenant": tenant["name"]}) == {"erased_threads": 0, **nothing_else}
 
     page = admin.ok("GET", "/audit", limit=50)
     entries = [e for e in page["data"] if e["id"] > start]
@@ -713,8 +714,10 @@ def test_cli_policy_audit_stats_erase_purge_round_trip(
                 ["admin", "erase", "--tenant", other["name"], *actor],
             ],
         )
-        assert cli_json(erased_json) == {"erased_threads": 1}
-        assert cli_ok(erased_text) == "erased 1 threads (database rows and cache entries)\n"
+        assert cli_json(erased_json) == {"erased_threads": 1, "erased_responses": 0, "erased_conversations": 0}
+        assert cli_ok(erased_text) == (
+            "erased 1 threads, 0 responses and 0 conversations (database rows and cache entries)\n"
+        )
         assert db.rows_of(thread_id) == (0, 0, 0)
         assert db.rows_of(other_thread) == (0, 0, 0)
         error_of(api.thread(thread_id), 404, "not_found_error")

@@ -1,9 +1,9 @@
 """The admin console (/admin/console) in a real browser: Debian's chromium, headless, driven by Selenium.
 
 An admin signs in with an admin token, changes a policy and sees it govern the next turn and appear in the audit log
-under the token's name, creates a key and sees it once, revokes it, and erases a user's threads after a confirmation
-that counts them. A bad token, a form without its CSRF token, a form posted from another site and a tenant name
-carrying HTML and script are refused or shown as text.
+under the token's name, creates a key and sees it once, revokes it, and erases a user's threads, responses and
+conversations after a confirmation that counts them. A bad token, a form without its CSRF token, a form posted from
+another site and a tenant name carrying HTML and script are refused or shown as text.
 
 With STATESTORE_CONSOLE_SCREENSHOTS=<folder> the tests save a screenshot of each page there (docs/console/ holds the
 ones the README shows: `make console-screenshots`)."""
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import httpx
+import openai
 import pytest
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
@@ -64,6 +65,7 @@ def console_server(module_db: str, redis_url: str, fake_backend_process: FakeBac
                 "STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS,
                 "STATESTORE_KEY_CACHE_SECONDS": "0",
                 "STATESTORE_POLICY_CACHE_SECONDS": "0",
+                "STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url,
             },
         )
         yield server
@@ -272,7 +274,7 @@ def test_a_policy_changed_in_the_console_governs_the_next_turn_and_is_audited(
 # -- erasure ---------------------------------------------------------------------------------------------------------
 
 
-def test_erasing_a_users_threads_shows_how_many_first(
+def test_erasing_a_users_threads_responses_and_conversations_shows_how_many_first(
     console: Chrome, console_server: StatestoreServer, admin: AdminApi
 ) -> None:
     tenant, key = admin.tenant_with_key()
@@ -281,17 +283,32 @@ def test_erasing_a_users_threads_shows_how_many_first(
         for index in range(3):
             created(client.create(f"turn {index}", metadata={"user_id": user_id}))
         created(client.create("someone else's", metadata={"user_id": other}))
+    with openai.OpenAI(base_url=console_server.url + "/v1", api_key=key, max_retries=0) as responses:
+        first = responses.responses.create(model="echo-1", input="a", metadata={"user_id": user_id})
+        second = responses.responses.create(model="echo-1", input="b", previous_response_id=first.id)
+        conversation = responses.conversations.create(metadata={"user_id": user_id})
+        kept = responses.responses.create(model="echo-1", input="c", metadata={"user_id": other})
 
-    go(console, console_server, "/erasure")
-    console.find_element(By.ID, "user_id").send_keys(user_id)
-    press(console, "preview-erasure")
-    assert text_of(console, "erase-count") == "3"
-    screenshot(console, "erasure-confirm")
-    assert admin.stats(tenant["id"])["live_threads"] == 4, "the confirmation deletes nothing"
+        go(console, console_server, "/erasure")
+        console.find_element(By.ID, "user_id").send_keys(user_id)
+        press(console, "preview-erasure")
+        # The whole chain: `second` carries no user_id, but its context is made of `first`.
+        shown = [text_of(console, f"erase-{what}") for what in ("count", "responses", "conversations")]
+        assert shown == ["3", "2", "1"]
+        screenshot(console, "erasure-confirm")
+        assert admin.stats(tenant["id"])["live_threads"] == 4, "the confirmation deletes nothing"
+        assert responses.responses.retrieve(second.id).id == second.id
 
-    press(console, "confirm-erasure")
-    assert text_of(console, "erased-count") == "3"
-    assert admin.stats(tenant["id"])["live_threads"] == 1
+        press(console, "confirm-erasure")
+        shown = [text_of(console, f"erased-{what}") for what in ("count", "responses", "conversations")]
+        assert shown == ["3", "2", "1"]
+        assert admin.stats(tenant["id"])["live_threads"] == 1
+        for gone in (first.id, second.id):
+            with pytest.raises(openai.NotFoundError):
+                responses.responses.retrieve(gone)
+        with pytest.raises(openai.NotFoundError):
+            responses.conversations.retrieve(conversation.id)
+        assert responses.responses.retrieve(kept.id).id == kept.id
 
     go(console, console_server, "/audit?action=erase&actor=ops")
     assert f"user_id={user_id}" in audit_rows(console)[0]["target"]

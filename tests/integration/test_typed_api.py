@@ -1,14 +1,19 @@
 """The typed API: every response of the thread API (/statestore/v1) and the admin API (/admin/v1), as a live server
-sends it, validates against the schema the same server publishes at /openapi.json; /docs works with no network;
-passthrough mode warns when tenants, keys or tenant policies are created (API and CLI)."""
+sends it, validates against the schema the same server publishes at /openapi.json; so does every request the `openai`
+SDK sends to the Responses and Conversations routes (/v1/responses, /v1/conversations), and every response and
+stream event it receives; /docs works with no network; passthrough mode warns when tenants, keys or tenant policies
+are created (API and CLI)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import httpx2
+import openai
 import pytest
 from jsonschema import Draft202012Validator
 
@@ -25,10 +30,11 @@ from tests.support.admin_api import (
     start_server,
     unique,
 )
-from tests.support.fake_backend import FakeBackend
+from tests.support.fake_backend import FakeBackend, chat_action
 from tests.support.server import StatestoreServer
 
 TYPED_PREFIXES = ("/statestore/v1/", "/admin/v1/")
+OPENAI_PREFIXES = ("/v1/responses", "/v1/conversations")
 
 
 def _server(db: str, backend: FakeBackend, redis_url: str, prefix: str, **env: str) -> StatestoreServer:
@@ -48,6 +54,7 @@ def keys_server(
         STATESTORE_UPSTREAM_API_KEY=UPSTREAM_KEY,
         STATESTORE_KEY_CACHE_SECONDS="0",
         STATESTORE_POLICY_CACHE_SECONDS="0",
+        STATESTORE_CHAT_UPSTREAM_URL=fake_backend_process.url,
     )
     yield server
     server.stop()
@@ -147,6 +154,208 @@ def test_live_responses_match_the_published_schema(keys_server: StatestoreServer
 
     statuses = {status for _, _, status in checked.seen}
     assert {200, 201, 400, 401, 404} <= statuses
+
+
+# -- the Responses and Conversations routes ---------------------------------------------------------------------------
+
+WEATHER: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "strict": True,
+}
+
+
+def _validator(spec: dict[str, Any], schema: dict[str, Any]) -> Draft202012Validator:
+    return Draft202012Validator({**schema, "components": spec["components"]})
+
+
+def _problems(spec: dict[str, Any], schema: dict[str, Any], value: Any) -> list[str]:
+    return sorted(error.message for error in _validator(spec, schema).iter_errors(value))
+
+
+def _template(spec: dict[str, Any], path: str) -> str:
+    for template in spec["paths"]:
+        if template.startswith(OPENAI_PREFIXES) and re.fullmatch(re.sub(r"\{[^}]+\}", "[^/]+", template), path):
+            return str(template)
+    raise AssertionError(f"{path} matches no documented route")
+
+
+def _sse_data(body: str) -> list[Any]:
+    return [json.loads(line[len("data: ") :]) for line in body.splitlines() if line.startswith("data: ")]
+
+
+def test_every_responses_and_conversations_operation_documents_its_bodies() -> None:
+    from statestore.app import create_app
+    from statestore.config import Settings
+
+    spec = create_app(Settings(owner_secret="schema-only-secret-0123456789")).openapi()
+    components = spec["components"]["schemas"]
+    operations = [
+        (method.upper(), path, operation)
+        for path, item in spec["paths"].items()
+        if path.startswith(OPENAI_PREFIXES)
+        for method, operation in item.items()
+    ]
+    assert len(operations) == 12
+    for method, path, operation in operations:
+        schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
+        assert schema["$ref"].startswith("#/components/schemas/"), f"{method} {path}: no 200 model ({schema})"
+        assert schema["$ref"].rsplit("/", 1)[1] in components
+        for status in ("400", "404", "default"):
+            error = operation["responses"][status]["content"]["application/json"]["schema"]
+            assert error == {"$ref": "#/components/schemas/OpenAIError"}, (method, path, status)
+        assert "422" not in operation["responses"], f"{method} {path}: statestore never answers FastAPI's 422"
+        if method == "POST":
+            body = operation["requestBody"]["content"]["application/json"]["schema"]
+            assert body["$ref"].rsplit("/", 1)[1] in components, f"{method} {path}: {body}"
+        else:
+            assert "requestBody" not in operation
+    streamed = spec["paths"]["/v1/responses"]["post"]["responses"]["200"]["content"]["text/event-stream"]
+    assert streamed["schema"] == {"$ref": "#/components/schemas/ResponseStreamEvent"}
+    listed = {p["name"] for p in spec["paths"]["/v1/conversations/{conversation_id}/items"]["get"]["parameters"]}
+    assert listed == {"conversation_id", "order", "after", "limit"}
+    # Every reference in the document resolves.
+    for ref in set(re.findall(r'"\$ref": "#/components/schemas/([^"]+)"', json.dumps(spec))):
+        assert ref in components, ref
+
+
+def test_what_the_openai_sdk_sends_and_receives_matches_the_published_schema(
+    keys_server: StatestoreServer, backend: FakeBackend
+) -> None:
+    spec = httpx.get(keys_server.url + "/openapi.json").json()
+    exchanges: list[httpx2.Response] = []
+
+    def keep(response: httpx2.Response) -> None:
+        response.read()
+        exchanges.append(response)
+
+    with AdminApi(keys_server.url) as admin:
+        _, secret = admin.tenant_with_key()
+    with (
+        httpx2.Client(event_hooks={"response": [keep]}, timeout=30) as http,
+        openai.OpenAI(base_url=keys_server.url + "/v1", api_key=secret, http_client=http, max_retries=0) as client,
+    ):
+        first = client.responses.create(
+            model="echo-1",
+            input="hello",
+            instructions="Be brief.",
+            metadata={"user_id": "typed-user"},
+            temperature=0.5,
+            top_p=0.9,
+            max_output_tokens=100,
+            truncation="auto",
+        )
+        called = client.responses.create(
+            model="echo-1", input="please call get_weather", tools=[WEATHER], previous_response_id=first.id
+        )
+        call = called.output[-1]
+        assert call.type == "function_call"
+        answered = client.responses.create(
+            model="echo-1",
+            previous_response_id=called.id,
+            input=[
+                {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_text", "text": "and this?"},
+                        {"type": "input_image", "image_url": "https://example.com/a.png", "detail": "low"},
+                    ],
+                },
+            ],
+            tools=[WEATHER],
+            tool_choice={"type": "function", "name": "get_weather"},
+            parallel_tool_calls=False,
+            text={"format": {"type": "json_schema", "name": "reply", "schema": {"type": "object"}, "strict": True}},
+        )
+        with client.responses.stream(model="echo-1", input="stream me", previous_response_id=answered.id) as stream:
+            streamed = stream.get_final_response()
+        backend.script(chat_action({"role": "assistant", "content": "cut"}, finish_reason="length"))
+        cut = client.responses.create(model="echo-1", input="long", previous_response_id=streamed.id, store=True)
+        assert cut.status == "incomplete"
+        client.responses.create(model="echo-1", input="unstored", store=False)
+        assert client.responses.retrieve(answered.id).id == answered.id
+        client.responses.input_items.list(answered.id)
+        client.responses.input_items.list(answered.id, order="asc", limit=1)
+
+        conversation = client.conversations.create(
+            items=[{"type": "message", "role": "user", "content": "hi"}], metadata={"topic": "typed"}
+        )
+        client.responses.create(model="echo-1", input="in the conversation", conversation=conversation.id)
+        client.conversations.retrieve(conversation.id)
+        client.conversations.update(conversation.id, metadata={"topic": "renamed"})
+        resent: Any = [
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "noted"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "rain"},
+        ]
+        added = client.conversations.items.create(conversation.id, items=resent)
+        listed = client.conversations.items.list(conversation.id, order="asc")
+        assert len(listed.data) == 6
+        client.conversations.items.retrieve(str(added.data[0].id), conversation_id=conversation.id)
+        client.conversations.items.delete(str(added.data[1].id), conversation_id=conversation.id)
+
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(model="echo-1", input="x", previous_response_id="resp_unknown0000000000000000")
+        with pytest.raises(openai.NotFoundError):
+            client.conversations.retrieve("conv_unknown0000000000000000")
+        client.responses.delete(cut.id)
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(cut.id)
+        client.conversations.delete(conversation.id)
+    with (
+        httpx2.Client(event_hooks={"response": [keep]}, timeout=30) as http,
+        openai.OpenAI(base_url=keys_server.url + "/v1", api_key="ssk_unknown", http_client=http, max_retries=0) as bad,
+        pytest.raises(openai.AuthenticationError),
+    ):
+        bad.responses.retrieve(first.id)
+
+    seen: set[tuple[str, str, int]] = set()
+    events = 0
+    for exchange in exchanges:
+        request = exchange.request
+        template = _template(spec, request.url.path)
+        operation = spec["paths"][template][request.method.lower()]
+        where = f"{request.method} {template} {exchange.status_code}"
+        if request.content:
+            body_schema = operation["requestBody"]["content"]["application/json"]["schema"]
+            assert not _problems(spec, body_schema, json.loads(request.content)), where
+        documented = operation["responses"].get(str(exchange.status_code), operation["responses"]["default"])
+        media = exchange.headers["content-type"].split(";")[0]
+        schema = documented["content"][media]["schema"]
+        values = _sse_data(exchange.text) if media == "text/event-stream" else [exchange.json()]
+        events += len(values) if media == "text/event-stream" else 0
+        for value in values:
+            problems = _problems(spec, schema, value)
+            assert not problems, f"{where}: {problems[:5]} in {value}"
+        seen.add((request.method, template, exchange.status_code))
+
+    documented_operations = {
+        (method.upper(), path)
+        for path, item in spec["paths"].items()
+        if path.startswith(OPENAI_PREFIXES)
+        for method in item
+    }
+    assert {(method, path) for method, path, status in seen if status == 200} == documented_operations
+    assert {400, 401, 404} <= {status for _, _, status in seen}
+    assert events >= 8
+
+    # The schemas are not vacuous: what the server refuses, they refuse too.
+    response_schema = {"$ref": "#/components/schemas/Response"}
+    whole = exchanges[0].json()
+    assert whole["id"] == first.id
+    assert not _problems(spec, response_schema, whole)
+    assert _problems(spec, response_schema, {k: v for k, v in whole.items() if k != "usage"})
+    assert _problems(spec, response_schema, {**whole, "status": "queued"})
+    request_schema = spec["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    for refused in ({"model": "echo-1", "input": "x", "colour": "blue"}, {"model": "echo-1"}):
+        assert _problems(spec, request_schema, refused)
+        sent = httpx.post(
+            keys_server.url + "/v1/responses", json=refused, headers={"authorization": f"Bearer {secret}"}
+        )
+        assert sent.status_code == 400, sent.text
 
 
 def test_docs_work_offline(keys_server: StatestoreServer) -> None:

@@ -8,7 +8,10 @@ from collections.abc import Iterator
 
 import openai
 import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
 
+from statestore.store.retention_queries import Erasure, RetentionQueries
 from tests.integration.responses.conftest import last_chat_request
 from tests.support.admin_api import (
     ADMIN_TOKENS,
@@ -17,6 +20,7 @@ from tests.support.admin_api import (
     ClockFile,
     Database,
     RedisKeys,
+    run_async,
     start_server,
 )
 from tests.support.fake_backend import FakeBackend
@@ -66,7 +70,22 @@ def _client(server: StatestoreServer, key: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0)
 
 
-def test_tenants_stats_and_erasure_by_tenant(server: StatestoreServer, admin: AdminApi, backend: FakeBackend) -> None:
+def _erasable(url: str, *, tenant_id: str | None = None, user_id: str | None = None) -> Erasure:
+    """What an erasure would delete now: the count the console's confirmation shows (AdminService.erasable)."""
+
+    async def count() -> Erasure:
+        engine = create_async_engine(url, poolclass=NullPool)
+        try:
+            return await RetentionQueries(engine).count_erasable(tenant_id=tenant_id, user_id=user_id)
+        finally:
+            await engine.dispose()
+
+    return run_async(count)
+
+
+def test_tenants_stats_and_erasure_by_tenant(
+    server: StatestoreServer, admin: AdminApi, backend: FakeBackend, module_db: str
+) -> None:
     tenant, key = admin.tenant_with_key()
     other_tenant, other_key = admin.tenant_with_key()
     with _client(server, key) as mine, _client(server, other_key) as theirs:
@@ -80,9 +99,12 @@ def test_tenants_stats_and_erasure_by_tenant(server: StatestoreServer, admin: Ad
             theirs.responses.retrieve(first.id)
         stats = admin.stats(tenant["id"])
         assert (stats["live_responses"], stats["live_conversations"]) == (2, 1)
+        assert _erasable(module_db, tenant_id=tenant["id"]) == Erasure(threads=0, responses=2, conversations=1)
         before = admin.stats()
-        admin.ok("POST", "/erase", {"tenant": tenant["id"]})
+        erased = admin.ok("POST", "/erase", {"tenant": tenant["id"]})
         after = admin.stats()
+        assert erased == {"erased_threads": 0, "erased_responses": 2, "erased_conversations": 1}
+        assert _erasable(module_db, tenant_id=tenant["id"]) == Erasure(threads=0, responses=0, conversations=0)
         assert after["erased_responses_total"] - before["erased_responses_total"] == 2
         assert after["erased_conversations_total"] - before["erased_conversations_total"] == 1
         with pytest.raises(openai.NotFoundError):
@@ -106,7 +128,12 @@ def test_erasure_by_user_id_takes_whole_trees_and_their_cache(
         )
         assert cache.keys_of(f"resp:{head.id}")
         conversation = client.conversations.create(metadata={"user_id": "user-erase-1"})
-        admin.ok("POST", "/erase", {"user_id": "user-erase-1"})
+        unrelated = client.responses.create(model="echo-1", input="not theirs", metadata={"user_id": "user-erase-2"})
+        # The anonymous root goes too: its tree holds a response of the user's.
+        assert _erasable(module_db, user_id="user-erase-1") == Erasure(threads=0, responses=2, conversations=1)
+        erased = admin.ok("POST", "/erase", {"user_id": "user-erase-1"})
+        assert erased == {"erased_threads": 0, "erased_responses": 2, "erased_conversations": 1}
+        assert client.responses.retrieve(unrelated.id).id == unrelated.id
         for gone in (root.id, head.id):
             with pytest.raises(openai.NotFoundError):
                 client.responses.retrieve(gone)

@@ -1,0 +1,467 @@
+"""The Responses and Conversations front door in /openapi.json: what statestore accepts and returns (RESPONSES.md).
+
+For speed the routes read raw bodies and send stored bytes, so FastAPI never validates against these models: they
+only describe the wire. Request models reach the document through `request_body` (an `openapi_extra`) and
+`add_components` (the app's OpenAPI hook); response models through `ok` (a route's `responses=`). The live test
+(tests/integration/test_typed_api.py) checks what the `openai` SDK sends and receives against them."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, RootModel
+
+Metadata = Annotated[
+    dict[str, Annotated[str, Field(max_length=512)]],
+    Field(max_length=16, description="up to 16 pairs; keys up to 64, values up to 512 characters"),
+]
+ItemStatus = Literal["in_progress", "completed", "incomplete"]
+Role = Literal["user", "system", "developer", "assistant"]
+ItemId = Annotated[str, Field(min_length=1, max_length=200)]
+
+
+class OpenAIErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error (400, 401, 404, ...), or server_error")
+    param: str | None
+    code: str | None = Field(description="previous_response_not_found, conversation_locked, invalid_value, ...")
+
+
+class OpenAIError(BaseModel):
+    """OpenAI's error shape, on every Responses and Conversations route."""
+
+    error: OpenAIErrorDetail
+
+
+# -- content parts and items, as statestore stores and returns them ---------------------------------------------
+
+
+class InputText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["input_text"]
+    text: str
+
+
+class InputImage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["input_image"]
+    image_url: str
+    detail: Literal["auto", "low", "high"]
+
+
+class OutputText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["output_text"]
+    text: str
+    annotations: list[Any]
+    logprobs: list[Any]
+
+
+class Refusal(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["refusal"]
+    refusal: str
+
+
+ContentPart = Annotated[InputText | InputImage | OutputText | Refusal, Field(discriminator="type")]
+
+
+class MessageItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["message"]
+    id: str = Field(examples=["msg_4B2mQh0pSa1Y0bXkzGmT8c"])
+    role: Role
+    content: list[ContentPart] = Field(description="user, system, developer: input parts; assistant: output parts")
+    status: ItemStatus
+
+
+class FunctionCallItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function_call"]
+    id: str = Field(examples=["fc_4B2mQh0pSa1Y0bXkzGmT8c"])
+    call_id: str = Field(description="the backend's tool call id, or a minted call_... when it gave none")
+    name: str
+    arguments: str = Field(description="JSON text, as the model wrote it")
+    status: ItemStatus
+
+
+class FunctionCallOutputItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function_call_output"]
+    id: str
+    call_id: str
+    output: str | list[ContentPart]
+    status: ItemStatus
+
+
+class ReasoningItem(BaseModel):
+    """Stored and returned, never sent to the backend."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["reasoning"]
+    id: str
+    summary: list[Any]
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+
+
+Item = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")]
+
+
+class ConversationItem(RootModel[Item]):
+    """One item: a message, a function call, its output, or reasoning."""
+
+
+class ItemList(BaseModel):
+    """A page of items (`order` desc by default, `after`, `limit`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    object: Literal["list"]
+    data: list[Item]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
+# -- the Response object -----------------------------------------------------------------------------------------
+
+
+class InputTokensDetails(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    cached_tokens: int
+    cache_write_tokens: int
+
+
+class OutputTokensDetails(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reasoning_tokens: int
+
+
+class ResponseUsage(BaseModel):
+    """The backend's usage, translated (0 where it does not say)."""
+
+    model_config = ConfigDict(extra="forbid")
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails
+    total_tokens: int
+
+
+class IncompleteDetails(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: Literal["max_output_tokens", "content_filter"]
+
+
+class ConversationRef(BaseModel):
+    id: str = Field(examples=["conv_4B2mQh0pSa1Y0bXkzGmT8c"])
+
+
+class ReasoningConfig(BaseModel):
+    effort: str | None
+    summary: str | None
+
+
+class FormatText(BaseModel):
+    type: Literal["text"]
+
+
+class FormatJsonObject(BaseModel):
+    type: Literal["json_object"]
+
+
+class FormatJsonSchema(BaseModel):
+    """Sent to the backend as `response_format: {"type": "json_schema", "json_schema": {...}}`."""
+
+    type: Literal["json_schema"]
+    name: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+TextFormat = Annotated[FormatText | FormatJsonObject | FormatJsonSchema, Field(discriminator="type")]
+
+
+class TextConfig(BaseModel):
+    format: TextFormat | None = Field(default=None, description='absent or null: {"type": "text"}')
+
+
+class EchoedTool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["function"]
+    name: str
+    description: str | None
+    parameters: dict[str, Any] | None
+    strict: bool | None
+
+
+class FunctionChoice(BaseModel):
+    type: Literal["function"]
+    name: str
+
+
+ToolChoice = Literal["auto", "none", "required"] | FunctionChoice
+
+
+class Response(BaseModel):
+    """A turn's result, as returned, stored and retrieved. Request fields are echoed as they were sent."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(examples=["resp_4B2mQh0pSa1Y0bXkzGmT8c"])
+    object: Literal["response"]
+    created_at: int = Field(description="seconds since the epoch")
+    status: Literal["completed", "incomplete", "in_progress"] = Field(
+        description="in_progress only in a stream's response.created and response.in_progress"
+    )
+    background: bool
+    error: None
+    incomplete_details: IncompleteDetails | None
+    instructions: str | None
+    max_output_tokens: int | None
+    model: str
+    output: list[Item]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    conversation: ConversationRef | None
+    reasoning: ReasoningConfig
+    store: bool
+    temperature: float | None
+    text: TextConfig
+    tool_choice: ToolChoice
+    tools: list[EchoedTool]
+    top_p: float | None
+    truncation: Literal["auto", "disabled"]
+    usage: ResponseUsage | None = Field(description="null only while in progress")
+    metadata: dict[str, str]
+
+
+class ResponseDeleted(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    object: Literal["response.deleted"]
+    deleted: Literal[True]
+
+
+class ResponseStreamEvent(BaseModel):
+    """One `data:` of the SSE stream a `stream: true` turn answers with (its `event:` line repeats `type`). Each
+    output item's events are framed by `response.output_item.added` and `.done`; the stream ends with
+    `response.completed` or `response.incomplete` after the turn is stored, and is cut with no ending otherwise."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal[
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+        "response.incomplete",
+    ]
+    sequence_number: int = Field(description="0, 1, 2, ... in the order sent")
+    response: Response | None = Field(default=None, description="created, in_progress, completed, incomplete")
+    output_index: int | None = None
+    item_id: str | None = None
+    content_index: int | None = None
+    item: Item | None = None
+    part: ContentPart | None = None
+    delta: str | None = None
+    text: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+    logprobs: list[Any] | None = None
+
+
+# -- the Conversation object -------------------------------------------------------------------------------------
+
+
+class Conversation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(examples=["conv_4B2mQh0pSa1Y0bXkzGmT8c"])
+    object: Literal["conversation"]
+    created_at: int = Field(description="seconds since the epoch")
+    metadata: dict[str, str]
+
+
+class ConversationDeleted(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    object: Literal["conversation.deleted"]
+    deleted: Literal[True]
+
+
+# -- request bodies ----------------------------------------------------------------------------------------------
+# Fields statestore does not know are ignored inside items and parts (the SDK resends what it received); at the top
+# of a `POST /v1/responses` body they are a 400 `unknown_parameter`.
+
+
+class InputTextParam(BaseModel):
+    type: Literal["input_text", "output_text", "text"] = Field(description="output_text in an assistant message")
+    text: str
+
+
+class InputImageParam(BaseModel):
+    type: Literal["input_image"]
+    image_url: str = Field(description="a URL or a data: URL (file_id is not supported)")
+    detail: Literal["auto", "low", "high"] = "auto"
+
+
+class RefusalParam(BaseModel):
+    type: Literal["refusal"] = Field(description="in an assistant message only")
+    refusal: str
+
+
+PartParam = Annotated[InputTextParam | InputImageParam | RefusalParam, Field(discriminator="type")]
+
+
+class MessageParam(BaseModel):
+    type: Literal["message"] | None = Field(default=None, description="may be left out: an item with a role is one")
+    id: ItemId | None = Field(default=None, description="kept as given; minted (msg_...) when absent")
+    role: Role
+    content: str | Annotated[list[PartParam], Field(min_length=1)]
+    status: ItemStatus | None = None
+
+
+class FunctionCallParam(BaseModel):
+    type: Literal["function_call"]
+    id: ItemId | None = Field(default=None, description="kept as given; minted (fc_...) when absent")
+    call_id: str
+    name: str
+    arguments: str
+    status: ItemStatus | None = None
+
+
+class FunctionCallOutputParam(BaseModel):
+    type: Literal["function_call_output"]
+    id: ItemId | None = None
+    call_id: str
+    output: str | list[PartParam]
+    status: ItemStatus | None = None
+
+
+class ReasoningParam(BaseModel):
+    type: Literal["reasoning"]
+    id: ItemId | None = None
+    summary: list[Any] = []
+    content: list[Any] | None = None
+    encrypted_content: str | None = None
+
+
+ItemParam = MessageParam | FunctionCallParam | FunctionCallOutputParam | ReasoningParam
+
+
+class FunctionToolParam(BaseModel):
+    """Only function tools: sent to the backend as `{"type": "function", "function": {...}}`."""
+
+    type: Literal["function"]
+    name: str = Field(min_length=1, max_length=128)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="a JSON Schema")
+    strict: bool | None = None
+
+
+class ResponseCreateRequest(BaseModel):
+    """A turn. The context is the chain of `previous_response_id` (or the `conversation`'s items), then `input`;
+    `instructions` and `tools` are this request's only, never carried over."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, max_length=256, description="passed to the backend as it is")
+    input: str | list[ItemParam] = Field(description="a user message's text, or items")
+    instructions: str | None = Field(default=None, description="sent as the first system message")
+    previous_response_id: str | None = Field(default=None, description="any stored response of the owner's")
+    conversation: str | ConversationRef | None = Field(
+        default=None, description="a conversation's id, or {id}; not with previous_response_id"
+    )
+    store: bool | None = Field(default=True, description="false: returned, never stored")
+    stream: bool | None = Field(default=False, description="true: server-sent events")
+    metadata: Metadata | None = Field(default=None, description="kept; `user_id` is what erasure by user finds")
+    tools: Annotated[list[FunctionToolParam], Field(max_length=512)] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    max_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
+        default=None, description="sent as max_tokens"
+    )
+    text: TextConfig | None = Field(default=None, description="format json_schema or json_object: response_format")
+    truncation: Literal["auto", "disabled"] | None = Field(
+        default="disabled", description="auto: the owner's context policy cuts the oldest turns (PROTOCOL §9)"
+    )
+    # Accepted so that clients which always send them work; they change nothing here.
+    user: Any = Field(default=None, description="accepted, not used")
+    safety_identifier: Any = Field(default=None, description="accepted, not used")
+    prompt_cache_key: Any = Field(default=None, description="accepted, not used")
+    include: Any = Field(default=None, description="accepted, not used")
+    reasoning: Any = Field(default=None, description="accepted, not used")
+    background: Any = Field(default=None, description="accepted, not used")
+    service_tier: Any = Field(default=None, description="accepted, not used")
+    stream_options: Any = Field(default=None, description="accepted, not used")
+    top_logprobs: Any = Field(default=None, description="accepted, not used")
+    max_tool_calls: Any = Field(default=None, description="accepted, not used")
+
+
+class ConversationCreateRequest(BaseModel):
+    items: Annotated[list[ItemParam], Field(max_length=20)] | None = Field(default=None, description="initial items")
+    metadata: Metadata | None = None
+
+
+class ConversationUpdateRequest(BaseModel):
+    metadata: Metadata | None = Field(default=None, description="replaces the conversation's metadata (absent: none)")
+
+
+class ConversationItemsRequest(BaseModel):
+    items: Annotated[list[ItemParam], Field(min_length=1, max_length=20)]
+
+
+REQUEST_MODELS: tuple[type[BaseModel], ...] = (
+    ResponseCreateRequest,
+    ConversationCreateRequest,
+    ConversationUpdateRequest,
+    ConversationItemsRequest,
+    ResponseStreamEvent,
+)
+_REF = "#/components/schemas/{model}"
+
+
+def add_components(document: dict[str, Any]) -> None:
+    """Put the models no route declares (request bodies, stream events) into the document's components; each keeps a
+    component FastAPI already made from a response model of the same name."""
+    components = document.setdefault("components", {}).setdefault("schemas", {})
+    for model in REQUEST_MODELS:
+        schema = model.model_json_schema(ref_template=_REF)
+        for name, definition in schema.pop("$defs", {}).items():
+            components.setdefault(name, definition)
+        components.setdefault(model.__name__, schema)
+
+
+def request_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The `openapi_extra` of a route that reads its body itself."""
+    assert model in REQUEST_MODELS
+    schema = {"$ref": _REF.format(model=model.__name__)}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def ok(model: Any, description: str, **extra: Any) -> dict[int | str, dict[str, Any]]:
+    """A route's `responses=`: its 200 (the route sends bytes, so this only describes them)."""
+    return {200: {"model": model, "description": description, **extra}}
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": OpenAIError, "description": "invalid request (previous_response_not_found, conversation_locked...)"},
+    401: {"model": OpenAIError, "description": "missing or unknown credential (keys mode)"},
+    404: {"model": OpenAIError, "description": "not found: unknown, expired, deleted or another owner's"},
+    "default": {"model": OpenAIError, "description": "any other error: 413, 503, or the backend's, relayed"},
+}
+
+LIST_PARAMETERS = {
+    "parameters": [
+        {"name": "order", "in": "query", "schema": {"enum": ["asc", "desc"], "default": "desc"}},
+        {"name": "after", "in": "query", "schema": {"type": "string"}, "description": "an item id: the page after it"},
+        {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
+    ]
+}
