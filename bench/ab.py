@@ -76,6 +76,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=8, help="rounds per server, interleaved (default 8)")
     parser.add_argument("--turns", type=int, default=150, help="continues per round (default 150)")
     parser.add_argument("--history-kb", type=int, default=8, help="history of each thread, KiB (default 8: ≈ 2k)")
+    parser.add_argument(
+        "--head-set",
+        action="append",
+        default=[],
+        metavar="STATESTORE_X=VALUE",
+        help="a setting for the head server only (repeatable; an empty value unsets it), e.g. to weigh one part",
+    )
     args = parser.parse_args(argv)
     admin_dsn = os.environ.get("STATESTORE_BENCH_PG", DEFAULT_PG)
     redis_url = os.environ.get("STATESTORE_BENCH_REDIS", DEFAULT_REDIS)
@@ -107,6 +114,12 @@ def main(argv: list[str] | None = None) -> None:
                 **_statestore_env(database, redis_url, prefix, f"http://127.0.0.1:{echo_port}", "WARNING"),
                 "PYTHONPATH": str(code),  # `python -m` also puts the working directory, `code`, first
             }
+            if name == "head":
+                for setting in args.head_set:
+                    key, _, value = setting.partition("=")
+                    env.pop(key, None)
+                    if value:
+                        env[key] = value
             subprocess.run(
                 [python(), "-m", "statestore.cli", "migrate"], env=env, cwd=code, check=True, capture_output=True
             )
