@@ -5,7 +5,8 @@ Per continue, as statestore does: read the small request and find its thread; ta
 conditional UPDATE (an asyncpg prepared statement, asynchronous commit) while the history is read from Redis (one
 MGET, raw RESP); forward the history joined with the new turn to the backend (aiohttp, as arm R); parse the reply to
 store it; commit the new messages and move the head in one durable statement; append them to the Redis copy; answer
-with the reply under the next id. No routing, validation, auth, policy, logging, metrics, limits, fingerprints,
+with the reply under the next id. Connections come from statestore's own lean pool and Redis client, the cheapest
+this stack has. No routing, validation, auth, policy, logging, metrics, limits, fingerprints,
 usage counters or context policy: those are what statestore adds on top of this floor.
 
     python -m bench.floor --port 8092 --upstream http://127.0.0.1:8090 --database postgresql://… --redis redis://…
@@ -17,13 +18,12 @@ import argparse
 import asyncio
 import secrets
 
-import asyncpg
 import orjson
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from bench.relay import AiohttpUpstream
-from statestore.store.pg_turns import keep_session
+from statestore.store.pg_pool import LeanPool
 from statestore.store.resp import RespClient
 
 SCHEMA = """
@@ -61,16 +61,13 @@ class Floor:
         self._database = database
         self._client = AiohttpUpstream()
         self._redis = RespClient(redis)
-        self._leases: asyncpg.Pool | None = None
-        self._durable: asyncpg.Pool | None = None
+        self._leases: LeanPool | None = None
+        self._durable: LeanPool | None = None
 
     async def _start(self) -> None:
         await self._client.start()
-        common = {"min_size": 1, "max_size": 8, "reset": keep_session}
-        self._leases = await asyncpg.create_pool(
-            self._database, server_settings={"synchronous_commit": "off"}, **common
-        )
-        self._durable = await asyncpg.create_pool(self._database, **common)
+        self._leases = LeanPool(self._database, max_size=8, timeout=10, server_settings={"synchronous_commit": "off"})
+        self._durable = LeanPool(self._database, max_size=8, timeout=10, server_settings={})
         async with self._durable.acquire() as conn:
             await conn.execute(SCHEMA)
 

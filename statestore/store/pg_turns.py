@@ -17,6 +17,7 @@ import asyncpg
 from sqlalchemy.engine import make_url
 
 from statestore.config import Settings
+from statestore.store.pg_pool import LeanPool
 from statestore.store.turn_records import TurnCommit
 
 # asyncpg prepares each statement once per connection and reuses it (its statement cache).
@@ -100,21 +101,14 @@ def context_params(commit: TurnCommit) -> tuple[Any, ...]:
     )
 
 
-async def keep_session(conn: asyncpg.Connection) -> None:
-    """What a connection needs on its way back to the pool: nothing. asyncpg's default reset sends `RESET ALL`,
-    `CLOSE ALL`, `UNLISTEN *` and an advisory unlock, a round trip per release (two per turn), for session state these
-    statements never create; an open transaction is still rolled back by the pool before this is called."""
-
-
 def asyncpg_dsn(sqlalchemy_url: str) -> str:
     return make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
 class PgTurnStatements:
-    def __init__(self, leases: asyncpg.Pool, durable: asyncpg.Pool, *, timeout: float) -> None:
+    def __init__(self, leases: LeanPool, durable: LeanPool) -> None:
         self._leases = leases
         self._durable = durable
-        self._timeout = timeout  # the wait for a pooled connection, as the engine's pool_timeout
 
     @classmethod
     async def open(cls, settings: Settings) -> PgTurnStatements | None:
@@ -122,33 +116,22 @@ class PgTurnStatements:
         if not settings.database_url.startswith("postgresql"):
             return None
         dsn = asyncpg_dsn(settings.database_url)
+        # The bounds mirror the engine's: a hung database fails a turn within the timeout (503), it never holds it.
         timeout = settings.database_timeout_seconds
-        # The bounds mirror the engine's: a hung database fails a turn within `timeout` (503), it never holds it.
-        common: dict[str, Any] = {
-            "reset": keep_session,
-            "min_size": 0,
-            "timeout": timeout,
-            "command_timeout": timeout,
-            "max_inactive_connection_lifetime": 1800,
-        }
         # Lease statements are short and never wait for a flush: half the connections serve them.
-        leases = await asyncpg.create_pool(
+        leases = LeanPool(
             dsn,
             max_size=max(2, settings.database_pool_size // 2),
+            timeout=timeout,
             server_settings={"application_name": "statestore", "synchronous_commit": "off"},
-            **common,
         )
-        try:
-            durable = await asyncpg.create_pool(
-                dsn,
-                max_size=settings.database_pool_size,
-                server_settings={"application_name": "statestore"},
-                **common,
-            )
-        except BaseException:
-            await leases.close()
-            raise
-        return cls(leases, durable, timeout=timeout)
+        durable = LeanPool(
+            dsn,
+            max_size=settings.database_pool_size,
+            timeout=timeout,
+            server_settings={"application_name": "statestore"},
+        )
+        return cls(leases, durable)
 
     async def aclose(self) -> None:
         await self._leases.close()
@@ -156,27 +139,27 @@ class PgTurnStatements:
 
     async def acquire_by_response(self, *args: Any) -> asyncpg.Record | None:
         """(thread, owner, head response id, now, token, lease until) → the leased row, or None."""
-        async with self._leases.acquire(timeout=self._timeout) as conn:
+        async with self._leases.acquire() as conn:
             row: asyncpg.Record | None = await conn.fetchrow(ACQUIRE_BY_RESPONSE, *args)
         return row
 
     async def renew(self, thread_id: str, token: str, lease_until_ms: int) -> bool:
-        async with self._leases.acquire(timeout=self._timeout) as conn:
+        async with self._leases.acquire() as conn:
             status: str = await conn.execute(RENEW_LEASE, thread_id, token, lease_until_ms)
         return status == "UPDATE 1"
 
     async def release(self, thread_id: str, token: str) -> None:
-        async with self._leases.acquire(timeout=self._timeout) as conn:
+        async with self._leases.acquire() as conn:
             await conn.execute(RELEASE, thread_id, token)
 
     async def commit_turn(self, *args: Any) -> int:
         """The head move and the inserts as one statement, one round trip; returns the rows inserted (0: the lease
         was lost and nothing changed)."""
-        async with self._durable.acquire(timeout=self._timeout) as conn:
+        async with self._durable.acquire() as conn:
             status: str = await conn.execute(COMMIT_TURN, *args)
         return int(status.rsplit(" ", 1)[-1])
 
     async def load_context(self, thread_id: str) -> list[tuple[int, bytes]]:
-        async with self._durable.acquire(timeout=self._timeout) as conn:
+        async with self._durable.acquire() as conn:
             rows = await conn.fetch(LOAD_CONTEXT, thread_id)
         return [(row[0], row[1]) for row in rows]

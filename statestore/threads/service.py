@@ -109,18 +109,22 @@ class ThreadService:
             thread_id = thread_of_response(turn.previous_message_id)
             if thread_id is None:
                 raise ThreadNotFound("no thread has a response with this id")
-            # The cached history is read while the lease is taken: its count is checked against the head after.
-            leased, cached = await asyncio.gather(
-                self.repository.acquire_by_response(
+            # The cached history is read while the lease is taken: its count is checked against the head after. One
+            # task for the read; the lease runs in this one (gather would wrap both).
+            reading = asyncio.ensure_future(self.cache.get(thread_id))
+            try:
+                leased = await self.repository.acquire_by_response(
                     owner=owner,
                     thread_id=thread_id,
                     response_id=turn.previous_message_id,
                     token=token,
                     now_ms=now,
                     lease_until_ms=now + self.lease_ms,
-                ),
-                self.cache.get(thread_id),
-            )
+                )
+            except BaseException:
+                reading.cancel()
+                raise
+            cached = await reading
             if leased is None:
                 reason = await self.repository.why_not_continuable(
                     owner=owner, thread_id=thread_id, response_id=turn.previous_message_id, now_ms=now
