@@ -31,7 +31,7 @@ from statestore.resources import build_resources
 from statestore.responses import conversation_routes
 from statestore.responses import routes as responses_routes
 from statestore.responses.errors import OPENAI_PATHS, as_openai
-from statestore.responses.schemas import add_components
+from statestore.responses.request_schemas import add_components
 from statestore.retention import run_purger
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS, missing_sqlite_database
 from statestore.store.migrate import pending_revision

@@ -12,7 +12,7 @@ from starlette.responses import Response
 from statestore.api.deps import ResourcesDep
 from statestore.api.responses import bytes_response
 from statestore.resources import Resources
-from statestore.responses import schemas
+from statestore.responses import request_schemas, schemas
 from statestore.responses.conversation_store import ConversationRow, Locked
 from statestore.responses.errors import BadRequest, NotFound, conversation_locked, conversation_not_found
 from statestore.responses.ids import looks_like, new_id
@@ -54,7 +54,7 @@ def _checked(conversation_id: str) -> str:
 
 @router.post(
     "/v1/conversations",
-    openapi_extra=schemas.request_body(schemas.ConversationCreateRequest),
+    openapi_extra=request_schemas.request_body(request_schemas.ConversationCreateRequest),
     responses=schemas.ok(schemas.Conversation, "the new conversation"),
 )
 async def create_conversation(request: Request, resources: ResourcesDep) -> Response:
@@ -91,7 +91,7 @@ async def get_conversation(conversation_id: str, request: Request, resources: Re
 
 @router.post(
     "/v1/conversations/{conversation_id}",
-    openapi_extra=schemas.request_body(schemas.ConversationUpdateRequest),
+    openapi_extra=request_schemas.request_body(request_schemas.ConversationUpdateRequest),
     responses=schemas.ok(schemas.Conversation, "the conversation, its metadata replaced"),
 )
 async def update_conversation(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
@@ -141,7 +141,7 @@ async def list_items(conversation_id: str, request: Request, resources: Resource
 
 @router.post(
     "/v1/conversations/{conversation_id}/items",
-    openapi_extra=schemas.request_body(schemas.ConversationItemsRequest),
+    openapi_extra=request_schemas.request_body(request_schemas.ConversationItemsRequest),
     responses=schemas.ok(schemas.ItemList, "the items added, in order"),
 )
 async def add_items(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:

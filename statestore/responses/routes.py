@@ -13,7 +13,7 @@ from statestore.api.deps import ResourcesDep
 from statestore.api.responses import bytes_response, streaming_response
 from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenOff
 from statestore.resources import Resources
-from statestore.responses import schemas
+from statestore.responses import request_schemas, schemas
 from statestore.responses.backend import call_backend
 from statestore.responses.context import cache_key
 from statestore.responses.errors import BackendError, BadRequest, response_not_found
@@ -58,7 +58,7 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 
 @router.post(
     "/v1/responses",
-    openapi_extra=schemas.request_body(schemas.ResponseCreateRequest),
+    openapi_extra=request_schemas.request_body(request_schemas.ResponseCreateRequest),
     responses=schemas.ok(
         schemas.Response,
         "the Response (application/json), or with `stream: true` its events (text/event-stream)",

@@ -109,8 +109,7 @@ class ThreadService:
             thread_id = thread_of_response(turn.previous_message_id)
             if thread_id is None:
                 raise ThreadNotFound("no thread has a response with this id")
-            # The cached history is read while the lease is taken: its count is checked against the head after. One
-            # task for the read; the lease runs in this one (gather would wrap both).
+            # The cached history is read (in a task) while the lease is taken; its count is checked against the head.
             reading = asyncio.ensure_future(self.cache.get(thread_id))
             try:
                 leased = await self.repository.acquire_by_response(
