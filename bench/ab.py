@@ -30,13 +30,17 @@ THREADS_BETA = "message-threads-2026-08-12"
 HEADERS = {"content-type": "application/json", "x-api-key": "bench-ab", "anthropic-beta": THREADS_BETA}
 
 
-def _create(client: httpx.Client, url: str, history_bytes: int) -> str:
+def history_turns(history_bytes: int) -> list[dict[str, str]]:
+    """Alternating user and assistant text of about `history_bytes`, ending with an assistant turn."""
     turns: list[dict[str, str]] = []
-    while sum(len(t["content"]) for t in turns) < history_bytes:
+    while sum(len(t["content"]) for t in turns) < history_bytes or turns[-1]["role"] == "user":
         role = "user" if len(turns) % 2 == 0 else "assistant"
         turns.append({"role": role, "content": f"turn {len(turns)}: a line of history, café ☕. " * 8})
-    if turns[-1]["role"] == "assistant":
-        turns.append({"role": "user", "content": "and now?"})
+    return turns
+
+
+def _create(client: httpx.Client, url: str, history_bytes: int) -> str:
+    turns = [*history_turns(history_bytes), {"role": "user", "content": "and now?"}]
     body = {"model": "bench-1", "max_tokens": 64, "thread": {"type": "create"}, "messages": turns}
     reply = client.post(url + "/v1/messages", json=body, headers=HEADERS)
     reply.raise_for_status()

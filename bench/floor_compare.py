@@ -25,19 +25,13 @@ from pathlib import Path
 import httpx
 import orjson
 
-from bench.ab import HEADERS, _continue, _create
+from bench.ab import HEADERS, _continue, _create, history_turns
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
 from bench.procs import Service, cpu_sample, free_port, python
 
 
 def _history_body(history_bytes: int, n: int) -> bytes:
-    turns: list[dict[str, str]] = []
-    while sum(len(t["content"]) for t in turns) < history_bytes:
-        role = "user" if len(turns) % 2 == 0 else "assistant"
-        turns.append({"role": role, "content": f"turn {len(turns)}: a line of history, café ☕. " * 8})
-    if turns[-1]["role"] == "user":
-        turns.append({"role": "assistant", "content": "ok"})
-    turns.append({"role": "user", "content": f"turn {n}: " + "x" * 150})
+    turns = [*history_turns(history_bytes), {"role": "user", "content": f"turn {n}: " + "x" * 150}]
     return orjson.dumps({"model": "bench-1", "max_tokens": 64, "messages": turns})
 
 

@@ -17,6 +17,7 @@ import openai
 import pytest
 from jsonschema import Draft202012Validator
 
+from tests.integration.responses.conftest import WEATHER
 from tests.support.admin_api import (
     ADMIN_TOKENS,
     UPSTREAM_KEY,
@@ -157,14 +158,6 @@ def test_live_responses_match_the_published_schema(keys_server: StatestoreServer
 
 
 # -- the Responses and Conversations routes ---------------------------------------------------------------------------
-
-WEATHER: Any = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    "strict": True,
-}
 
 
 def _validator(spec: dict[str, Any], schema: dict[str, Any]) -> Draft202012Validator:

@@ -25,6 +25,16 @@ ADMIN_TOKEN = "responses-admin-token-0123456789"
 CHAT_PATH = "/v1/chat/completions"
 
 
+# A function tool as the openai SDK sends it.
+WEATHER: Any = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    "strict": True,
+}
+
+
 @pytest.fixture(scope="session")
 async def responses_pg_url(postgres_admin_url: str) -> AsyncIterator[str]:
     """A database of these tests' own: row counts by owner and the stats are theirs alone."""

@@ -10,17 +10,17 @@ import openai
 import orjson
 import pytest
 
-from tests.integration.responses.conftest import Rows, chat_requests, id_of, last_chat_request, other_key, texts
+from tests.integration.responses.conftest import (
+    WEATHER,
+    Rows,
+    chat_requests,
+    id_of,
+    last_chat_request,
+    other_key,
+    texts,
+)
 from tests.support.fake_backend import FakeBackend, chat_action
 from tests.support.server import StatestoreServer
-
-WEATHER: Any = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-    "strict": True,
-}
 
 
 def test_a_chain_sends_the_full_translated_history_every_turn(
