@@ -22,6 +22,7 @@ from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache, create_cache
 from statestore.store.engine import create_engine
+from statestore.store.pg_responses import PgResponseStatements
 from statestore.store.pg_turns import PgTurnStatements
 from statestore.store.retention_queries import RetentionQueries
 from statestore.store.thread_reads import ThreadQueries
@@ -116,6 +117,8 @@ async def build_resources(
         if pg_statements is not None:
             stack.push_async_callback(pg_statements.aclose)
         repository = ThreadRepository(engine, single_statements, pg=pg_statements)
+        # The Responses front door's hot statements share the threads' pools (store/pg_responses.py).
+        pg_responses = PgResponseStatements(pg_statements) if pg_statements is not None else None
         thread_cache: HistoryCache = cache
         if tracer is not None:
             # Only when tracing is on: the same objects, each call inside a span (statestore/traced.py).
@@ -167,8 +170,8 @@ async def build_resources(
             metrics=metrics,
             chat_upstream=chat_upstream,
             responses=ResponseTurns(
-                responses=ResponseStore(engine),
-                conversations=ConversationStore(engine),
+                responses=ResponseStore(engine, pg_responses),
+                conversations=ConversationStore(engine, pg_responses),
                 cache=cache,
                 policies=policies,
                 clock=clock,

@@ -19,6 +19,10 @@ from statestore.store.retention_queries import Erasure, RetentionQueries
 
 log = logging.getLogger(__name__)
 
+# The Responses front door's cache keys (statestore/responses/context.py): a chain head's context, a conversation's.
+RESPONSE_CACHE_PREFIX = "resp:"
+CONVERSATION_CACHE_PREFIX = "conv:"
+
 
 class Retention:
     def __init__(
@@ -41,6 +45,14 @@ class Retention:
         if not await self.cache.delete_many(thread_ids):
             self.cache_debt.update(thread_ids)
             log.warning("cache entries of deleted threads left for retry", extra={"threads": len(thread_ids)})
+
+    async def forget_conversations(self, conversation_ids: list[str]) -> None:
+        """Drop the cached contexts made of these conversations' items: each conversation's own, and those of the
+        responses chained from its responses (whose rebuilds read the conversation's items where they are)."""
+        chained = await self.queries.chained_responses(conversation_ids) if conversation_ids else []
+        await self._forget_in_cache(
+            [CONVERSATION_CACHE_PREFIX + i for i in conversation_ids] + [RESPONSE_CACHE_PREFIX + i for i in chained]
+        )
 
     async def settle_cache_debt(self) -> None:
         if self.cache_debt:
@@ -106,26 +118,34 @@ class Retention:
         )
         return Erasure(threads=total, responses=responses, conversations=conversations)
 
-    async def _drain(self, batch: Callable[[], Awaitable[list[str]]], counter: str, cache_prefix: str | None) -> int:
+    async def _drain(
+        self, batch: Callable[[], Awaitable[list[str]]], counter: str, forget: Callable[[list[str]], Awaitable[None]]
+    ) -> int:
         total = 0
         while True:
             ids = await batch()
             if ids:
-                if cache_prefix is not None:
-                    await self._forget_in_cache([cache_prefix + i for i in ids])
+                await forget(ids)
                 await self.admin.add_to_counter(counter, len(ids))
                 total += len(ids)
             if len(ids) < self.batch_size:
                 return total
 
+    async def _forget_responses(self, response_ids: list[str]) -> None:
+        await self._forget_in_cache([RESPONSE_CACHE_PREFIX + i for i in response_ids])
+
     async def _purge_responses(self) -> tuple[int, int]:
         """Expired response trees and conversations (the Responses front door), batch by batch."""
         now, size = self.clock(), self.batch_size
         responses = await self._drain(
-            lambda: self.queries.purge_expired_responses(now_ms=now, batch_size=size), "purged_responses", "resp:"
+            lambda: self.queries.purge_expired_responses(now_ms=now, batch_size=size),
+            "purged_responses",
+            self._forget_responses,
         )
         conversations = await self._drain(
-            lambda: self.queries.purge_expired_conversations(now_ms=now, batch_size=size), "purged_conversations", None
+            lambda: self.queries.purge_expired_conversations(now_ms=now, batch_size=size),
+            "purged_conversations",
+            self.forget_conversations,
         )
         return responses, conversations
 
@@ -134,12 +154,12 @@ class Retention:
         responses = await self._drain(
             lambda: self.queries.erase_responses_batch(batch_size=size, tenant_id=tenant_id, user_id=user_id),
             "erased_responses",
-            "resp:",
+            self._forget_responses,
         )
         conversations = await self._drain(
             lambda: self.queries.erase_conversations_batch(batch_size=size, tenant_id=tenant_id, user_id=user_id),
             "erased_conversations",
-            None,
+            self.forget_conversations,
         )
         return responses, conversations
 

@@ -1,5 +1,5 @@
-"""Where a turn's context comes from: the chain head's pre-joined bytes in the cache, else a join of the stored
-bytes in the database; and the one place `truncation` is applied."""
+"""Where a turn's context comes from: the chain head's (or the conversation's) pre-joined bytes in the cache, else a
+join of the stored bytes in the database; and the one place `truncation` is applied."""
 
 from __future__ import annotations
 
@@ -7,22 +7,29 @@ from dataclasses import dataclass
 
 import orjson
 
+from statestore.responses.conversation_store import ConversationStore
 from statestore.responses.errors import previous_response_not_found
+from statestore.responses.items import StoredItem, join_segments
 from statestore.responses.store import ResponseRow, ResponseStore
+from statestore.retention import CONVERSATION_CACHE_PREFIX, RESPONSE_CACHE_PREFIX
 from statestore.store.cache import CachedHistory, HistoryCache
 from statestore.threads.policy import Policy
 
-CACHE_PREFIX = "resp:"
+CACHE_PREFIX = RESPONSE_CACHE_PREFIX
 
 
 def cache_key(response_id: str) -> str:
     return CACHE_PREFIX + response_id
 
 
-async def chain_context(store: ResponseStore, cache: HistoryCache, head: ResponseRow) -> bytes:
+def conversation_cache_key(conversation_id: str) -> str:
+    return CONVERSATION_CACHE_PREFIX + conversation_id
+
+
+async def chain_context(store: ResponseStore, head: ResponseRow, cached: CachedHistory | None) -> bytes:
     """The joined messages of the chain ending at `head`. A cache entry is keyed by the response id and a stored
-    response never changes, so any entry found is that response's context."""
-    cached = await cache.get(cache_key(head.id))
+    response never changes, so any entry found (`cached`, read beside the response) is that response's context (the
+    entries of a chain begun on a conversation go when that conversation's items change: Retention)."""
     if cached is not None:
         return cached.joined
     joined = await store.chain_context(head)
@@ -38,6 +45,40 @@ async def remember_head(
     await cache.put(cache_key(response_id), CachedHistory(depth + 1, joined), ttl_ms)
     if parent_id is not None:
         await cache.delete(cache_key(parent_id))
+
+
+async def conversation_context(
+    store: ConversationStore, conversation_id: str, *, position: int, cached: CachedHistory | None
+) -> bytes:
+    """The conversation's joined messages at `position` (read with the lease): the cached entry when it was made at
+    that very position (only the commit that made a position writes its entry, and every change of the items moves
+    the position), else a join from the database. A miss is not written back: the turn's commit writes the entry."""
+    if cached is not None and cached.count == position:
+        return cached.joined
+    return await store.context(conversation_id)
+
+
+async def remember_conversation(
+    cache: HistoryCache,
+    conversation_id: str,
+    *,
+    position: int,
+    context: bytes,
+    added: list[StoredItem],
+    segment: bytes,
+    ttl_ms: int,
+) -> None:
+    """After the commit that moved the conversation to `position`: its context then, for the next turn. A stale
+    writer (a commit overtaken before it got here) writes an older position, which the next turn's check rejects.
+    The database joins a conversation's items in one run, consecutive function calls in one assistant message; a turn
+    whose first sent item is a call could join onto a call that ends the context, so its entry is dropped instead and
+    the next turn reads the database (byte-identical either way)."""
+    key = conversation_cache_key(conversation_id)
+    first = next((item.kind for item in added if item.kind != "none"), None)
+    if first == "call":
+        await cache.delete(key)
+        return
+    await cache.put(key, CachedHistory(position, join_segments([context, segment])), ttl_ms)
 
 
 # Tokens per byte of JSON when nothing better is known: the usual ratio for English text.

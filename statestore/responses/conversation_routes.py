@@ -13,6 +13,7 @@ from statestore.api.deps import ResourcesDep
 from statestore.api.responses import bytes_response
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
+from statestore.responses.context import conversation_cache_key
 from statestore.responses.conversation_store import ConversationRow, Locked
 from statestore.responses.errors import BadRequest, NotFound, conversation_locked, conversation_not_found
 from statestore.responses.ids import looks_like, new_id
@@ -120,6 +121,7 @@ async def delete_conversation(conversation_id: str, request: Request, resources:
     conversations = turns_of(resources).conversations
     if not await conversations.delete(owner, _checked(conversation_id), now_ms=resources.clock()):
         raise conversation_not_found(conversation_id)
+    await resources.retention.forget_conversations([conversation_id])
     return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
@@ -157,6 +159,8 @@ async def add_items(conversation_id: str, request: Request, resources: Resources
         raise conversation_locked() from None
     except LookupError:
         raise conversation_not_found(conversation_id) from None
+    # The append moved the position, so the cached context no longer matches; it goes all the same, unread.
+    await resources.cache.delete(conversation_cache_key(conversation_id))
     return page([row.body for row in rows], False)
 
 
@@ -184,6 +188,10 @@ async def delete_item(conversation_id: str, item_id: str, request: Request, reso
         deleted = await conversations.delete_item(owner, _checked(conversation_id), item_id, now_ms=now)
     except Locked:
         raise conversation_locked() from None
+    if deleted:
+        # The item is stored once: it is gone from the conversation's context and from the input_items and contexts
+        # of the responses that pointed at it.
+        await resources.retention.forget_conversations([conversation_id])
     row = await conversations.get(owner, conversation_id, now_ms=now) if deleted else None
     if row is None:
         raise NotFound(f"Item with id '{item_id}' not found.", param="item_id")

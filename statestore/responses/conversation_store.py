@@ -1,15 +1,22 @@
-"""The SQL of conversations: rows, items, and the lease a turn holds so that two turns never interleave items."""
+"""The SQL of conversations: rows, items, and the lease a turn holds so that two turns never interleave items.
+
+`next_position` is also the conversation's version: every change of its items moves it (a turn, an append, a
+deletion), so a cached context that records the position it was made at is current exactly when the position matches
+(responses/context.py). SQLAlchemy Core here; on PostgreSQL the lease, its renewal and release, and the context read
+run as asyncpg prepared statements (store/pg_responses.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 from sqlalchemy import ColumnElement, and_, delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.responses.items import StoredItem, join_rendered
 from statestore.responses.store import item_rows
+from statestore.store.pg_responses import PgResponseStatements
 from statestore.store.schema import conversation_items, conversations
 
 
@@ -25,8 +32,9 @@ class Locked(Exception):
 
 
 class ConversationStore:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, pg: PgResponseStatements | None = None) -> None:
         self.engine = engine
+        self._pg = pg
 
     @staticmethod
     def _mine(owner: str, conversation_id: str, now_ms: int) -> list[ColumnElement[bool]]:
@@ -93,22 +101,38 @@ class ConversationStore:
             deleted = await conn.execute(delete(conversations).where(*self._mine(owner, conversation_id, now_ms)))
         return deleted.rowcount > 0
 
-    async def lease(self, owner: str, conversation_id: str, *, token: str, now_ms: int, until_ms: int) -> None:
-        """Take the conversation for one turn; raises Locked, or LookupError when there is no such conversation."""
+    async def lease(self, owner: str, conversation_id: str, *, token: str, now_ms: int, until_ms: int) -> int:
+        """Take the conversation for one turn and return its next position; raises Locked, or LookupError when there
+        is no such conversation."""
+        if self._pg is not None:
+            position = await self._pg.lease(owner, conversation_id, token, now_ms, until_ms)
+            if position is not None:
+                return position
+            await self._refuse(owner, conversation_id, now_ms)
         async with self.engine.begin() as conn:
             taken = await conn.execute(
                 update(conversations)
                 .where(*self._mine(owner, conversation_id, now_ms), self._free(now_ms))
                 .values(lease_token=token, lease_expires_ms=until_ms)
+                .returning(conversations.c.next_position)
             )
-            if taken.rowcount == 0:
-                exists = (
-                    await conn.execute(select(conversations.c.id).where(*self._mine(owner, conversation_id, now_ms)))
-                ).first()
-                raise Locked() if exists is not None else LookupError(conversation_id)
+            position = taken.scalar_one_or_none()
+        if position is None:
+            await self._refuse(owner, conversation_id, now_ms)
+        return int(position)
+
+    async def _refuse(self, owner: str, conversation_id: str, now_ms: int) -> NoReturn:
+        """Why the conversation could not be taken: Locked, or LookupError. Only on the refusal path."""
+        async with self.engine.connect() as conn:
+            exists = (
+                await conn.execute(select(conversations.c.id).where(*self._mine(owner, conversation_id, now_ms)))
+            ).first()
+        raise Locked() if exists is not None else LookupError(conversation_id)
 
     async def renew(self, conversation_id: str, token: str, *, until_ms: int) -> bool:
         """Extend a turn's lease; False when it was lost."""
+        if self._pg is not None:
+            return await self._pg.renew(conversation_id, token, until_ms)
         async with self.engine.begin() as conn:
             renewed = await conn.execute(
                 update(conversations)
@@ -118,6 +142,9 @@ class ConversationStore:
         return renewed.rowcount > 0
 
     async def release(self, conversation_id: str, token: str) -> None:
+        if self._pg is not None:
+            await self._pg.release(conversation_id, token)
+            return
         async with self.engine.begin() as conn:
             await conn.execute(
                 update(conversations)
@@ -126,6 +153,8 @@ class ConversationStore:
             )
 
     async def context(self, conversation_id: str) -> bytes:
+        if self._pg is not None:
+            return join_rendered(await self._pg.conversation_items(conversation_id))
         query = (
             select(conversation_items.c.kind, conversation_items.c.rendered)
             .where(conversation_items.c.conversation_id == conversation_id)
@@ -140,7 +169,10 @@ class ConversationStore:
             claimed = await conn.execute(
                 update(conversations)
                 .where(*self._mine(owner, conversation_id, now_ms), self._free(now_ms))
-                .values(next_position=conversations.c.next_position + len(items))
+                # A lease that ran out is taken over: the turn that held it can no longer commit on stale context.
+                .values(
+                    next_position=conversations.c.next_position + len(items), lease_token=None, lease_expires_ms=None
+                )
                 .returning(conversations.c.next_position)
             )
             end = claimed.scalar_one_or_none()
@@ -192,22 +224,29 @@ class ConversationStore:
             return (await conn.execute(query)).scalar()
 
     async def delete_item(self, owner: str, conversation_id: str, item_id: str, *, now_ms: int) -> bool:
-        """Delete an item (refused as Locked while a turn holds the conversation)."""
+        """Delete an item (refused as Locked while a turn holds the conversation). The position moves on by one, a
+        new version of the conversation, so a context cached before the deletion no longer matches it; a lease that
+        ran out is taken over, so the turn that held it cannot commit on a context that still had the item."""
         async with self.engine.begin() as conn:
-            row = (
-                await conn.execute(
-                    select(conversations.c.lease_token, conversations.c.lease_expires_ms)
-                    .where(*self._mine(owner, conversation_id, now_ms))
-                    .with_for_update()
-                )
-            ).first()
-            if row is None:
+            claimed = await conn.execute(
+                update(conversations)
+                .where(*self._mine(owner, conversation_id, now_ms), self._free(now_ms))
+                .values(next_position=conversations.c.next_position + 1, lease_token=None, lease_expires_ms=None)
+                .returning(conversations.c.id)
+            )
+            if claimed.first() is None:
+                exists = (
+                    await conn.execute(select(conversations.c.id).where(*self._mine(owner, conversation_id, now_ms)))
+                ).first()
+                if exists is not None:
+                    raise Locked()
                 return False
-            if row[0] is not None and row[1] > now_ms:
-                raise Locked()
             deleted = await conn.execute(
                 delete(conversation_items).where(
                     conversation_items.c.conversation_id == conversation_id, conversation_items.c.item_id == item_id
                 )
             )
-        return deleted.rowcount > 0
+            if deleted.rowcount == 0:
+                await conn.rollback()
+                return False
+        return True

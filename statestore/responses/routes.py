@@ -100,13 +100,14 @@ async def _turn(request: Request, resources: Resources) -> Response:
             await turns.give_back(prepared)
             raise
         response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
+        body = orjson.dumps(response)
         try:
-            committed = await turns.commit(prepared, response)
+            committed = await turns.commit(prepared, response, body)
         finally:
             await turns.give_back(prepared)
         if not committed:
             raise BadRequest("The conversation's lease was lost; nothing was stored.", code="conversation_locked")
-        return bytes_response(200, orjson.dumps(response), [*JSON, *_context_header(prepared)])
+        return bytes_response(200, body, [*JSON, *_context_header(prepared)])
 
     async def close() -> None:
         await upstream.aclose()
@@ -143,14 +144,15 @@ async def _events(turns: ResponseTurns, prepared: PreparedResponse, upstream: Up
     for closing_event in closing:
         yield numbered.frame(closing_event)
     response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
+    body = orjson.dumps(response)
     try:
-        committed = await turns.commit(prepared, response)
+        committed = await turns.commit(prepared, response, body)
     except DATABASE_ERRORS as exc:
         raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); completion withheld") from exc
     if not committed:
         raise StreamBrokenOff("the conversation's lease was lost; completion withheld")
     final = "response.completed" if status == "completed" else "response.incomplete"
-    yield numbered.frame({"type": final, "response": response})
+    yield numbered.frame_response(final, body)
 
 
 async def _owner(request: Request, resources: Resources) -> str:

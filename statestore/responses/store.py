@@ -1,4 +1,8 @@
-"""The SQL of stored responses: insert a turn, read one, rebuild a chain's context from stored bytes, delete."""
+"""The SQL of stored responses: insert a turn, read one, rebuild a chain's context from stored bytes, delete.
+
+A chained turn's items are in response_items; a turn on a conversation stores its items once, in conversation_items,
+and its response points at them (first position, input and output counts; revision 0008). SQLAlchemy Core here; on
+PostgreSQL the hot statements (get, commit) run as asyncpg prepared statements (store/pg_responses.py)."""
 
 from __future__ import annotations
 
@@ -6,10 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import and_, delete, insert, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.responses.items import StoredItem, join_rendered, join_segments
+from statestore.store.pg_responses import PgResponseStatements
 from statestore.store.schema import conversation_items, conversations, response_items, responses
 
 
@@ -51,11 +56,24 @@ def item_rows(items: Sequence[StoredItem], first_position: int = 0) -> list[dict
     ]
 
 
+def _in_conversation(items: Any) -> Any:
+    """The conversation_items a response points at (none for a response whose items are in response_items)."""
+    return and_(
+        items.c.conversation_id == responses.c.conversation_id,
+        items.c.position >= responses.c.conversation_position,
+        items.c.position < responses.c.conversation_position + responses.c.input_count + responses.c.output_count,
+    )
+
+
 class ResponseStore:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, pg: PgResponseStatements | None = None) -> None:
         self.engine = engine
+        self._pg = pg
 
     async def get(self, owner: str, response_id: str, *, now_ms: int) -> ResponseRow | None:
+        if self._pg is not None:
+            record = await self._pg.get(owner, response_id, now_ms)
+            return ResponseRow(record[0], record[1], record[2], record[3], record[4]) if record is not None else None
         query = select(
             responses.c.id, responses.c.root_id, responses.c.depth, responses.c.chain_bytes, responses.c.body
         ).where(responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms)
@@ -65,7 +83,8 @@ class ResponseStore:
 
     async def chain_context(self, head: ResponseRow) -> bytes | None:
         """The joined Chat Completions messages of the chain ending at `head`, oldest first, from the database; None
-        when an ancestor is gone (deleted, or erased)."""
+        when an ancestor is gone (deleted, or erased). A response made on a conversation (only ever a chain's root)
+        reads its items from the conversation: an item deleted there is gone from its context too."""
         chain = (
             select(responses.c.id, responses.c.parent_id, responses.c.depth)
             .where(responses.c.id == head.id)
@@ -74,89 +93,147 @@ class ResponseStore:
         chain = chain.union_all(
             select(responses.c.id, responses.c.parent_id, responses.c.depth).where(responses.c.id == chain.c.parent_id)
         )
-        query = (
-            select(chain.c.depth, response_items.c.kind, response_items.c.rendered)
-            .join(response_items, response_items.c.response_id == chain.c.id)
-            .order_by(chain.c.depth, response_items.c.position)
+        own = select(chain.c.depth, response_items.c.position, response_items.c.kind, response_items.c.rendered).join(
+            response_items, response_items.c.response_id == chain.c.id
         )
+        pointed = (
+            select(
+                chain.c.depth, conversation_items.c.position, conversation_items.c.kind, conversation_items.c.rendered
+            )
+            .select_from(chain)
+            .join(responses, responses.c.id == chain.c.id)
+            .join(conversation_items, _in_conversation(conversation_items))
+        )
+        both = union_all(own, pointed).subquery()
+        query = select(both.c.depth, both.c.kind, both.c.rendered).order_by(both.c.depth, both.c.position)
         async with self.engine.connect() as conn:
+            members = (await conn.execute(select(literal(1)).select_from(chain))).all()
+            if len(members) != head.depth + 1:
+                return None
             rows = (await conn.execute(query)).all()
         segments: list[list[tuple[str, bytes]]] = [[] for _ in range(head.depth + 1)]
-        seen = set()
         for depth, kind, rendered in rows:
             segments[depth].append((kind, rendered))
-            seen.add(depth)
-        if len(seen) != head.depth + 1:
-            return None
         return join_segments(join_rendered(segment) for segment in segments)
 
-    async def insert(self, new: NewResponse, conn: AsyncConnection) -> None:
+    @staticmethod
+    def _response_values(new: NewResponse) -> dict[str, Any]:
         parent = new.parent
-        await conn.execute(
-            insert(responses).values(
-                id=new.id,
-                owner=new.owner,
-                tenant_id=new.tenant_id,
-                metadata_user_id=new.metadata_user_id,
-                parent_id=parent.id if parent else None,
-                root_id=parent.root_id if parent else new.id,
-                conversation_id=new.conversation_id,
-                depth=parent.depth + 1 if parent else 0,
-                chain_bytes=(parent.chain_bytes if parent else 0) + new.segment_bytes,
-                body=new.body,
-                created_ms=new.created_ms,
-                expires_ms=new.expires_ms,
-            )
-        )
+        values: dict[str, Any] = {
+            "id": new.id,
+            "owner": new.owner,
+            "tenant_id": new.tenant_id,
+            "metadata_user_id": new.metadata_user_id,
+            "parent_id": parent.id if parent else None,
+            "root_id": parent.root_id if parent else new.id,
+            "conversation_id": new.conversation_id,
+            "depth": parent.depth + 1 if parent else 0,
+            "chain_bytes": (parent.chain_bytes if parent else 0) + new.segment_bytes,
+            "body": new.body,
+            "created_ms": new.created_ms,
+            "expires_ms": new.expires_ms,
+        }
+        if new.conversation_id is not None:
+            values["input_count"], values["output_count"] = len(new.inputs), len(new.outputs)
+        return values
+
+    async def insert(self, new: NewResponse, conn: AsyncConnection) -> None:
+        """A turn not on a conversation: the response and its own items."""
+        await conn.execute(insert(responses).values(**self._response_values(new)))
         rows = [{**row, "is_output": False} for row in item_rows(new.inputs)]
         rows += [{**row, "is_output": True} for row in item_rows(new.outputs, len(new.inputs))]
         await conn.execute(insert(response_items), [{**row, "response_id": new.id} for row in rows])
 
-    async def commit(self, new: NewResponse, *, conversation_lease: str | None = None) -> bool:
-        """Store a completed turn in one transaction; with a conversation, append its items there and release the
-        lease in the same transaction. False when the lease was lost (nothing stored)."""
+    async def commit(self, new: NewResponse, *, conversation_lease: str | None = None) -> int | None:
+        """Store a completed turn in one transaction. On a conversation its items are appended there (only there)
+        and the lease released in the same transaction; returns the conversation's next position after the turn
+        (0 for a turn not on a conversation), or None when the lease was lost (nothing stored)."""
+        if self._pg is not None:
+            return await self._pg_commit(self._pg, new, conversation_lease)
         async with self.engine.begin() as conn:
-            if new.conversation_id is not None:
-                claimed = await conn.execute(
-                    update(conversations)
-                    .where(conversations.c.id == new.conversation_id, conversations.c.lease_token == conversation_lease)
-                    .values(
-                        next_position=conversations.c.next_position + len(new.inputs) + len(new.outputs),
-                        lease_token=None,
-                        lease_expires_ms=None,
-                        expires_ms=new.expires_ms,
-                    )
-                    .returning(conversations.c.next_position)
+            if new.conversation_id is None:
+                await self.insert(new, conn)
+                return 0
+            count = len(new.inputs) + len(new.outputs)
+            claimed = await conn.execute(
+                update(conversations)
+                .where(conversations.c.id == new.conversation_id, conversations.c.lease_token == conversation_lease)
+                .values(
+                    next_position=conversations.c.next_position + count,
+                    lease_token=None,
+                    lease_expires_ms=None,
+                    expires_ms=new.expires_ms,
                 )
-                end = claimed.scalar_one_or_none()
-                if end is None:
-                    await conn.rollback()
-                    return False
-                start = end - len(new.inputs) - len(new.outputs)
-                rows = item_rows([*new.inputs, *new.outputs], start)
-                await conn.execute(
-                    insert(conversation_items), [{**row, "conversation_id": new.conversation_id} for row in rows]
-                )
-            await self.insert(new, conn)
-        return True
+                .returning(conversations.c.next_position)
+            )
+            end = claimed.scalar_one_or_none()
+            if end is None:
+                await conn.rollback()
+                return None
+            await conn.execute(
+                insert(responses).values(**self._response_values(new), conversation_position=end - count)
+            )
+            rows = item_rows([*new.inputs, *new.outputs], end - count)
+            await conn.execute(
+                insert(conversation_items), [{**row, "conversation_id": new.conversation_id} for row in rows]
+            )
+        return int(end)
+
+    @staticmethod
+    async def _pg_commit(pg: PgResponseStatements, new: NewResponse, lease: str | None) -> int | None:
+        items = [*new.inputs, *new.outputs]
+        if new.conversation_id is None:
+            values = ResponseStore._response_values(new)
+            await pg.insert_response(
+                *(values[k] for k in ("id", "owner", "tenant_id", "metadata_user_id", "parent_id", "root_id")),
+                *(values[k] for k in ("depth", "chain_bytes", "body", "created_ms", "expires_ms")),
+                inputs=len(new.inputs),
+                items=items,
+            )
+            return 0
+        start = await pg.commit_conversation_turn(
+            new.id,
+            new.owner,
+            new.tenant_id,
+            new.metadata_user_id,
+            new.conversation_id,
+            lease,
+            new.segment_bytes,
+            new.body,
+            new.created_ms,
+            new.expires_ms,
+            inputs=len(new.inputs),
+            items=items,
+        )
+        return None if start is None else start + len(items)
 
     async def input_items(self, owner: str, response_id: str, *, now_ms: int) -> list[bytes] | None:
-        query = (
-            select(response_items.c.body)
-            .join(responses, responses.c.id == response_items.c.response_id)
-            .where(
-                responses.c.id == response_id,
-                responses.c.owner == owner,
-                responses.c.expires_ms > now_ms,
-                response_items.c.is_output.is_(False),
-            )
-            .order_by(response_items.c.position)
+        """The response's input item bodies, from wherever they are stored; None when there is no such response."""
+        found = select(responses.c.conversation_position, responses.c.input_count).where(
+            responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms
         )
         async with self.engine.connect() as conn:
-            found = await self.get(owner, response_id, now_ms=now_ms)
-            if found is None:
+            row = (await conn.execute(found)).first()
+            if row is None:
                 return None
-            return [row[0] for row in (await conn.execute(query)).all()]
+            if row[0] is None:
+                query = (
+                    select(response_items.c.body)
+                    .where(response_items.c.response_id == response_id, response_items.c.is_output.is_(False))
+                    .order_by(response_items.c.position)
+                )
+            else:
+                query = (
+                    select(conversation_items.c.body)
+                    .select_from(responses)
+                    .join(conversation_items, _in_conversation(conversation_items))
+                    .where(
+                        responses.c.id == response_id,
+                        conversation_items.c.position < responses.c.conversation_position + responses.c.input_count,
+                    )
+                    .order_by(conversation_items.c.position)
+                )
+            return [item[0] for item in (await conn.execute(query)).all()]
 
     async def delete(self, owner: str, response_id: str, *, now_ms: int) -> list[str] | None:
         """Delete one of the owner's live responses. Returns the ids of its tree (whose cached contexts may hold its

@@ -175,3 +175,10 @@ class SequencedEvents:
         self.next += 1
         kind: str = event["type"]
         return b"event: " + kind.encode() + b"\ndata: " + orjson.dumps(event) + b"\n\n"
+
+    def frame_response(self, kind: str, response: bytes) -> bytes:
+        """A closing event around the Response's JSON as stored: encoded once, for the store and the client."""
+        number = self.next
+        self.next += 1
+        data = b'{"type":"%s","response":%s,"sequence_number":%d}' % (kind.encode(), response, number)
+        return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"

@@ -3,6 +3,7 @@ give the conversation back. Nothing is stored before `commit`."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -11,7 +12,16 @@ import orjson
 
 from statestore.auth import Principal
 from statestore.clock import Clock
-from statestore.responses.context import Window, chain_context, remember_head, truncated
+from statestore.responses.context import (
+    Window,
+    cache_key,
+    chain_context,
+    conversation_cache_key,
+    conversation_context,
+    remember_conversation,
+    remember_head,
+    truncated,
+)
 from statestore.responses.conversation_store import ConversationStore, Locked
 from statestore.responses.errors import (
     BadRequest,
@@ -103,24 +113,27 @@ class ResponseTurns:
         )
         if turn.previous_response_id is not None:
             previous = turn.previous_response_id
-            parent = (
-                await self.responses.get(principal.owner, previous, now_ms=now)
-                if looks_like("resp_", previous)
-                else None
+            if not looks_like("resp_", previous):
+                raise previous_response_not_found(previous)
+            # The cached context is read beside the response: an entry is only ever that response's context.
+            parent, cached_chain = await asyncio.gather(
+                self.responses.get(principal.owner, previous, now_ms=now), self.cache.get(cache_key(previous))
             )
             if parent is None:
                 raise previous_response_not_found(previous)
             prepared.parent = parent
-            prepared.context = await chain_context(self.responses, self.cache, parent)
+            prepared.context = await chain_context(self.responses, parent, cached_chain)
         elif turn.conversation_id is not None:
             conversation = turn.conversation_id
             if not looks_like("conv_", conversation):
                 raise conversation_not_found(conversation)
             token = new_lease_token()
+            # The cached context is read while the lease is taken: its position is checked against the lease's after.
+            leasing = self.conversations.lease(
+                principal.owner, conversation, token=token, now_ms=now, until_ms=now + self.lease_ms
+            )
             try:
-                await self.conversations.lease(
-                    principal.owner, conversation, token=token, now_ms=now, until_ms=now + self.lease_ms
-                )
+                position, cached = await asyncio.gather(leasing, self.cache.get(conversation_cache_key(conversation)))
             except Locked:
                 raise conversation_locked() from None
             except LookupError:
@@ -134,7 +147,9 @@ class ResponseTurns:
             )
             prepared.keeper.start()
             try:
-                prepared.context = await self.conversations.context(conversation)
+                prepared.context = await conversation_context(
+                    self.conversations, conversation, position=position, cached=cached
+                )
             except BaseException:
                 await self.give_back(prepared)
                 raise
@@ -168,8 +183,9 @@ class ResponseTurns:
             incomplete_details=incomplete,
         )
 
-    async def commit(self, prepared: PreparedResponse, response: dict[str, Any]) -> bool:
-        """Store the completed turn (store: true), appending to its conversation. False when it could not be."""
+    async def commit(self, prepared: PreparedResponse, response: dict[str, Any], body: bytes) -> bool:
+        """Store the completed turn (store: true), appending to its conversation. False when it could not be.
+        `body`: the response's JSON, encoded once by the caller for the store and the client."""
         turn = prepared.turn
         if not turn.store:
             await self.give_back(prepared)
@@ -185,16 +201,28 @@ class ResponseTurns:
             parent=prepared.parent,
             conversation_id=turn.conversation_id,
             segment_bytes=len(segment),
-            body=orjson.dumps(response),
+            body=body,
             created_ms=now,
             expires_ms=now + prepared.ttl_ms,
             inputs=prepared.inputs,
             outputs=outputs,
         )
         self._stop_keeper(prepared)
-        committed = await self.responses.commit(new, conversation_lease=prepared.lease)
+        position = await self.responses.commit(new, conversation_lease=prepared.lease)
         prepared.done = True
-        if committed and turn.conversation_id is None:
+        if position is None:
+            return False
+        if turn.conversation_id is not None:
+            await remember_conversation(
+                self.cache,
+                turn.conversation_id,
+                position=position,
+                context=prepared.context,
+                added=[*prepared.inputs, *outputs],
+                segment=segment,
+                ttl_ms=prepared.ttl_ms,
+            )
+        else:
             depth = prepared.parent.depth + 1 if prepared.parent else 0
             await remember_head(
                 self.cache,
@@ -204,7 +232,7 @@ class ResponseTurns:
                 parent_id=prepared.parent.id if prepared.parent else None,
                 ttl_ms=prepared.ttl_ms,
             )
-        return committed
+        return True
 
     @staticmethod
     def _stop_keeper(prepared: PreparedResponse) -> None:

@@ -137,6 +137,13 @@ class PgTurnStatements:
         await self._leases.close()
         await self._durable.close()
 
+    def lease_connection(self) -> Any:
+        """A connection of the asynchronous-commit pool (store/pg_responses.py shares the pools)."""
+        return self._leases.acquire(timeout=self._timeout)
+
+    def durable_connection(self) -> Any:
+        return self._durable.acquire(timeout=self._timeout)
+
     async def acquire_by_response(self, *args: Any) -> asyncpg.Record | None:
         """(thread, owner, head response id, now, token, lease until) → the leased row, or None."""
         async with self._leases.acquire() as conn:

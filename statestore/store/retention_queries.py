@@ -135,6 +135,14 @@ class RetentionQueries:
         criteria = _criteria(conversations, tenant_id, user_id)
         return await self._delete_conversations(select(conversations.c.id).where(*criteria).limit(batch_size))
 
+    async def chained_responses(self, conversation_ids: list[str]) -> list[str]:
+        """The responses chained (previous_response_id) from these conversations' responses: their cached contexts
+        hold the conversations' items."""
+        on_them = select(responses.c.id).where(responses.c.conversation_id.in_(conversation_ids))
+        query = select(responses.c.id).where(responses.c.root_id.in_(on_them), responses.c.conversation_id.is_(None))
+        async with self.engine.connect() as conn:
+            return [row[0] for row in (await conn.execute(query)).all()]
+
     async def _delete_conversations(self, chosen: Any) -> list[str]:
         async with self.engine.begin() as conn:
             ids = [row[0] for row in (await conn.execute(chosen)).all()]

@@ -205,6 +205,11 @@ responses = Table(
     Column("parent_id", String(40), nullable=True),
     Column("root_id", String(40), nullable=False),
     Column("conversation_id", String(40), nullable=True),
+    # A turn on a conversation stores its items once, in conversation_items: from this position on, its inputs then
+    # its outputs (NULL: the items are in response_items, as for every response before revision 0008).
+    Column("conversation_position", Integer, nullable=True),
+    Column("input_count", Integer, nullable=True),
+    Column("output_count", Integer, nullable=True),
     Column("depth", Integer, nullable=False),
     # Bytes of rendered context from the root through this response: the policy's size bound, checked in O(1).
     Column("chain_bytes", BigInteger, nullable=False),

@@ -1,0 +1,120 @@
+"""The Responses front door's hot path on PostgreSQL, below SQLAlchemy: the statements every turn runs, as asyncpg
+prepared statements on the pools of `pg_turns` (the same two: the conversation lease commits asynchronously, the turn
+waits for its flush). SQLAlchemy Core keeps SQLite and every cold path (responses/store.py, conversation_store.py).
+
+A turn's commit is one statement, one round trip, one durable flush: the response and its items; on a conversation,
+the conditional move of its position (the lease's check), the response and the items, which are stored once, in
+conversation_items, with the response pointing at them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from statestore.responses.items import StoredItem
+from statestore.store.pg_turns import PgTurnStatements
+
+GET_RESPONSE = """
+SELECT id, root_id, depth, chain_bytes, body FROM responses WHERE id = $1 AND owner = $2 AND expires_ms > $3
+"""
+
+# A chained turn: the response, then its items (inputs first: position < $12 is an input).
+INSERT_RESPONSE = """
+WITH added AS (
+    INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id, depth,
+        chain_bytes, body, created_ms, expires_ms)
+    VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8, $9, $10, $11)
+    RETURNING id
+)
+INSERT INTO response_items (response_id, position, is_output, item_id, body, kind, rendered)
+SELECT added.id, (m.ord - 1)::integer, m.ord > $12, m.item_id, m.body, m.kind, m.rendered
+FROM added, unnest($13::varchar[], $14::bytea[], $15::varchar[], $16::bytea[])
+    WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
+"""
+
+# A turn on a conversation: nothing happens unless the turn still holds the lease ($6); then its items take the next
+# positions and the response points at the first of them. Returns that position, or no row (the lease was lost).
+COMMIT_CONVERSATION_TURN = """
+WITH claimed AS (
+    UPDATE conversations SET next_position = next_position + $11, lease_token = NULL, lease_expires_ms = NULL,
+        expires_ms = $10
+    WHERE id = $5 AND lease_token = $6
+    RETURNING next_position - $11 AS start
+), added AS (
+    INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id,
+        conversation_position, input_count, output_count, depth, chain_bytes, body, created_ms, expires_ms)
+    SELECT $1, $2, $3, $4, NULL, $1, $5, claimed.start, $12, $11 - $12, 0, $7, $8, $9, $10 FROM claimed
+), items AS (
+    INSERT INTO conversation_items (conversation_id, position, item_id, body, kind, rendered)
+    SELECT $5, claimed.start + (m.ord - 1)::integer, m.item_id, m.body, m.kind, m.rendered
+    FROM claimed, unnest($13::varchar[], $14::bytea[], $15::varchar[], $16::bytea[])
+        WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
+)
+SELECT start FROM claimed
+"""
+
+LEASE_CONVERSATION = """
+UPDATE conversations SET lease_token = $4, lease_expires_ms = $5
+WHERE id = $1 AND owner = $2 AND expires_ms > $3 AND (lease_token IS NULL OR lease_expires_ms <= $3)
+RETURNING next_position
+"""
+RENEW_CONVERSATION = "UPDATE conversations SET lease_expires_ms = $3 WHERE id = $1 AND lease_token = $2"
+RELEASE_CONVERSATION = (
+    "UPDATE conversations SET lease_token = NULL, lease_expires_ms = NULL WHERE id = $1 AND lease_token = $2"
+)
+LOAD_CONVERSATION = "SELECT kind, rendered FROM conversation_items WHERE conversation_id = $1 ORDER BY position"
+
+
+def item_arrays(items: Sequence[StoredItem]) -> tuple[list[str], list[bytes], list[str], list[bytes]]:
+    return (
+        [i.item_id for i in items],
+        [i.body for i in items],
+        [i.kind for i in items],
+        [i.rendered for i in items],
+    )
+
+
+class PgResponseStatements:
+    def __init__(self, pg: PgTurnStatements) -> None:
+        self._pg = pg
+
+    async def get(self, owner: str, response_id: str, now_ms: int) -> Any:
+        async with self._pg.durable_connection() as conn:
+            return await conn.fetchrow(GET_RESPONSE, response_id, owner, now_ms)
+
+    async def insert_response(self, *args: Any, inputs: int, items: Sequence[StoredItem]) -> None:
+        """(id, owner, tenant, user id, parent id, root id, depth, chain bytes, body, created, expires)."""
+        async with self._pg.durable_connection() as conn:
+            await conn.execute(INSERT_RESPONSE, *args, inputs, *item_arrays(items))
+
+    async def commit_conversation_turn(self, *args: Any, inputs: int, items: Sequence[StoredItem]) -> int | None:
+        """(id, owner, tenant, user id, conversation, lease token, chain bytes, body, created, expires) → the turn's
+        first position in the conversation, or None when the lease was lost (nothing stored)."""
+        async with self._pg.durable_connection() as conn:
+            start: int | None = await conn.fetchval(
+                COMMIT_CONVERSATION_TURN, *args, len(items), inputs, *item_arrays(items)
+            )
+        return start
+
+    async def lease(self, owner: str, conversation_id: str, token: str, now_ms: int, until_ms: int) -> int | None:
+        """The conversation's next position, taken for one turn; None when it is not free (or not there)."""
+        async with self._pg.lease_connection() as conn:
+            position: int | None = await conn.fetchval(
+                LEASE_CONVERSATION, conversation_id, owner, now_ms, token, until_ms
+            )
+        return position
+
+    async def renew(self, conversation_id: str, token: str, until_ms: int) -> bool:
+        async with self._pg.lease_connection() as conn:
+            status: str = await conn.execute(RENEW_CONVERSATION, conversation_id, token, until_ms)
+        return status == "UPDATE 1"
+
+    async def release(self, conversation_id: str, token: str) -> None:
+        async with self._pg.lease_connection() as conn:
+            await conn.execute(RELEASE_CONVERSATION, conversation_id, token)
+
+    async def conversation_items(self, conversation_id: str) -> list[tuple[str, bytes]]:
+        async with self._pg.durable_connection() as conn:
+            rows = await conn.fetch(LOAD_CONVERSATION, conversation_id)
+        return [(row[0], row[1]) for row in rows]
