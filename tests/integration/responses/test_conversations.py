@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import openai
+import orjson
 import pytest
+import redis
 
-from tests.integration.responses.conftest import Rows, chat_requests, id_of, other_key, texts
+from tests.integration.responses.conftest import Rows, chat_requests, id_of, last_chat_request, other_key, texts
 from tests.support.fake_backend import FakeBackend
 from tests.support.server import StatestoreServer
 
@@ -52,6 +54,9 @@ def test_turns_on_a_conversation_see_and_extend_its_items(
     with openai_client.responses.stream(model="echo-1", input="two", conversation={"id": conversation.id}) as stream:
         stream.get_final_response()
     assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["hi", "one", "echo: one", "two"]
+    assert texts(openai_client.responses.input_items.list(first.id).data) == ["one"]
+    openai_client.responses.create(model="echo-1", input="from the first", previous_response_id=first.id)
+    assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["one", "echo: one", "from the first"]
     items = openai_client.conversations.items.list(conversation.id, order="asc")
     assert [i.model_dump()["role"] for i in items.data] == ["user", "user", "assistant", "user", "assistant"]
     with pytest.raises(openai.BadRequestError):
@@ -120,3 +125,86 @@ async def test_concurrent_turns_on_one_conversation(
     said = texts(items.data)
     assert said[4:] == [winners[0].output_text.removeprefix("echo: "), winners[0].output_text]
     assert (await rows.counts(api_key))["conversation_items"] == 6
+
+
+def test_a_conversation_turn_sends_the_same_bytes_from_the_cache_and_the_database(
+    openai_client: openai.OpenAI, backend: FakeBackend, redis_url: str, responses_redis_prefix: str
+) -> None:
+    client = openai_client
+    conversation = client.conversations.create(items=[{"role": "user", "content": "hi"}])
+    joined, count = (f"{responses_redis_prefix}{{conv:{conversation.id}}}:{part}" for part in ("h", "n"))
+    cache = redis.Redis.from_url(redis_url)
+
+    def probe() -> bytes:
+        """What an unstored turn on the conversation sends the backend (it reads the context and stores nothing)."""
+        client.responses.create(model="echo-1", input="probe", conversation=conversation.id, store=False)
+        return last_chat_request(backend).body
+
+    def probe_warm_and_cold() -> bytes:
+        warm = probe()
+        cache.delete(joined, count)
+        cold = probe()
+        assert warm == cold
+        return cold
+
+    def history(body: bytes) -> list[str]:
+        return [m["content"] for m in orjson.loads(body)["messages"]][:-1]
+
+    try:
+        first = client.responses.create(model="echo-1", input="one", conversation=conversation.id)
+        assert cache.get(count) == b"3"  # written by the commit, at the position it made
+        assert history(probe_warm_and_cold()) == ["hi", "one", "echo: one"]
+        client.responses.create(model="echo-1", input="two", conversation=conversation.id)  # a miss, then written
+        # The entry is what a turn reads: a changed one (same position) is sent as it is.
+        stored = cache.get(joined)
+        assert stored is not None
+        cache.set(joined, b'{"role":"user","content":"from the cache"}', keepttl=True)
+        assert history(probe()) == ["from the cache"]
+        cache.set(joined, stored, keepttl=True)
+        assert history(probe_warm_and_cold()) == ["hi", "one", "echo: one", "two", "echo: two"]
+
+        # An item added through the Conversations API: the entry goes, and a stale writer's entry (the old position)
+        # put back afterwards is not used.
+        client.responses.create(model="echo-1", input="three", conversation=conversation.id)
+        stale = (cache.get(joined), cache.get(count))
+        client.conversations.items.create(conversation.id, items=[{"role": "user", "content": "added"}])
+        assert not cache.exists(joined)
+        cache.set(joined, stale[0] or b"", px=60_000)
+        cache.set(count, stale[1] or b"", px=60_000)
+        assert history(probe_warm_and_cold())[-3:] == ["three", "echo: three", "added"]
+
+        # An item deleted: gone from the context, warm or cold, and from the input_items of the response it came in.
+        client.responses.create(model="echo-1", input="four", conversation=conversation.id)
+        stale = (cache.get(joined), cache.get(count))
+        one = next(i for i in client.conversations.items.list(conversation.id).data if texts([i]) == ["one"])
+        assert texts(client.responses.input_items.list(first.id).data) == ["one"]
+        client.conversations.items.delete(id_of(one), conversation_id=conversation.id)
+        cache.set(joined, stale[0] or b"", px=60_000)
+        cache.set(count, stale[1] or b"", px=60_000)
+        sent = history(probe_warm_and_cold())
+        assert "one" not in sent and sent[:2] == ["hi", "echo: one"] and sent[-2:] == ["four", "echo: four"]
+        assert client.responses.input_items.list(first.id).data == []
+        client.responses.create(model="echo-1", input="five", conversation=conversation.id)
+        assert history(probe_warm_and_cold())[-2:] == ["five", "echo: five"]
+    finally:
+        cache.close()
+
+
+async def test_a_conversation_turn_stores_its_items_once(
+    async_openai_client: openai.AsyncOpenAI, backend: FakeBackend, rows: Rows, api_key: str
+) -> None:
+    client = async_openai_client
+    conversation = await client.conversations.create(items=[{"role": "user", "content": "hi"}])
+    turn = await client.responses.create(model="echo-1", input="one", conversation=conversation.id)
+    assert await rows.counts(api_key) == {"responses": 1, "response_items": 0, "conversation_items": 3}
+    assert texts((await client.responses.input_items.list(turn.id)).data) == ["one"]
+    # A chain may start from a conversation's response: its context is that response's items, read where they are.
+    chained = await client.responses.create(model="echo-1", input="two", previous_response_id=turn.id)
+    assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["one", "echo: one", "two"]
+    assert await rows.counts(api_key) == {"responses": 2, "response_items": 2, "conversation_items": 3}
+    # Stored once, deleted once: with the conversation, its items are gone from its responses and from the contexts
+    # of the chains begun on them (their cached contexts included).
+    await client.conversations.delete(conversation.id)
+    assert (await client.responses.input_items.list(turn.id)).data == []
+    await client.responses.create(model="echo-1", input="three", previous_response_id=chained.id)
+    assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["two", "echo: two", "three"]
