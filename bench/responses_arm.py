@@ -10,6 +10,8 @@ Arms, interleaved each round:
   response  statestore `POST /v1/responses` with previous_response_id = the chain's head, only the new turn
             (the head's context is read from the cache in one value)
   branch    as `response`, but from the head's parent: a branch, rebuilt from the database
+  conversation  statestore `POST /v1/responses` on a conversation holding the history, only the new turn (the
+            conversation's context is read from the cache, checked against the position its lease returns)
 The history is the same text for every arm: alternating user and assistant messages with escapes and non-ASCII.
 Needs PostgreSQL and Redis as `make bench` does (STATESTORE_BENCH_PG / STATESTORE_BENCH_REDIS); the scratch
 database and the Redis prefix are removed at the end. Prints a table and writes JSON to $TMPDIR.
@@ -66,6 +68,7 @@ class Arms:
         self.thread_head = ""
         self.response_head = ""
         self.response_parent = ""
+        self.conversation_id = ""
         self.n = 0
 
     async def _post(self, url: str, body: Any, headers: dict[str, str]) -> tuple[float, Any, dict[str, str]]:
@@ -92,6 +95,13 @@ class Arms:
         )
         self.response_parent = self.response_head = response["id"]
         await self.response()  # the branch arm needs a parent that is not the head
+        _, conversation, _ = await self._post(self.statestore + "/v1/conversations", {}, _bearer())
+        self.conversation_id = conversation["id"]
+        await self._post(
+            self.statestore + "/v1/responses",
+            {"model": "echo-1", "input": [*items, _item("user", "go")], "conversation": self.conversation_id},
+            _bearer(),
+        )
 
     def _new(self) -> str:
         self.n += 1
@@ -123,6 +133,11 @@ class Arms:
         self.response_parent, self.response_head = self.response_head, reply["id"]
         return elapsed
 
+    async def conversation(self) -> float:
+        body = {"model": "echo-1", "input": self._new(), "conversation": self.conversation_id}
+        elapsed, _, _ = await self._post(self.statestore + "/v1/responses", body, _bearer())
+        return elapsed
+
     async def branch(self) -> float:
         body = {"model": "echo-1", "input": self._new(), "previous_response_id": self.response_parent, "store": False}
         elapsed, _, _ = await self._post(self.statestore + "/v1/responses", body, _bearer())
@@ -149,10 +164,12 @@ async def measure(statestore: str, backend: str, rounds: int) -> dict[str, dict[
         for size_name, size in SIZES.items():
             arms = Arms(http, statestore, backend, history(size))
             await arms.setup()
-            order = [arms.chat, arms.thread, arms.response, arms.branch]
+            order = [arms.chat, arms.thread, arms.response, arms.conversation, arms.branch]
             samples: dict[str, list[float]] = {arm.__name__: [] for arm in order}
             for round_ in range(rounds + 2):
-                for arm in order[round_ % 4 :] + order[: round_ % 4]:  # rotated, so a slow stretch hits every arm
+                for arm in (
+                    order[round_ % len(order) :] + order[: round_ % len(order)]
+                ):  # rotated, so a slow stretch hits every arm
                     elapsed = await arm()
                     if round_ >= 2:  # two warm-up rounds
                         samples[arm.__name__].append(elapsed * 1000)
@@ -199,11 +216,11 @@ def main() -> None:
                 server.stop()
             backend.stop()
     (work / "results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
-    print(f"{'size':>6} {'arm':>9} {'p50 ms':>9} {'p99 ms':>9} {'p50 / thread':>13}")
+    print(f"{'size':>6} {'arm':>12} {'p50 ms':>9} {'p99 ms':>9} {'p50 / thread':>13}")
     for size_name, arms in results.items():
         for arm, figures in arms.items():
             ratio = figures["p50_ms"] / arms["thread"]["p50_ms"]
-            print(f"{size_name:>6} {arm:>9} {figures['p50_ms']:>9.2f} {figures['p99_ms']:>9.2f} {ratio:>13.2f}")
+            print(f"{size_name:>6} {arm:>12} {figures['p50_ms']:>9.2f} {figures['p99_ms']:>9.2f} {ratio:>13.2f}")
     print(f"results: {work / 'results.json'}")
 
 

@@ -3,6 +3,7 @@ join of the stored bytes in the database; and the one place `truncation` is appl
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import orjson
@@ -39,12 +40,29 @@ async def chain_context(store: ResponseStore, head: ResponseRow, cached: CachedH
 
 
 async def remember_head(
-    cache: HistoryCache, *, response_id: str, depth: int, joined: bytes, parent_id: str | None, ttl_ms: int
+    cache: HistoryCache,
+    *,
+    response_id: str,
+    depth: int,
+    context: bytes,
+    segment: bytes,
+    parent_id: str | None,
+    hit: bool,
+    ttl_ms: int,
 ) -> None:
-    """The new head's context goes in the cache; its parent's entry goes (a branch from it reads the database)."""
-    await cache.put(cache_key(response_id), CachedHistory(depth + 1, joined), ttl_ms)
-    if parent_id is not None:
-        await cache.delete(cache_key(parent_id))
+    """The new head's context goes in the cache and its parent's entry goes (a branch from it reads the database):
+    when the turn read the parent's entry, the entry itself moves to the new head with the turn's segment appended,
+    so a long chain's context is not sent to the cache again every turn; else the context is put whole."""
+    key = cache_key(response_id)
+    # The parent's entry holds its depth + 1 = this response's depth joined segments.
+    movable = hit and parent_id is not None and context and segment
+    if movable and parent_id is not None and await cache.move(cache_key(parent_id), key, depth, [segment], ttl_ms):
+        return
+    history = CachedHistory(depth + 1, join_segments([context, segment]))
+    if parent_id is None:
+        await cache.put(key, history, ttl_ms)
+    else:
+        await asyncio.gather(cache.put(key, history, ttl_ms), cache.delete(cache_key(parent_id)))
 
 
 async def conversation_context(
@@ -62,13 +80,16 @@ async def remember_conversation(
     cache: HistoryCache,
     conversation_id: str,
     *,
+    leased_at: int,
     position: int,
+    hit: bool,
     context: bytes,
     added: list[StoredItem],
     segment: bytes,
     ttl_ms: int,
 ) -> None:
-    """After the commit that moved the conversation to `position`: its context then, for the next turn. A stale
+    """After the commit that moved the conversation from `leased_at` to `position`: its context then, for the next
+    turn, appended to the entry the turn read (only when that entry still holds `leased_at`), else put whole. A stale
     writer (a commit overtaken before it got here) writes an older position, which the next turn's check rejects.
     The database joins a conversation's items in one run, consecutive function calls in one assistant message; a turn
     whose first sent item is a call could join onto a call that ends the context, so its entry is dropped instead and
@@ -77,8 +98,10 @@ async def remember_conversation(
     first = next((item.kind for item in added if item.kind != "none"), None)
     if first == "call":
         await cache.delete(key)
-        return
-    await cache.put(key, CachedHistory(position, join_segments([context, segment])), ttl_ms)
+    elif hit and context and segment:
+        await cache.append(key, leased_at, [segment], ttl_ms, new_count=position)
+    else:
+        await cache.put(key, CachedHistory(position, join_segments([context, segment])), ttl_ms)
 
 
 # Tokens per byte of JSON when nothing better is known: the usual ratio for English text.

@@ -53,6 +53,8 @@ class PreparedResponse:
     inputs: list[StoredItem]
     window: Window | None = None
     lease: str | None = None
+    position: int = 0  # on a conversation: its position when the lease was taken
+    cache_hit: bool = False  # the context came from the cache (its entry can be extended in place)
     keeper: LeaseKeeper | None = None
     done: bool = field(default=False)
     context_moved: bool = False  # truncation: "auto" dropped the oldest messages for this request
@@ -122,6 +124,7 @@ class ResponseTurns:
             if parent is None:
                 raise previous_response_not_found(previous)
             prepared.parent = parent
+            prepared.cache_hit = cached_chain is not None
             prepared.context = await chain_context(self.responses, parent, cached_chain)
         elif turn.conversation_id is not None:
             conversation = turn.conversation_id
@@ -139,6 +142,8 @@ class ResponseTurns:
             except LookupError:
                 raise conversation_not_found(conversation) from None
             prepared.lease = token
+            prepared.position = position
+            prepared.cache_hit = cached is not None and cached.count == position
             # A reply that outlasts a third of the lease renews it, as a threaded turn does.
             prepared.keeper = LeaseKeeper(
                 lambda: self.conversations.renew(conversation, token, until_ms=self.clock() + self.lease_ms),
@@ -216,7 +221,9 @@ class ResponseTurns:
             await remember_conversation(
                 self.cache,
                 turn.conversation_id,
+                leased_at=prepared.position,
                 position=position,
+                hit=prepared.cache_hit,
                 context=prepared.context,
                 added=[*prepared.inputs, *outputs],
                 segment=segment,
@@ -228,8 +235,10 @@ class ResponseTurns:
                 self.cache,
                 response_id=prepared.response_id,
                 depth=depth,
-                joined=join_segments([prepared.context, segment]),
+                context=prepared.context,
+                segment=segment,
                 parent_id=prepared.parent.id if prepared.parent else None,
+                hit=prepared.cache_hit,
                 ttl_ms=prepared.ttl_ms,
             )
         return True

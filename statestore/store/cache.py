@@ -39,9 +39,18 @@ class HistoryCache(Protocol):
 
     async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None: ...
 
-    async def append(self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> None:
+    async def append(
+        self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+    ) -> None:
         """Append `added` if the entry holds exactly `expected_count` messages and refresh its TTL;
-        otherwise (missing or stale) drop the entry so the next read rebuilds it. Atomic."""
+        otherwise (missing or stale) drop the entry so the next read rebuilds it. Atomic. `new_count`: the count
+        after, when the caller counts something else than joined messages (default `expected_count + len(added)`)."""
+        ...
+
+    async def move(self, old_id: str, new_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+        """The entry of `old_id`, if it holds `expected_count`, becomes `new_id`'s with `added` appended (a chain's
+        head moving on: the bytes are not sent again). Atomic; the old entry is gone afterwards. False when nothing
+        moved (missing, stale, a fault, or a cache that cannot move between keys): the caller puts instead."""
         ...
 
     async def delete(self, thread_id: str) -> bool:
@@ -56,6 +65,12 @@ class HistoryCache(Protocol):
 
     @property
     def kind(self) -> str: ...
+
+
+def _tail(expected_count: int, added: list[bytes]) -> bytes:
+    """What an append adds to an entry of `expected_count` messages: an entry of none is b"" and takes no comma."""
+    tail = b",".join(added)
+    return b"," + tail if expected_count > 0 and added else tail
 
 
 def appended(joined: bytes, added: list[bytes]) -> bytes:
@@ -111,8 +126,28 @@ return apply_or_drop({
 """
 )
 
+# KEYS: new joined, new count, old joined, old count. ARGV: expected count, new count, ttl ms, bytes to append.
+# Standalone Redis only: the old and new keys are under different hash tags, so in different Cluster slots.
+_MOVE_LUA = (
+    _APPLY_OR_DROP
+    + """
+if redis.pcall('GET', KEYS[4]) ~= ARGV[1] or redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('DEL', KEYS[3], KEYS[4])
+  return 0
+end
+redis.call('RENAME', KEYS[3], KEYS[1])
+redis.call('DEL', KEYS[4])
+return apply_or_drop({
+  {'APPEND', KEYS[1], ARGV[4]},
+  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
+  {'PEXPIRE', KEYS[1], ARGV[3]},
+})
+"""
+)
+
 _PUT = Script(_PUT_LUA)
 _APPEND = Script(_APPEND_LUA)
+_MOVE = Script(_MOVE_LUA)
 
 # Errors a cache call may raise; all of them mean "behave like a miss". OSError covers the lean client's
 # ConnectionError and TimeoutError, and socket errors that escape redis-py's wrapping in cluster mode. RuntimeError is
@@ -157,6 +192,7 @@ class RedisHistoryCache:
         self._prefix = prefix
         url, cluster = split_cluster_flag(url)
         self._commands: RedisCommands
+        self._cluster = cluster
         if cluster:
             self._commands = ClusterCommands(url, timeout_s=socket_timeout, max_connections=max_connections)
         else:
@@ -213,18 +249,19 @@ class RedisHistoryCache:
         except _FAULTS as exc:
             self._fault("put", thread_id, exc)
 
-    async def append(self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> None:
+    async def append(
+        self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+    ) -> None:
         if ttl_ms <= 0:
             await self.delete(thread_id)
             return
         # The script appends only when the entry holds `expected_count` messages, so the separator
         # can be decided here: an entry of zero messages is b"" and takes no leading comma.
-        tail = b",".join(added)
-        if expected_count > 0 and added:
-            tail = b"," + tail
+        tail = _tail(expected_count, added)
+        count = expected_count + len(added) if new_count is None else new_count
         keys = self._keys(thread_id)
         try:
-            await self._commands.run(_APPEND, keys, (expected_count, expected_count + len(added), ttl_ms, tail))
+            await self._commands.run(_APPEND, keys, (expected_count, count, ttl_ms, tail))
         except _FAULTS as exc:
             self._fault("append", thread_id, exc)
             # The script is atomic, so the entry is either untouched (shorter, seen as stale) or fully
@@ -232,6 +269,18 @@ class RedisHistoryCache:
             # reader's count check. Not after a connection error: that DEL would fail the same way.
             if not isinstance(exc, (ConnectionError, RedisConnectionError)):
                 await self.delete(thread_id)
+
+    async def move(self, old_id: str, new_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+        if self._cluster or ttl_ms <= 0:
+            return False
+        keys = (*self._keys(new_id), *self._keys(old_id))
+        args = (expected_count, expected_count + len(added), ttl_ms, _tail(expected_count, added))
+        try:
+            moved = await self._commands.run(_MOVE, keys, args)
+        except _FAULTS as exc:
+            self._fault("move", new_id, exc)
+            return False
+        return bool(moved == 1)
 
     async def delete(self, thread_id: str) -> bool:
         try:

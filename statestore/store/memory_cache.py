@@ -101,7 +101,9 @@ class MemoryHistoryCache:
         now = self._clock()
         self._store(thread_id, _Entry(history.count, history.joined, now + ttl_ms), now)
 
-    async def append(self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> None:
+    async def append(
+        self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+    ) -> None:
         now = self._clock()
         entry = self._live(thread_id, now)
         if entry is None:
@@ -110,7 +112,18 @@ class MemoryHistoryCache:
             self._remove(thread_id)
             return
         joined = appended(entry.joined, added)
-        self._store(thread_id, _Entry(entry.messages + len(added), joined, now + ttl_ms), now)
+        count = entry.messages + len(added) if new_count is None else new_count
+        self._store(thread_id, _Entry(count, joined, now + ttl_ms), now)
+
+    async def move(self, old_id: str, new_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+        now = self._clock()
+        entry = self._live(old_id, now)
+        self._remove(old_id)
+        if entry is None or entry.messages != expected_count or ttl_ms <= 0:
+            return False
+        joined = appended(entry.joined, added)
+        self._store(new_id, _Entry(entry.messages + len(added), joined, now + ttl_ms), now)
+        return True
 
     async def delete(self, thread_id: str) -> bool:
         self._remove(thread_id)

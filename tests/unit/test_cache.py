@@ -121,6 +121,34 @@ async def test_append_with_stale_count_deletes(harness: Harness) -> None:
     assert await cache.get(tid) is None
 
 
+async def test_append_with_a_count_of_the_callers_own(harness: Harness) -> None:
+    """A conversation counts its position, not joined messages: the appended entry records the given count."""
+    cache, key = harness.cache, thread()
+    await cache.put(key, CachedHistory(5, M1), TTL_MS)
+    await cache.append(key, 5, [M2 + b"," + M3], TTL_MS, new_count=9)
+    assert await cache.get(key) == CachedHistory(9, b",".join([M1, M2, M3]))
+    await cache.append(key, 5, [M1], TTL_MS, new_count=7)  # stale: dropped
+    assert await cache.get(key) is None
+
+
+async def test_move_hands_an_entry_to_a_new_key_with_the_addition(harness: Harness) -> None:
+    cache, parent, head = harness.cache, thread(), thread()
+    await cache.put(parent, CachedHistory(2, M1 + b"," + M2), TTL_MS)
+    moved = await cache.move(parent, head, 2, [M3], 5_000)
+    if isinstance(cache, RedisHistoryCache) and cache._cluster:
+        assert not moved  # Cluster: the keys are in different slots; the caller puts instead
+        return
+    assert moved
+    assert await cache.get(head) == CachedHistory(3, b",".join([M1, M2, M3]))
+    assert await cache.get(parent) is None
+    assert all(4_000 < ttl <= 5_000 for ttl in await harness.remaining_ttl_ms(head))
+    # a stale or missing source moves nothing, and a stale one is dropped
+    other = thread()
+    assert not await cache.move(parent, other, 2, [M3], TTL_MS)
+    assert not await cache.move(head, other, 2, [M3], TTL_MS)
+    assert await cache.get(head) is None and await cache.get(other) is None
+
+
 async def test_append_to_missing_entry_stays_missing(harness: Harness) -> None:
     cache, tid = harness.cache, thread()
     await cache.append(tid, 0, [M1], TTL_MS)
