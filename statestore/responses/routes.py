@@ -22,7 +22,7 @@ from statestore.responses.reply import output_of
 from statestore.responses.request import read_turn
 from statestore.responses.stream import ChunkTranslator, SequencedEvents
 from statestore.responses.turns import PreparedResponse, ResponseTurns
-from statestore.store.engine import DATABASE_ERRORS
+from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 from statestore.upstream.client import StreamInterrupted, UpstreamResponse
 from statestore.upstream.sse import SSEParser
 
@@ -66,17 +66,26 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     ),
 )
 async def create_response(request: Request, resources: ResourcesDep) -> Response:
+    """Served ahead of the router by the front door (statestore/api/front_door.py); here for the OpenAPI document and
+    for an app mounted without the front door."""
+    return await serve_turn(resources, request.headers.raw, await request.body())
+
+
+async def serve_turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
+    """A `POST /v1/responses`, from its headers and body: the Response (JSON or SSE), or a StatestoreError."""
     try:
-        return await _turn(request, resources)
+        return await _turn(resources, headers, body)
+    except UNSTORABLE_VALUE_ERRORS as exc:
+        # A value the database cannot hold (a NUL in text, say) is the request's fault, as on a threaded turn.
+        raise BadRequest("The request holds a value that cannot be stored.", code="invalid_value") from exc
     except DATABASE_ERRORS as exc:
         raise ServiceUnavailable("the response store is unavailable; try again shortly") from exc
 
 
-async def _turn(request: Request, resources: Resources) -> Response:
-    headers = request.headers.raw
+async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
     principal = await resources.authenticator.authenticate(headers)
     turns = turns_of(resources)
-    turn = read_turn(read_json(await request.body()))
+    turn = read_turn(read_json(body))
     prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"))
     try:
         upstream = await call_backend(resources.chat_upstream, headers, principal, prepared.backend_body())
@@ -100,14 +109,14 @@ async def _turn(request: Request, resources: Resources) -> Response:
             await turns.give_back(prepared)
             raise
         response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
-        body = orjson.dumps(response)
+        encoded = orjson.dumps(response)
         try:
-            committed = await turns.commit(prepared, response, body)
+            committed = await turns.commit(prepared, response, encoded)
         finally:
             await turns.give_back(prepared)
         if not committed:
             raise BadRequest("The conversation's lease was lost; nothing was stored.", code="conversation_locked")
-        return bytes_response(200, body, [*JSON, *_context_header(prepared)])
+        return bytes_response(200, encoded, [*JSON, *_context_header(prepared)])
 
     async def close() -> None:
         await upstream.aclose()

@@ -126,3 +126,16 @@ async def test_hostile_inputs_are_refused_in_openais_shape(
         assert anonymous.status_code == 401 and set(anonymous.json()["error"]) == {"message", "type", "param", "code"}
     assert chat_requests(backend) == []
     assert await rows.counts(api_key) == before
+
+
+async def test_a_value_the_database_cannot_hold_is_the_requests_fault(
+    responses_server: StatestoreServer, rows: Rows, api_key: str
+) -> None:
+    """PostgreSQL text holds no NUL: the commit's prepared statement refuses it, and the turn is a 400, not a 503."""
+    headers = {"authorization": f"Bearer {api_key}"}
+    body = {"model": "echo-1", "input": "hi", "metadata": {"user_id": "a\u0000b"}}
+    async with httpx.AsyncClient(base_url=responses_server.url, headers=headers, timeout=60) as http:
+        answer = await http.post("/v1/responses", json=body)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"]["type"] == "invalid_request_error"
+    assert (await rows.counts(api_key))["responses"] == 0
