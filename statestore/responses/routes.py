@@ -56,6 +56,8 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     return next((value for key, value in headers if key == name), None)
 
 
+# Served ahead of the router by the front door (statestore/api/front_door.py); declared here for the OpenAPI document
+# and for an app mounted without the front door.
 @router.post(
     "/v1/responses",
     openapi_extra=request_schemas.request_body(request_schemas.ResponseCreateRequest),
@@ -66,8 +68,6 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     ),
 )
 async def create_response(request: Request, resources: ResourcesDep) -> Response:
-    """Served ahead of the router by the front door (statestore/api/front_door.py); here for the OpenAPI document and
-    for an app mounted without the front door."""
     return await serve_turn(resources, request.headers.raw, await request.body())
 
 
