@@ -104,16 +104,20 @@ class ResponseStore:
             .join(responses, responses.c.id == chain.c.id)
             .join(conversation_items, _in_conversation(conversation_items))
         )
-        both = union_all(own, pointed).subquery()
-        query = select(both.c.depth, both.c.kind, both.c.rendered).order_by(both.c.depth, both.c.position)
+        # Every member of the chain once, ahead of its items (a "none" row joins nothing): a missing ancestor shows
+        # as a missing depth, in the same query.
+        members = select(chain.c.depth, literal(-1), literal("none"), literal(b""))
+        both = union_all(members, own, pointed).subquery()
+        query = select(both.c[0], both.c[2], both.c[3]).order_by(both.c[0], both.c[1])
         async with self.engine.connect() as conn:
-            members = (await conn.execute(select(literal(1)).select_from(chain))).all()
-            if len(members) != head.depth + 1:
-                return None
             rows = (await conn.execute(query)).all()
         segments: list[list[tuple[str, bytes]]] = [[] for _ in range(head.depth + 1)]
+        seen = set()
         for depth, kind, rendered in rows:
             segments[depth].append((kind, rendered))
+            seen.add(depth)
+        if len(seen) != head.depth + 1:
+            return None
         return join_segments(join_rendered(segment) for segment in segments)
 
     @staticmethod

@@ -87,6 +87,10 @@ def test_retrieve_input_items_and_delete(openai_client: openai.OpenAI, backend: 
     with pytest.raises(openai.BadRequestError) as gone:
         openai_client.responses.create(model="echo-1", input="x", previous_response_id=first.id)
     assert gone.value.code == "previous_response_not_found"
+    # a chain whose ancestor is gone cannot be rebuilt (its cached context went with the deletion)
+    with pytest.raises(openai.BadRequestError) as broken:
+        openai_client.responses.create(model="echo-1", input="x", previous_response_id=second.id)
+    assert broken.value.code == "previous_response_not_found"
 
 
 def _comparable(response: Any, *, same_turn: bool = False) -> dict[str, Any]:
