@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, insert, literal, select, union_all, update
+from sqlalchemy import and_, case, delete, insert, literal, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.responses.items import StoredItem, join_rendered, join_segments
@@ -56,6 +56,9 @@ def item_rows(items: Sequence[StoredItem], first_position: int = 0) -> list[dict
     ]
 
 
+_POINTED = "pointed"  # a chain member whose items are in its conversation
+
+
 def _in_conversation(items: Any) -> Any:
     """The conversation_items a response points at (none for a response whose items are in response_items)."""
     return and_(
@@ -85,37 +88,35 @@ class ResponseStore:
         """The joined Chat Completions messages of the chain ending at `head`, oldest first, from the database; None
         when an ancestor is gone (deleted, or erased). A response made on a conversation (only ever a chain's root)
         reads its items from the conversation: an item deleted there is gone from its context too."""
-        chain = (
-            select(responses.c.id, responses.c.parent_id, responses.c.depth)
-            .where(responses.c.id == head.id)
-            .cte("chain", recursive=True)
-        )
-        chain = chain.union_all(
-            select(responses.c.id, responses.c.parent_id, responses.c.depth).where(responses.c.id == chain.c.parent_id)
-        )
+        walked = (responses.c.id, responses.c.parent_id, responses.c.depth, responses.c.conversation_position)
+        chain = select(*walked).where(responses.c.id == head.id).cte("chain", recursive=True)
+        chain = chain.union_all(select(*walked).where(responses.c.id == chain.c.parent_id))
+        # Every member of the chain once, ahead of its items, so that a missing ancestor shows as a missing depth in
+        # the same query; a member whose items are in its conversation is marked, and they are read apart (rare).
+        marker = case((chain.c.conversation_position.is_(None), literal("none")), else_=literal(_POINTED))
+        members = select(chain.c.depth, literal(-1), marker, literal(b""))
         own = select(chain.c.depth, response_items.c.position, response_items.c.kind, response_items.c.rendered).join(
             response_items, response_items.c.response_id == chain.c.id
         )
-        pointed = (
-            select(
-                chain.c.depth, conversation_items.c.position, conversation_items.c.kind, conversation_items.c.rendered
-            )
-            .select_from(chain)
-            .join(responses, responses.c.id == chain.c.id)
-            .join(conversation_items, _in_conversation(conversation_items))
-        )
-        # Every member of the chain once, ahead of its items (a "none" row joins nothing): a missing ancestor shows
-        # as a missing depth, in the same query.
-        members = select(chain.c.depth, literal(-1), literal("none"), literal(b""))
-        both = union_all(members, own, pointed).subquery()
+        both = union_all(members, own).subquery()
         query = select(both.c[0], both.c[2], both.c[3]).order_by(both.c[0], both.c[1])
-        async with self.engine.connect() as conn:
-            rows = (await conn.execute(query)).all()
         segments: list[list[tuple[str, bytes]]] = [[] for _ in range(head.depth + 1)]
         seen = set()
-        for depth, kind, rendered in rows:
-            segments[depth].append((kind, rendered))
-            seen.add(depth)
+        async with self.engine.connect() as conn:
+            for depth, kind, rendered in (await conn.execute(query)).all():
+                seen.add(depth)
+                if kind == _POINTED:
+                    # Only a root is made on a conversation (a turn has a conversation or a previous response).
+                    pointed = (
+                        select(conversation_items.c.kind, conversation_items.c.rendered)
+                        .select_from(responses)
+                        .join(conversation_items, _in_conversation(conversation_items))
+                        .where(responses.c.id == head.root_id)
+                        .order_by(conversation_items.c.position)
+                    )
+                    segments[depth] = [(row[0], row[1]) for row in (await conn.execute(pointed)).all()]
+                else:
+                    segments[depth].append((kind, rendered))
         if len(seen) != head.depth + 1:
             return None
         return join_segments(join_rendered(segment) for segment in segments)
