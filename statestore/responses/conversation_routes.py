@@ -114,7 +114,11 @@ async def update_conversation(conversation_id: str, request: Request, resources:
 
 
 @router.delete(
-    "/v1/conversations/{conversation_id}", responses=schemas.ok(schemas.ConversationDeleted, "deleted, with its items")
+    "/v1/conversations/{conversation_id}",
+    responses=schemas.ok(
+        schemas.ConversationDeleted,
+        "deleted, with its items (stored once: gone from the input_items of its responses too)",
+    ),
 )
 async def delete_conversation(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)
@@ -178,7 +182,11 @@ async def get_item(conversation_id: str, item_id: str, request: Request, resourc
 
 @router.delete(
     "/v1/conversations/{conversation_id}/items/{item_id}",
-    responses=schemas.ok(schemas.Conversation, "the conversation the item was deleted from"),
+    responses=schemas.ok(
+        schemas.Conversation,
+        "the conversation the item was deleted from (stored once: it is gone from the input_items of the response it "
+        "came in with, and from every context)",
+    ),
 )
 async def delete_item(conversation_id: str, item_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)

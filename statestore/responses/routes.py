@@ -220,7 +220,9 @@ def list_params(request: Request) -> tuple[bool, str | None, int]:
 
 @router.get(
     "/v1/responses/{response_id}/input_items",
-    responses=schemas.ok(schemas.ItemList, "the response's own input items"),
+    responses=schemas.ok(
+        schemas.ItemList, "the response's own input items (on a conversation: those still in the conversation)"
+    ),
     openapi_extra=schemas.LIST_PARAMETERS,
 )
 async def list_input_items(response_id: str, request: Request, resources: ResourcesDep) -> Response:
