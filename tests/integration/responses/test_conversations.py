@@ -9,6 +9,9 @@ import openai
 import orjson
 import pytest
 import redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
 
 from tests.integration.responses.conftest import Rows, chat_requests, id_of, last_chat_request, other_key, texts
 from tests.support.fake_backend import FakeBackend
@@ -208,3 +211,31 @@ async def test_a_conversation_turn_stores_its_items_once(
     assert (await client.responses.input_items.list(turn.id)).data == []
     await client.responses.create(model="echo-1", input="three", previous_response_id=chained.id)
     assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["two", "echo: two", "three"]
+
+
+async def test_a_deletion_after_the_lease_ran_out_takes_the_conversation_over(
+    async_openai_client: openai.AsyncOpenAI, backend: FakeBackend, responses_pg_url: str
+) -> None:
+    """A turn whose lease ran out (here: made to, in the database) cannot commit once an item was deleted meanwhile:
+    it was given the context with that item, and storing its reply after it would cache and extend stale state."""
+    client = async_openai_client
+    conversation = await client.conversations.create(items=[{"role": "user", "content": "secret"}])
+    secret = (await client.conversations.items.list(conversation.id)).data[0]
+    backend.script(SLOW)
+    late = asyncio.create_task(client.responses.create(model="echo-1", input="late", conversation=conversation.id))
+    await asyncio.wait_for(_backend_received(backend, 1), 10)
+    engine = create_async_engine(responses_pg_url, poolclass=NullPool)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(
+                text("UPDATE conversations SET lease_expires_ms = 0 WHERE id = :c"), {"c": conversation.id}
+            )
+    finally:
+        await engine.dispose()
+    await client.conversations.items.delete(id_of(secret), conversation_id=conversation.id)
+    with pytest.raises(openai.BadRequestError) as lost:
+        await late
+    assert lost.value.code == "conversation_locked"
+    assert (await client.conversations.items.list(conversation.id)).data == []
+    await client.responses.create(model="echo-1", input="after", conversation=conversation.id)
+    assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["after"]
