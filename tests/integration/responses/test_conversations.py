@@ -211,6 +211,11 @@ async def test_a_conversation_turn_stores_its_items_once(
     assert (await client.responses.input_items.list(turn.id)).data == []
     await client.responses.create(model="echo-1", input="three", previous_response_id=chained.id)
     assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["two", "echo: two", "three"]
+    # Deleting a response leaves its conversation's items: they are the conversation's.
+    other = await client.conversations.create()
+    kept = await client.responses.create(model="echo-1", input="kept", conversation=other.id)
+    await client.responses.delete(kept.id)
+    assert texts((await client.conversations.items.list(other.id, order="asc")).data) == ["kept", "echo: kept"]
 
 
 async def test_a_deletion_after_the_lease_ran_out_takes_the_conversation_over(
