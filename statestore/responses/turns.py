@@ -117,10 +117,15 @@ class ResponseTurns:
             previous = turn.previous_response_id
             if not looks_like("resp_", previous):
                 raise previous_response_not_found(previous)
-            # The cached context is read beside the response: an entry is only ever that response's context.
-            parent, cached_chain = await asyncio.gather(
-                self.responses.get(principal.owner, previous, now_ms=now), self.cache.get(cache_key(previous))
-            )
+            # The cached context is read beside the response: an entry is only ever that response's context. One task
+            # for the read; the response's in this one (gather would wrap both), as a threaded turn does.
+            reading = asyncio.ensure_future(self.cache.get(cache_key(previous)))
+            try:
+                parent = await self.responses.get(principal.owner, previous, now_ms=now)
+            except BaseException:
+                reading.cancel()
+                raise
+            cached_chain = await reading
             if parent is None:
                 raise previous_response_not_found(previous)
             prepared.parent = parent
@@ -132,15 +137,19 @@ class ResponseTurns:
                 raise conversation_not_found(conversation)
             token = new_lease_token()
             # The cached context is read while the lease is taken: its position is checked against the lease's after.
-            leasing = self.conversations.lease(
-                principal.owner, conversation, token=token, now_ms=now, until_ms=now + self.lease_ms
-            )
+            reading = asyncio.ensure_future(self.cache.get(conversation_cache_key(conversation)))
             try:
-                position, cached = await asyncio.gather(leasing, self.cache.get(conversation_cache_key(conversation)))
-            except Locked:
-                raise conversation_locked() from None
-            except LookupError:
-                raise conversation_not_found(conversation) from None
+                position = await self.conversations.lease(
+                    principal.owner, conversation, token=token, now_ms=now, until_ms=now + self.lease_ms
+                )
+            except BaseException as exc:
+                reading.cancel()
+                if isinstance(exc, Locked):
+                    raise conversation_locked() from None
+                if isinstance(exc, LookupError):
+                    raise conversation_not_found(conversation) from None
+                raise
+            cached = await reading
             prepared.lease = token
             prepared.position = position
             prepared.cache_hit = cached is not None and cached.count == position

@@ -139,10 +139,10 @@ class PgTurnStatements:
 
     def lease_connection(self) -> Any:
         """A connection of the asynchronous-commit pool (store/pg_responses.py shares the pools)."""
-        return self._leases.acquire(timeout=self._timeout)
+        return self._leases.acquire()
 
     def durable_connection(self) -> Any:
-        return self._durable.acquire(timeout=self._timeout)
+        return self._durable.acquire()
 
     async def acquire_by_response(self, *args: Any) -> asyncpg.Record | None:
         """(thread, owner, head response id, now, token, lease until) → the leased row, or None."""
