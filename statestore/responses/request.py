@@ -204,10 +204,18 @@ def _translate_params(body: dict[str, Any], turn: TurnRequest) -> None:
     turn.chat_params = params
 
 
-def chat_body(params: dict[str, Any], messages: bytes, *, stream: bool) -> bytes:
-    """The backend's request: the translated fields, then `messages` spliced in as the already-joined bytes."""
+def chat_body(params: dict[str, Any], segments: list[bytes], *, stream: bool) -> bytes:
+    """The backend's request: the translated fields, then `messages` spliced in from the already-joined segments
+    (empty ones skipped), in one join: a long context is copied once, into the body."""
     fields = dict(params, stream=stream)
     if stream:
         fields["stream_options"] = {"include_usage": True}
     head = orjson.dumps(fields)
-    return head[:-1] + b',"messages":[' + messages + b"]}"
+    messages = [segment for segment in segments if segment]
+    parts = [head[:-1], b',"messages":[']
+    for i, segment in enumerate(messages):
+        if i:
+            parts.append(b",")
+        parts.append(segment)
+    parts.append(b"]}")
+    return b"".join(parts)

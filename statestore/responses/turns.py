@@ -30,7 +30,7 @@ from statestore.responses.errors import (
     previous_response_not_found,
 )
 from statestore.responses.ids import looks_like, new_id
-from statestore.responses.items import StoredItem, join_rendered, join_segments, stored
+from statestore.responses.items import StoredItem, join_rendered, stored
 from statestore.responses.reply import response_object
 from statestore.responses.request import TurnRequest, chat_body
 from statestore.responses.store import NewResponse, ResponseRow, ResponseStore
@@ -67,8 +67,8 @@ class PreparedResponse:
             self.context, new_bytes=len(system) + len(new), truncation=self.turn.truncation, window=self.window
         )
         self.context_moved = cut is not None
-        messages = join_segments([system, self.context if cut is None else cut, new])
-        return chat_body(self.turn.chat_params, messages, stream=self.turn.stream)
+        segments = [system, self.context if cut is None else cut, new]
+        return chat_body(self.turn.chat_params, segments, stream=self.turn.stream)
 
 
 class ResponseTurns:

@@ -82,7 +82,7 @@ def test_the_backend_body_splices_the_joined_messages_in() -> None:
     turn = read_turn(
         {"model": "m", "input": "hi", "max_output_tokens": 5, "tools": [{"type": "function", "name": "f"}]}
     )
-    body = orjson.loads(chat_body(turn.chat_params, b'{"role":"user","content":"hi"}', stream=True))
+    body = orjson.loads(chat_body(turn.chat_params, [b'{"role":"user","content":"hi"}'], stream=True))
     assert body == {
         "model": "m",
         "max_tokens": 5,
@@ -92,6 +92,10 @@ def test_the_backend_body_splices_the_joined_messages_in() -> None:
         "messages": [{"role": "user", "content": "hi"}],
     }
     assert join_segments([b"", b"1", b"", b"2"]) == b"1,2"
+    # the system message, the context and the new input as segments: empty ones take no comma
+    spliced = chat_body({"model": "m"}, [b"", b'{"a":1},{"b":2}', b"", b'{"c":3}'], stream=False)
+    assert orjson.loads(spliced)["messages"] == [{"a": 1}, {"b": 2}, {"c": 3}]
+    assert orjson.loads(chat_body({"model": "m"}, [b"", b""], stream=False))["messages"] == []
 
 
 def _chunk(delta: dict[str, object], finish: str | None = None) -> bytes:
