@@ -13,6 +13,7 @@ from typing import Any
 from statestore.auth import Authenticator, hash_key, new_api_key
 from statestore.clock import Clock
 from statestore.errors import InvalidRequest, NotFound, StatestoreError
+from statestore.policy import Policy
 from statestore.policy_fields import FIELD_NAMES, PolicyValueError, validate_values
 from statestore.retention import Retention
 from statestore.store.admin_repository import (
@@ -24,7 +25,6 @@ from statestore.store.admin_repository import (
     Tenant,
 )
 from statestore.store.retention_queries import Erasure
-from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 
 # The policy's field names, in order (their definitions: statestore/policy_fields.py; their types: Policy).

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 
 from statestore import __version__, console
 from statestore.api import admin as admin_api
-from statestore.api import health, messages
+from statestore.api import health, messages, openai_conversations, openai_responses
 from statestore.api import threads as threads_api
 from statestore.api.front_door import FrontDoor
 from statestore.config import Settings
@@ -28,8 +28,6 @@ from statestore.errors import InvalidRequest, MethodNotAllowed, NotFound, Servic
 from statestore.metrics import Metrics
 from statestore.middleware import BodySizeLimitMiddleware, RequestContextMiddleware, error_response, request_id_of
 from statestore.resources import build_resources
-from statestore.responses import conversation_routes
-from statestore.responses import routes as responses_routes
 from statestore.responses.errors import OPENAI_PATHS, as_openai
 from statestore.responses.request_schemas import add_components
 from statestore.retention import run_purger
@@ -126,8 +124,8 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
     app.include_router(admin_api.router)
     app.include_router(console.router)
     app.include_router(messages.router)
-    app.include_router(responses_routes.router)
-    app.include_router(conversation_routes.router)
+    app.include_router(openai_responses.router)
+    app.include_router(openai_conversations.router)
     app.include_router(messages.fallback_router)
 
     @app.exception_handler(StatestoreError)

@@ -15,19 +15,19 @@ from statestore.auth import AdminTokens, Authenticator, KeysAuthenticator, Passt
 from statestore.clock import Clock, clock_from
 from statestore.config import Settings
 from statestore.metrics import Metrics
+from statestore.policy import Policy
 from statestore.responses.conversation_store import ConversationStore
+from statestore.responses.pg_statements import PgResponseStatements
 from statestore.responses.store import ResponseStore
 from statestore.responses.turns import ResponseTurns
 from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache, create_cache
 from statestore.store.engine import create_engine
-from statestore.store.pg_responses import PgResponseStatements
 from statestore.store.pg_turns import PgTurnStatements
 from statestore.store.retention_queries import RetentionQueries
 from statestore.store.thread_reads import ThreadQueries
 from statestore.store.turn_writes import ThreadRepository
-from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.service import ThreadService
 from statestore.upstream.client import UpstreamClient
@@ -117,7 +117,7 @@ async def build_resources(
         if pg_statements is not None:
             stack.push_async_callback(pg_statements.aclose)
         repository = ThreadRepository(engine, single_statements, pg=pg_statements)
-        # The Responses front door's hot statements share the threads' pools (store/pg_responses.py).
+        # The Responses front door's hot statements share the threads' pools (responses/pg_statements.py).
         pg_responses = PgResponseStatements(pg_statements) if pg_statements is not None else None
         thread_cache: HistoryCache = cache
         if tracer is not None:

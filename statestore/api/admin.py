@@ -13,9 +13,9 @@ from statestore.admin import AdminService, as_dict, day_label, erased_fields, pa
 from statestore.api import schemas
 from statestore.api.deps import ResourcesDep
 from statestore.errors import AuthenticationFailed, PermissionDenied
+from statestore.policy import Policy
 from statestore.policy_fields import POLICY_FIELDS
 from statestore.resources import Resources
-from statestore.threads.policy import Policy
 
 router = APIRouter(prefix="/admin/v1", tags=["admin"], responses=schemas.error_responses(400, 401, 403, 404, 503))
 

@@ -11,11 +11,11 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from statestore.api.messages import handle_message
+from statestore.api.openai_responses import serve_turn
 from statestore.errors import RequestTooLarge, StatestoreError
 from statestore.metrics import Metrics
 from statestore.middleware import RequestContextMiddleware
 from statestore.responses.errors import as_openai
-from statestore.responses.routes import serve_turn
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer

@@ -10,7 +10,7 @@ from typing import Any
 
 from statestore.admin import PolicyField, PolicyLayers, policy_fields, validate_policy
 from statestore.errors import InvalidRequest
-from statestore.threads.policy import Policy
+from statestore.policy import Policy
 
 LAYERS = ("tenant", "default", "settings")
 

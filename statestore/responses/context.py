@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import orjson
 
+from statestore.policy import Policy
 from statestore.responses.conversation_store import ConversationStore
 from statestore.responses.errors import previous_response_not_found
 from statestore.responses.items import StoredItem, join_segments
 from statestore.responses.store import ResponseRow, ResponseStore
 from statestore.retention import CONVERSATION_CACHE_PREFIX, RESPONSE_CACHE_PREFIX
 from statestore.store.cache import CachedHistory, HistoryCache
-from statestore.threads.policy import Policy
 
 CACHE_PREFIX = RESPONSE_CACHE_PREFIX
 

@@ -3,7 +3,7 @@
 `next_position` is also the conversation's version: every change of its items moves it (a turn, an append, a
 deletion), so a cached context that records the position it was made at is current exactly when the position matches
 (responses/context.py). SQLAlchemy Core here; on PostgreSQL the lease, its renewal and release, and the context read
-run as asyncpg prepared statements (store/pg_responses.py)."""
+run as asyncpg prepared statements (responses/pg_statements.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from sqlalchemy import ColumnElement, and_, delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.responses.items import StoredItem, join_rendered
+from statestore.responses.pg_statements import PgResponseStatements
 from statestore.responses.store import item_rows
-from statestore.store.pg_responses import PgResponseStatements
 from statestore.store.schema import conversation_items, conversations
 
 

@@ -2,7 +2,7 @@
 
 A chained turn's items are in response_items; a turn on a conversation stores its items once, in conversation_items,
 and its response points at them (first position, input and output counts; revision 0008). SQLAlchemy Core here; on
-PostgreSQL the hot statements (get, commit) run as asyncpg prepared statements (store/pg_responses.py)."""
+PostgreSQL the hot statements (get, commit) run as asyncpg prepared statements (responses/pg_statements.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sqlalchemy import and_, case, delete, insert, literal, select, union_all, u
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.responses.items import StoredItem, join_rendered, join_segments
-from statestore.store.pg_responses import PgResponseStatements
+from statestore.responses.pg_statements import PgResponseStatements
 from statestore.store.schema import conversation_items, conversations, response_items, responses
 
 

@@ -12,6 +12,7 @@ import orjson
 
 from statestore.auth import Principal
 from statestore.clock import Clock
+from statestore.policy import Policy
 from statestore.responses.context import (
     Window,
     cache_key,
@@ -37,7 +38,6 @@ from statestore.responses.store import NewResponse, ResponseRow, ResponseStore
 from statestore.store.cache import HistoryCache
 from statestore.threads.ids import new_lease_token
 from statestore.threads.lease import LeaseKeeper
-from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 
 

@@ -13,11 +13,11 @@ from sqlalchemy import and_, delete, func, insert, not_, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from statestore.policy import Policy
 from statestore.policy_fields import POLICY_FIELDS
 from statestore.store.audit_filter import AuditFilter
 from statestore.store.responses_stats import responses_stats
 from statestore.store.schema import api_keys, audit_log, counters, daily_usage, policies, tenants, threads
-from statestore.threads.policy import Policy
 
 DEFAULT_SCOPE = "default"
 

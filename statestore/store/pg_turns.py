@@ -138,7 +138,7 @@ class PgTurnStatements:
         await self._durable.close()
 
     def lease_connection(self) -> Any:
-        """A connection of the asynchronous-commit pool (store/pg_responses.py shares the pools)."""
+        """A connection of the asynchronous-commit pool (responses/pg_statements.py shares the pools)."""
         return self._leases.acquire()
 
     def durable_connection(self) -> Any:

@@ -11,9 +11,9 @@ from typing import Any
 
 import orjson
 
+from statestore.policy import Policy
 from statestore.store.turn_records import LeasedThread, TurnUsage
 from statestore.threads import assembly
-from statestore.threads.policy import Policy
 
 # Tokens per byte when a thread has no measured size yet: the usual ratio for English text in JSON.
 DEFAULT_TOKENS_PER_BYTE = 0.25

@@ -9,10 +9,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from statestore.errors import InternalError
+from statestore.policy import Policy
 from statestore.store.turn_records import ContextAction, ContextMove, LeasedThread, TurnUsage
 from statestore.store.turn_writes import ThreadRepository
 from statestore.threads import assembly, context
-from statestore.threads.policy import Policy
 from statestore.threads.turn import ThreadTurn
 
 log = logging.getLogger(__name__)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
+from statestore.policy import Policy
 from statestore.store.admin_repository import DEFAULT_SCOPE, AdminRepository
-from statestore.threads.policy import Policy
 
 
 class PolicyStore:

@@ -15,9 +15,9 @@ from statestore.errors import (
     ThreadNotFound,
     ThreadUnsupportedRequest,
 )
+from statestore.policy import Policy
 from statestore.store.turn_writes import ContinueRefusal, LeasedThread
 from statestore.threads import assembly
-from statestore.threads.policy import Policy
 from statestore.threads.turn import ThreadTurn
 
 MAX_CACHE_MARKERS = 3

@@ -13,7 +13,7 @@ from statestore import admin
 from statestore.auth import AdminTokens
 from statestore.console import policy_form
 from statestore.console.sessions import csrf_matches, new_session, read_session
-from statestore.threads.policy import Policy
+from statestore.policy import Policy
 
 TOKENS = AdminTokens({"adm-ops-0123456789abcdef": "ops", "adm-other-0123456789abcdef": "other"})
 NOW = 1_800_000_000.0

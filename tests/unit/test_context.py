@@ -157,7 +157,7 @@ def test_the_policy_record_and_its_field_definitions_agree() -> None:
     import dataclasses
 
     from statestore.admin import policy_fields
-    from statestore.threads.policy import Policy
+    from statestore.policy import Policy
 
     assert [f.name for f in dataclasses.fields(Policy)] == [f.name for f in POLICY_FIELDS]
     form_kinds = {"bool": "bool", "int": "int", "ratio": "float", "choice": "choice", "text": "str"}

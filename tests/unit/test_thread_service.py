@@ -24,12 +24,12 @@ from statestore.errors import (
     ThreadUnsupportedRequest,
 )
 from statestore.metrics import Metrics
+from statestore.policy import Policy
 from statestore.store.engine import create_engine
 from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.pg_turns import PgTurnStatements
 from statestore.store.turn_writes import ThreadRepository, TurnUsage
 from statestore.threads import assembly
-from statestore.threads.policy import Policy
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.prepared import CompletedReply, PreparedTurn
 from statestore.threads.service import ThreadService

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
+from statestore.api.openai_responses import JSON, header, json_response, list_params, page, read_json, turns_of
 from statestore.api.responses import bytes_response
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
@@ -19,7 +20,6 @@ from statestore.responses.errors import BadRequest, NotFound, conversation_locke
 from statestore.responses.ids import looks_like, new_id
 from statestore.responses.items import normalise_input, stored
 from statestore.responses.request import read_metadata
-from statestore.responses.routes import JSON, header, json_response, list_params, page, read_json, turns_of
 
 router = APIRouter(tags=["conversations"], responses=schemas.ERRORS)
 MAX_ITEMS_PER_REQUEST = 20
