@@ -11,6 +11,7 @@ from pathlib import Path
 import anthropic
 import pytest
 
+from tests.support.admin_api import ClockFile
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
@@ -172,3 +173,9 @@ def module_prefix(redis_url: str) -> Iterator[str]:
     """A Redis key prefix of the test module's own."""
     with own_redis_prefix(redis_url) as value:
         yield value
+
+
+@pytest.fixture(scope="module")
+def clock(tmp_path_factory: pytest.TempPathFactory) -> ClockFile:
+    """A clock file a module's servers read (STATESTORE_CLOCK_OFFSET_FILE) and its tests move forward."""
+    return ClockFile(tmp_path_factory.mktemp("clock") / "offset")

@@ -51,11 +51,6 @@ from tests.support.server import StatestoreServer
 BATCH = 100
 
 
-@pytest.fixture(scope="module")
-def clock(tmp_path_factory: pytest.TempPathFactory) -> ClockFile:
-    return ClockFile(tmp_path_factory.mktemp("clock") / "offset")
-
-
 def _env(clock: ClockFile, **extra: str) -> dict[str, str]:
     return {
         "STATESTORE_AUTH_MODE": "keys",

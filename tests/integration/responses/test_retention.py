@@ -28,11 +28,6 @@ from tests.support.server import StatestoreServer
 
 
 @pytest.fixture(scope="module")
-def clock(tmp_path_factory: pytest.TempPathFactory) -> ClockFile:
-    return ClockFile(tmp_path_factory.mktemp("clock") / "offset")
-
-
-@pytest.fixture(scope="module")
 def server(
     module_db: str, redis_url: str, module_prefix: str, clock: ClockFile, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
