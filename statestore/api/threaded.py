@@ -78,15 +78,16 @@ class _ThreadedTurn:
     def _summarizer(self, principal: Principal, headers: list[tuple[bytes, bytes]]) -> Summarize:
         """Sends a summary request (PROTOCOL §9) with the turn's own credential and API version, out of band: its reply
         is read whole and never relayed. Any failure is None, and the turn falls back to truncating."""
-        upstream_headers = [
-            (name, value)
-            for name, value in request_headers_for_upstream(
-                headers, threaded=True, credential=principal.upstream_credential
-            )
-            if name != b"accept"  # a summary is read whole, never streamed
-        ]
 
         async def summarize(body: bytes) -> str | None:
+            # Built here, not per turn: most turns never summarize.
+            upstream_headers = [
+                (name, value)
+                for name, value in request_headers_for_upstream(
+                    headers, threaded=True, credential=principal.upstream_credential
+                )
+                if name != b"accept"  # a summary is read whole, never streamed
+            ]
             try:
                 response = await self.upstream.send("POST", "/v1/messages", upstream_headers, body)
                 try:
