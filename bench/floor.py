@@ -19,10 +19,9 @@ import asyncio
 import secrets
 
 import orjson
-import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from bench.relay import AiohttpUpstream
+from bench.relay import AiohttpUpstream, serve_bare
 from statestore.store.pg_pool import LeanPool
 from statestore.store.resp import RespClient
 
@@ -171,17 +170,7 @@ def main() -> None:
     parser.add_argument("--redis", required=True)
     parser.add_argument("--redis-prefix", required=True)
     args = parser.parse_args()
-    uvicorn.run(
-        Floor(args.upstream, args.database, args.redis, args.redis_prefix),
-        host="127.0.0.1",
-        port=args.port,
-        loop="uvloop",
-        http="httptools",
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
-        server_header=False,
-    )
+    serve_bare(Floor(args.upstream, args.database, args.redis, args.redis_prefix), "127.0.0.1", args.port)
 
 
 if __name__ == "__main__":

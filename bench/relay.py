@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 from typing import Protocol
 
 import uvicorn
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade"})
 _NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length"}  # the client writes its own
@@ -159,17 +159,12 @@ def default_client() -> str:
     return "aiohttp"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.relay", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--upstream", required=True)
-    parser.add_argument("--client", choices=["aiohttp", "httpx"], default=default_client())
-    args = parser.parse_args()
+def serve_bare(app: ASGIApp, host: str, port: int) -> None:
+    """uvicorn as the bare arms run it: uvloop and httptools, no access log, nothing else."""
     uvicorn.run(
-        Relay(args.upstream, client_named(args.client)),
-        host=args.host,
-        port=args.port,
+        app,
+        host=host,
+        port=port,
         loop="uvloop",
         http="httptools",
         lifespan="on",
@@ -177,6 +172,16 @@ def main() -> None:
         log_level="warning",
         server_header=False,
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.relay", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--upstream", required=True)
+    parser.add_argument("--client", choices=["aiohttp", "httpx"], default=default_client())
+    args = parser.parse_args()
+    serve_bare(Relay(args.upstream, client_named(args.client)), args.host, args.port)
 
 
 if __name__ == "__main__":
