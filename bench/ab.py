@@ -7,7 +7,7 @@ tokens of history by default), and the figures are each server's CPU (sum_exec_r
 client's latency per continue. The ratio head/base is what a change costs or saves, on whatever else the machine is
 doing at the time, since both arms suffer it alike.
 
-    .venv/bin/python -m bench.ab --base HEAD~1 [--rounds 8] [--turns 150] [--history-kb 8]
+    .venv/bin/python -m bench.ab --base HEAD~1 [--rounds 8] [--turns 150] [--history-kb 8] [--stream]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
+import orjson
 
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
 from bench.procs import REPO, Service, cpu_sample, free_port, python
@@ -48,27 +49,42 @@ def _create(client: httpx.Client, url: str, history_bytes: int) -> str:
     return message_id
 
 
-def _continue(client: httpx.Client, url: str, previous: str, n: int) -> str:
+def _continue(client: httpx.Client, url: str, previous: str, n: int, *, stream: bool = False) -> str:
     body = {
         "model": "bench-1",
         "max_tokens": 64,
         "thread": {"type": "continue", "previous_message_id": previous},
         "messages": [{"role": "user", "content": f"turn {n}: " + "x" * 150}],
     }
+    if stream:
+        body["stream"] = True
     reply = client.post(url + "/v1/messages", json=body, headers=HEADERS)
     reply.raise_for_status()
+    if stream:
+        return _streamed_id(reply.content)
     message_id: str = reply.json()["id"]
     return message_id
 
 
-def _round(client: httpx.Client, service: Service, url: str, turns: int, history: int) -> tuple[float, float]:
+def _streamed_id(body: bytes) -> str:
+    """The message id of a stream, from its message_start; a stream without message_stop is a failed turn."""
+    if b"event: message_stop" not in body:
+        raise RuntimeError("the stream ended without message_stop")
+    start = body.index(b"data: ") + 6
+    message_id: str = orjson.loads(body[start : body.index(b"\n", start)])["message"]["id"]
+    return message_id
+
+
+def _round(
+    client: httpx.Client, service: Service, url: str, turns: int, history: int, *, stream: bool
+) -> tuple[float, float]:
     """(server CPU µs per continue, median client latency ms) of one thread of `turns` continues."""
     previous = _create(client, url, history)
     before = cpu_sample([service.pid])
     latencies = []
     for n in range(turns):
         started = time.perf_counter()
-        previous = _continue(client, url, previous, n)
+        previous = _continue(client, url, previous, n, stream=stream)
         latencies.append(time.perf_counter() - started)
     cpu_ns = cpu_sample([service.pid]).sched_ns - before.sched_ns
     return cpu_ns / turns / 1000, statistics.median(latencies) * 1000
@@ -80,6 +96,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=8, help="rounds per server, interleaved (default 8)")
     parser.add_argument("--turns", type=int, default=150, help="continues per round (default 150)")
     parser.add_argument("--history-kb", type=int, default=8, help="history of each thread, KiB (default 8: ≈ 2k)")
+    parser.add_argument("--stream", action="store_true", help="continue with streamed (SSE) turns instead of JSON")
     parser.add_argument(
         "--head-set",
         action="append",
@@ -143,16 +160,17 @@ def main(argv: list[str] | None = None) -> None:
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in services}
         with httpx.Client(timeout=30) as client:
             for service, url in services.values():  # a warm-up round each, not counted
-                _round(client, service, url, max(20, args.turns // 10), history)
+                _round(client, service, url, max(20, args.turns // 10), history, stream=args.stream)
             for i in range(args.rounds):
                 order = list(services.items()) if i % 2 == 0 else list(reversed(services.items()))
                 for name, (service, url) in order:
-                    results[name].append(_round(client, service, url, args.turns, history))
+                    results[name].append(_round(client, service, url, args.turns, history, stream=args.stream))
 
     cpu = {name: statistics.median(r[0] for r in rows) for name, rows in results.items()}
     latency = {name: statistics.median(r[1] for r in rows) for name, rows in results.items()}
     print(
-        f"{args.rounds} rounds x {args.turns} threaded continues per server, interleaved; history {args.history_kb} KiB"
+        f"{args.rounds} rounds x {args.turns} threaded {'streamed' if args.stream else 'JSON'} continues per server, "
+        f"interleaved; history {args.history_kb} KiB"
     )
     print("server | CPU per continue | client p50 latency")
     for name in results:
