@@ -98,6 +98,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--history-kb", type=int, default=8, help="history of each thread, KiB (default 8: ≈ 2k)")
     parser.add_argument("--stream", action="store_true", help="continue with streamed (SSE) turns instead of JSON")
     parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="STATESTORE_X=VALUE",
+        help="a setting for both servers (repeatable), e.g. STATESTORE_LOG_LEVEL=INFO to count the access log in",
+    )
+    parser.add_argument(
         "--head-set",
         action="append",
         default=[],
@@ -135,12 +142,11 @@ def main(argv: list[str] | None = None) -> None:
                 **_statestore_env(database, redis_url, prefix, f"http://127.0.0.1:{echo_port}", "WARNING"),
                 "PYTHONPATH": str(code),  # `python -m` also puts the working directory, `code`, first
             }
-            if name == "head":
-                for setting in args.head_set:
-                    key, _, value = setting.partition("=")
-                    env.pop(key, None)
-                    if value:
-                        env[key] = value
+            for setting in [*args.set, *(args.head_set if name == "head" else [])]:
+                key, _, value = setting.partition("=")
+                env.pop(key, None)
+                if value:
+                    env[key] = value
             subprocess.run(
                 [python(), "-m", "statestore.cli", "migrate"], env=env, cwd=code, check=True, capture_output=True
             )
