@@ -207,7 +207,7 @@ def configure_logging(level: str, json: bool) -> None:
     global _configured  # noqa: PLW0603 - remembered for uvicorn_log_config(), which runs once per process
     # Our formatters show neither source line, thread nor process: a record need not find them (a stack walk and
     # three lookups per line, a third of what an access line cost; the logging documentation's own optimisation).
-    logging._srcfile = None  # noqa: SLF001
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
