@@ -27,10 +27,26 @@ def conversation_cache_key(conversation_id: str) -> str:
     return CONVERSATION_CACHE_PREFIX + conversation_id
 
 
+def chain_count(depth: int, conversation_version: int | None) -> int:
+    """The count a chain head's cache entry holds: its segments (`depth + 1`), and for a chain begun on a conversation
+    the conversation's version when the context was read, in the bits above. A stored response never changes, but a
+    chain begun on a conversation reads that conversation's items, and an item deleted there must leave its context:
+    the deletion drops the entries there are (Retention), and an entry written afterwards by a turn that read the
+    context before the deletion carries the older version, which no later read accepts."""
+    segments = depth + 1
+    return segments if conversation_version is None else ((conversation_version + 2) << 32) | segments
+
+
+def cached_chain(head: ResponseRow, cached: CachedHistory | None) -> CachedHistory | None:
+    """`cached` (read beside `head`) when it is the context of `head` as it stands now, else None."""
+    if cached is None or cached.count != chain_count(head.depth, head.conversation_version):
+        return None
+    return cached
+
+
 async def chain_context(store: ResponseStore, head: ResponseRow, cached: CachedHistory | None) -> bytes:
-    """The joined messages of the chain ending at `head`. A cache entry is keyed by the response id and a stored
-    response never changes, so any entry found (`cached`, read beside the response) is that response's context (the
-    entries of a chain begun on a conversation go when that conversation's items change: Retention)."""
+    """The joined messages of the chain ending at `head`: `cached` (checked by `cached_chain`), else a join of the
+    stored bytes."""
     if cached is not None:
         return cached.joined
     joined = await store.chain_context(head)
@@ -49,16 +65,18 @@ async def remember_head(
     parent_id: str | None,
     hit: bool,
     ttl_ms: int,
+    conversation_version: int | None = None,
 ) -> None:
     """The new head's context goes in the cache and its parent's entry goes (a branch from it reads the database):
     when the turn read the parent's entry, the entry itself moves to the new head with the turn's segment appended,
     so a long chain's context is not sent to the cache again every turn; else the context is put whole."""
     key = cache_key(response_id)
-    # The parent's entry holds its depth + 1 = this response's depth joined segments.
-    movable = hit and parent_id is not None and context and segment
+    # The parent's entry holds its depth + 1 = this response's depth joined segments. An entry that also holds a
+    # conversation's version is put whole (a move counts segments only).
+    movable = hit and parent_id is not None and context and segment and conversation_version is None
     if movable and parent_id is not None and await cache.move(cache_key(parent_id), key, depth, [segment], ttl_ms):
         return
-    history = CachedHistory(depth + 1, join_segments([context, segment]))
+    history = CachedHistory(chain_count(depth, conversation_version), join_segments([context, segment]))
     if parent_id is None:
         await cache.put(key, history, ttl_ms)
     else:

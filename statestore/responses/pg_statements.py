@@ -15,8 +15,15 @@ from typing import Any
 from statestore.responses.items import StoredItem
 from statestore.store.pg_turns import PgTurnStatements
 
+# With the version of the conversation its chain began on, if it did (-1: that conversation is gone): see
+# responses/context.py chain_count.
 GET_RESPONSE = """
-SELECT id, root_id, depth, chain_bytes, body FROM responses WHERE id = $1 AND owner = $2 AND expires_ms > $3
+SELECT r.id, r.root_id, r.depth, r.chain_bytes, r.body,
+    CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END
+FROM responses r
+LEFT JOIN responses root ON root.id = r.root_id
+LEFT JOIN conversations c ON c.id = root.conversation_id
+WHERE r.id = $1 AND r.owner = $2 AND r.expires_ms > $3
 """
 
 # A chained turn: the response, then its items (inputs first: position < $12 is an input).

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, case, delete, insert, literal, select, union_all, update
+from sqlalchemy import and_, case, delete, func, insert, literal, null, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.responses.items import StoredItem, join_rendered, join_segments
@@ -25,6 +25,9 @@ class ResponseRow:
     depth: int
     chain_bytes: int
     body: bytes
+    # The chain began on a conversation's response: that conversation's version (its next position, moved by every
+    # change of its items; -1 once it is gone) as this row was read. None for a chain of its own.
+    conversation_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +79,30 @@ class ResponseStore:
     async def get(self, owner: str, response_id: str, *, now_ms: int) -> ResponseRow | None:
         if self._pg is not None:
             record = await self._pg.get(owner, response_id, now_ms)
-            return ResponseRow(record[0], record[1], record[2], record[3], record[4]) if record is not None else None
-        query = select(
-            responses.c.id, responses.c.root_id, responses.c.depth, responses.c.chain_bytes, responses.c.body
-        ).where(responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms)
+            return ResponseRow(*record) if record is not None else None
+        root = responses.alias("root")
+        version = case(
+            (root.c.conversation_id.is_(None), null()), else_=func.coalesce(conversations.c.next_position, -1)
+        )
+        query = (
+            select(
+                responses.c.id,
+                responses.c.root_id,
+                responses.c.depth,
+                responses.c.chain_bytes,
+                responses.c.body,
+                version,
+            )
+            .select_from(
+                responses.outerjoin(root, root.c.id == responses.c.root_id).outerjoin(
+                    conversations, conversations.c.id == root.c.conversation_id
+                )
+            )
+            .where(responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms)
+        )
         async with self.engine.connect() as conn:
             row = (await conn.execute(query)).first()
-        return ResponseRow(row[0], row[1], row[2], row[3], row[4]) if row is not None else None
+        return ResponseRow(*row) if row is not None else None
 
     async def chain_context(self, head: ResponseRow) -> bytes | None:
         """The joined Chat Completions messages of the chain ending at `head`, oldest first, from the database; None

@@ -16,6 +16,7 @@ from statestore.policy import Policy
 from statestore.responses.context import (
     Window,
     cache_key,
+    cached_chain,
     chain_context,
     conversation_cache_key,
     conversation_context,
@@ -117,20 +118,21 @@ class ResponseTurns:
             previous = turn.previous_response_id
             if not looks_like("resp_", previous):
                 raise previous_response_not_found(previous)
-            # The cached context is read beside the response: an entry is only ever that response's context. One task
-            # for the read; the response's in this one (gather would wrap both), as a threaded turn does.
+            # The cached context is read beside the response, and taken when its count matches the row's (chain_count).
+            # One task for the read; the response's in this one (gather would wrap both), as a threaded turn does.
             reading = asyncio.ensure_future(self.cache.get(cache_key(previous)))
             try:
                 parent = await self.responses.get(principal.owner, previous, now_ms=now)
             except BaseException:
                 reading.cancel()
                 raise
-            cached_chain = await reading
+            cached = await reading
             if parent is None:
                 raise previous_response_not_found(previous)
             prepared.parent = parent
-            prepared.cache_hit = cached_chain is not None
-            prepared.context = await chain_context(self.responses, parent, cached_chain)
+            cached = cached_chain(parent, cached)
+            prepared.cache_hit = cached is not None
+            prepared.context = await chain_context(self.responses, parent, cached)
         elif turn.conversation_id is not None:
             conversation = turn.conversation_id
             if not looks_like("conv_", conversation):
@@ -249,6 +251,7 @@ class ResponseTurns:
                 parent_id=prepared.parent.id if prepared.parent else None,
                 hit=prepared.cache_hit,
                 ttl_ms=prepared.ttl_ms,
+                conversation_version=prepared.parent.conversation_version if prepared.parent else None,
             )
         return True
 

@@ -244,3 +244,23 @@ async def test_a_deletion_after_the_lease_ran_out_takes_the_conversation_over(
     assert (await client.conversations.items.list(conversation.id)).data == []
     await client.responses.create(model="echo-1", input="after", conversation=conversation.id)
     assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["after"]
+
+
+async def test_an_item_deleted_while_a_chain_begun_on_its_conversation_waits_is_not_sent_again(
+    async_openai_client: openai.AsyncOpenAI, backend: FakeBackend
+) -> None:
+    """A chain begun on a conversation's response reads that conversation's items. A turn of the chain that read its
+    context before an item was deleted, and stores its reply after, must not cache the deleted item for the turns
+    after it: the deletion could not drop an entry that did not exist yet."""
+    client = async_openai_client
+    conversation = await client.conversations.create()
+    root = await client.responses.create(model="echo-1", input="secret", conversation=conversation.id)
+    secret = (await client.conversations.items.list(conversation.id, order="asc")).data[0]
+    backend.script(SLOW)
+    middle = asyncio.create_task(client.responses.create(model="echo-1", input="middle", previous_response_id=root.id))
+    await asyncio.wait_for(_backend_received(backend, 2), 10)
+    assert "secret" in [m["content"] for m in chat_requests(backend)[-1]["messages"]]  # read before the deletion
+    await client.conversations.items.delete(id_of(secret), conversation_id=conversation.id)
+    await client.responses.create(model="echo-1", input="after", previous_response_id=(await middle).id)
+    sent = [m["content"] for m in chat_requests(backend)[-1]["messages"]]
+    assert sent == ["echo: secret", "middle", "echo: middle", "after"]
