@@ -209,7 +209,10 @@ class Erased(BaseModel):
     """What the erasure deleted, live or expired, database rows and cache entries."""
 
     erased_threads: int
-    erased_responses: int = Field(description="the Responses front door's: every tree holding a matching response")
+    erased_responses: int = Field(
+        description="the Responses front door's: every tree holding a matching response (and the items a matching "
+        "response brought into any conversation)"
+    )
     erased_conversations: int
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table, delete, func, or_, select
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy import Table, delete, func, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from statestore.store.schema import conversations, responses, threads
+from statestore.store.schema import conversation_items, conversations, responses, threads
 from statestore.store.thread_reads import live
 
 
@@ -20,6 +20,15 @@ class Erasure:
     threads: int
     responses: int
     conversations: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErasedResponses:
+    """One batch of an erasure of responses: the responses deleted (whole trees), and the conversations whose items
+    some of them had brought (those items went too, so those conversations' cached contexts must go)."""
+
+    response_ids: list[str]
+    conversation_ids: list[str]
 
 
 class RetentionQueries:
@@ -102,21 +111,31 @@ class RetentionQueries:
         return await self._delete_trees(trees)
 
     async def _delete_trees(self, trees: Any) -> list[str]:
+        return (await self._delete_trees_erasing(trees, None)).response_ids
+
+    async def _delete_trees_erasing(self, trees: Any, criteria: list[Any] | None) -> ErasedResponses:
+        """Delete the trees; with `criteria`, the items that their responses matching them brought into a
+        conversation go too (a turn on a conversation stores its items only there, and the conversation need not
+        match: a user's words in someone else's conversation are still theirs)."""
         async with self.engine.begin() as conn:
             roots = [row[0] for row in (await conn.execute(trees)).all()]
             if not roots:
-                return []
+                return ErasedResponses([], [])
             ids = [row[0] for row in (await conn.execute(select(responses.c.id).where(responses.c.root_id.in_(roots))))]
+            touched: list[str] = []
+            if criteria is not None:
+                touched = await _erase_brought_items(conn, roots, criteria)
             await conn.execute(delete(responses).where(responses.c.root_id.in_(roots)))
-        return ids
+        return ErasedResponses(ids, touched)
 
     async def erase_responses_batch(
         self, *, batch_size: int, tenant_id: str | None = None, user_id: str | None = None
-    ) -> list[str]:
+    ) -> ErasedResponses:
         """Delete a batch of the trees holding a response that matches every criterion (a whole tree: its
-        descendants' contexts hold the matching items); returns the deleted response ids."""
+        descendants' contexts hold the matching items), and the items the matching ones brought into conversations."""
         criteria = _criteria(responses, tenant_id, user_id)
-        return await self._delete_trees(select(responses.c.root_id).where(*criteria).distinct().limit(batch_size))
+        chosen = select(responses.c.root_id).where(*criteria).distinct().limit(batch_size)
+        return await self._delete_trees_erasing(chosen, criteria)
 
     async def purge_expired_conversations(self, *, now_ms: int, batch_size: int) -> list[str]:
         doomed = (
@@ -149,6 +168,42 @@ class RetentionQueries:
             if ids:
                 await conn.execute(delete(conversations).where(conversations.c.id.in_(ids)))
         return ids
+
+
+async def _erase_brought_items(conn: AsyncConnection, roots: list[str], criteria: list[Any]) -> list[str]:
+    """Delete the conversation items brought by the responses of these trees that match `criteria`; returns the
+    conversations touched. Each of those moves to a new version (its next position, as a deletion of an item does)
+    and loses any lease, so a turn that read it before cannot commit on a context that had the items."""
+    brought = (
+        await conn.execute(
+            select(
+                responses.c.conversation_id,
+                responses.c.conversation_position,
+                func.coalesce(responses.c.input_count, 0) + func.coalesce(responses.c.output_count, 0),
+            ).where(
+                responses.c.root_id.in_(roots),
+                responses.c.conversation_id.is_not(None),
+                responses.c.conversation_position.is_not(None),
+                *criteria,
+            )
+        )
+    ).all()
+    for conversation_id, first, count in brought:
+        await conn.execute(
+            delete(conversation_items).where(
+                conversation_items.c.conversation_id == conversation_id,
+                conversation_items.c.position >= first,
+                conversation_items.c.position < first + count,
+            )
+        )
+    touched = sorted({row[0] for row in brought})
+    if touched:
+        await conn.execute(
+            update(conversations)
+            .where(conversations.c.id.in_(touched))
+            .values(next_position=conversations.c.next_position + 1, lease_token=None, lease_expires_ms=None)
+        )
+    return touched
 
 
 def _criteria(table: Table, tenant_id: str | None, user_id: str | None) -> list[Any]:

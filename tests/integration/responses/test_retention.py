@@ -138,6 +138,37 @@ def test_erasure_by_user_id_takes_whole_trees_and_their_cache(
     assert Database(module_db).value("SELECT count(*) FROM response_items WHERE response_id = $1", head.id) == 0
 
 
+def test_erasure_by_user_id_takes_the_user_s_items_out_of_a_conversation_that_is_not_theirs(
+    server: StatestoreServer, admin: AdminApi, backend: FakeBackend, cache: RedisKeys, module_db: str
+) -> None:
+    """A turn on a conversation stores its items only in the conversation. Erasing the turn's user takes them out of
+    it even when the conversation itself belongs to no one or someone else: what they said is gone from its items and
+    from the context its next turn sends, and the other turns' items stay."""
+    _, key = admin.tenant_with_key()
+    with _client(server, key) as client:
+        conversation = client.conversations.create(metadata={"user_id": "user-shared-2"})
+        client.responses.create(model="echo-1", input="theirs before", conversation=conversation.id)
+        mine = client.responses.create(
+            model="echo-1", input="mine", conversation=conversation.id, metadata={"user_id": "user-shared-1"}
+        )
+        client.responses.create(model="echo-1", input="theirs after", conversation=conversation.id)
+        assert cache.keys_of(f"conv:{conversation.id}")
+        erased = admin.ok("POST", "/erase", {"user_id": "user-shared-1"})
+        assert erased == {"erased_threads": 0, "erased_responses": 1, "erased_conversations": 0}
+        with pytest.raises(openai.NotFoundError):
+            client.responses.retrieve(mine.id)
+        items = client.conversations.items.list(conversation.id, order="asc")
+        said = [part.text for item in items.data for part in getattr(item, "content", None) or []]
+        assert said == ["theirs before", "echo: theirs before", "theirs after", "echo: theirs after"]
+        assert not cache.keys_of(f"conv:{conversation.id}")
+        client.responses.create(model="echo-1", input="next", conversation=conversation.id)
+        assert [m["content"] for m in last_chat_request(backend).json()["messages"]] == [
+            "theirs before", "echo: theirs before", "theirs after", "echo: theirs after", "next",
+        ]  # fmt: skip
+    database = Database(module_db)
+    assert database.value("SELECT count(*) FROM conversation_items WHERE conversation_id = $1", conversation.id) == 6
+
+
 def test_ttl_purge_and_a_tree_kept_while_any_response_lives(
     server: StatestoreServer,
     admin: AdminApi,
