@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import secrets
 
-from statestore.base62 import ALPHABET as _ALPHABET
 from statestore.base62 import random_key
 
 _KEY_LEN = 22  # 22 base62 characters ≈ 131 bits
@@ -33,7 +32,8 @@ def new_lease_token() -> str:
 
 
 def _is_key(text: str) -> bool:
-    return len(text) == _KEY_LEN and all(c in _ALPHABET for c in text)
+    # ASCII letters and digits are exactly the base62 alphabet; two C-level checks instead of a loop per character.
+    return len(text) == _KEY_LEN and text.isascii() and text.isalnum()
 
 
 def thread_of_response(response_id: str) -> str | None:

@@ -3,8 +3,8 @@ the headers that name the thread; and the completed reply as the thread stores i
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Literal
 
 from statestore.store.turn_writes import TurnUsage
@@ -18,7 +18,7 @@ CONTEXT_FALLBACK_HEADER = b"statestore-context-fallback"
 
 
 def rfc3339(ms: int) -> bytes:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="seconds").replace("+00:00", "Z").encode()
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms // 1000)).encode()
 
 
 @dataclass(slots=True)

@@ -58,10 +58,16 @@ def _header(headers: Iterable[tuple[bytes, bytes]], wanted: bytes) -> bytes | No
     return None
 
 
+_THREADS_BETA = THREADS_BETA.encode()
+
+
 def _has_threads_beta(headers: Iterable[tuple[bytes, bytes]]) -> bool:
-    beta = THREADS_BETA.encode()
+    # A substring test first: most requests name no beta or only this one, and then no split is needed.
     return any(
-        name == b"anthropic-beta" and any(part.strip() == beta for part in value.split(b",")) for name, value in headers
+        name == b"anthropic-beta"
+        and _THREADS_BETA in value
+        and (value == _THREADS_BETA or any(part.strip() == _THREADS_BETA for part in value.split(b",")))
+        for name, value in headers
     )
 
 
