@@ -72,6 +72,32 @@ RELEASE_CONVERSATION = (
 )
 LOAD_CONVERSATION = "SELECT kind, rendered FROM conversation_items WHERE conversation_id = $1 ORDER BY position"
 
+# A chain rebuilt from the database (responses/store.py chain_context says how it is read): every member once, ahead
+# of its items, marked 'pointed' when its items are in its conversation.
+CHAIN_CONTEXT = """
+WITH RECURSIVE chain AS (
+    SELECT id, parent_id, depth, conversation_position FROM responses WHERE id = $1
+    UNION ALL
+    SELECT r.id, r.parent_id, r.depth, r.conversation_position FROM responses r JOIN chain ON r.id = chain.parent_id
+)
+SELECT depth, kind, rendered FROM (
+    SELECT depth, -1 AS position, CASE WHEN conversation_position IS NULL THEN 'none' ELSE 'pointed' END AS kind,
+        ''::bytea AS rendered
+    FROM chain
+    UNION ALL
+    SELECT chain.depth, i.position, i.kind, i.rendered FROM chain JOIN response_items i ON i.response_id = chain.id
+) AS members
+ORDER BY depth, position
+"""
+# The items a response made on a conversation points at there.
+POINTED_ITEMS = """
+SELECT i.kind, i.rendered FROM responses r JOIN conversation_items i
+    ON i.conversation_id = r.conversation_id AND i.position >= r.conversation_position
+    AND i.position < r.conversation_position + r.input_count + r.output_count
+WHERE r.id = $1
+ORDER BY i.position
+"""
+
 
 def item_arrays(items: Sequence[StoredItem]) -> tuple[list[str], list[bytes], list[str], list[bytes]]:
     return (
@@ -120,6 +146,16 @@ class PgResponseStatements:
     async def release(self, conversation_id: str, token: str) -> None:
         async with self._pg.lease_connection() as conn:
             await conn.execute(RELEASE_CONVERSATION, conversation_id, token)
+
+    async def chain_rows(self, head_id: str) -> list[Any]:
+        """(depth, kind, rendered) of the chain ending at `head_id`, as CHAIN_CONTEXT orders them."""
+        async with self._pg.durable_connection() as conn:
+            return list(await conn.fetch(CHAIN_CONTEXT, head_id))
+
+    async def pointed_items(self, response_id: str) -> list[tuple[str, bytes]]:
+        async with self._pg.durable_connection() as conn:
+            rows = await conn.fetch(POINTED_ITEMS, response_id)
+        return [(row[0], row[1]) for row in rows]
 
     async def conversation_items(self, conversation_id: str) -> list[tuple[str, bytes]]:
         async with self._pg.durable_connection() as conn:

@@ -59,7 +59,7 @@ def item_rows(items: Sequence[StoredItem], first_position: int = 0) -> list[dict
     ]
 
 
-_POINTED = "pointed"  # a chain member whose items are in its conversation
+_POINTED = "pointed"  # a chain member whose items are in its conversation (pg_statements.CHAIN_CONTEXT says it too)
 
 
 def _in_conversation(items: Any) -> Any:
@@ -108,11 +108,27 @@ class ResponseStore:
         """The joined Chat Completions messages of the chain ending at `head`, oldest first, from the database; None
         when an ancestor is gone (deleted, or erased). A response made on a conversation (only ever a chain's root)
         reads its items from the conversation: an item deleted there is gone from its context too."""
-        walked = (responses.c.id, responses.c.parent_id, responses.c.depth, responses.c.conversation_position)
-        chain = select(*walked).where(responses.c.id == head.id).cte("chain", recursive=True)
-        chain = chain.union_all(select(*walked).where(responses.c.id == chain.c.parent_id))
         # Every member of the chain once, ahead of its items, so that a missing ancestor shows as a missing depth in
         # the same query; a member whose items are in its conversation is marked, and they are read apart (rare).
+        # On PostgreSQL a prepared statement (pg_statements.CHAIN_CONTEXT), else the same query through Core.
+        rows = await self._pg.chain_rows(head.id) if self._pg is not None else await self._chain_rows(head.id)
+        segments: list[list[tuple[str, bytes]]] = [[] for _ in range(head.depth + 1)]
+        seen = set()
+        for depth, kind, rendered in rows:
+            seen.add(depth)
+            if kind == _POINTED:
+                # Only a root is made on a conversation (a turn has a conversation or a previous response).
+                segments[depth] = await self._pointed_items(head.root_id)
+            else:
+                segments[depth].append((kind, rendered))
+        if len(seen) != head.depth + 1:
+            return None
+        return join_segments(join_rendered(segment) for segment in segments)
+
+    async def _chain_rows(self, head_id: str) -> list[Any]:
+        walked = (responses.c.id, responses.c.parent_id, responses.c.depth, responses.c.conversation_position)
+        chain = select(*walked).where(responses.c.id == head_id).cte("chain", recursive=True)
+        chain = chain.union_all(select(*walked).where(responses.c.id == chain.c.parent_id))
         marker = case((chain.c.conversation_position.is_(None), literal("none")), else_=literal(_POINTED))
         members = select(chain.c.depth, literal(-1), marker, literal(b""))
         own = select(chain.c.depth, response_items.c.position, response_items.c.kind, response_items.c.rendered).join(
@@ -120,26 +136,21 @@ class ResponseStore:
         )
         both = union_all(members, own).subquery()
         query = select(both.c[0], both.c[2], both.c[3]).order_by(both.c[0], both.c[1])
-        segments: list[list[tuple[str, bytes]]] = [[] for _ in range(head.depth + 1)]
-        seen = set()
         async with self.engine.connect() as conn:
-            for depth, kind, rendered in (await conn.execute(query)).all():
-                seen.add(depth)
-                if kind == _POINTED:
-                    # Only a root is made on a conversation (a turn has a conversation or a previous response).
-                    pointed = (
-                        select(conversation_items.c.kind, conversation_items.c.rendered)
-                        .select_from(responses)
-                        .join(conversation_items, _in_conversation(conversation_items))
-                        .where(responses.c.id == head.root_id)
-                        .order_by(conversation_items.c.position)
-                    )
-                    segments[depth] = [(row[0], row[1]) for row in (await conn.execute(pointed)).all()]
-                else:
-                    segments[depth].append((kind, rendered))
-        if len(seen) != head.depth + 1:
-            return None
-        return join_segments(join_rendered(segment) for segment in segments)
+            return list((await conn.execute(query)).all())
+
+    async def _pointed_items(self, response_id: str) -> list[tuple[str, bytes]]:
+        if self._pg is not None:
+            return await self._pg.pointed_items(response_id)
+        pointed = (
+            select(conversation_items.c.kind, conversation_items.c.rendered)
+            .select_from(responses)
+            .join(conversation_items, _in_conversation(conversation_items))
+            .where(responses.c.id == response_id)
+            .order_by(conversation_items.c.position)
+        )
+        async with self.engine.connect() as conn:
+            return [(row[0], row[1]) for row in (await conn.execute(pointed)).all()]
 
     @staticmethod
     def _response_values(new: NewResponse) -> dict[str, Any]:
