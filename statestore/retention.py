@@ -151,17 +151,15 @@ class Retention:
 
     async def _erase_responses(self, tenant_id: str | None, user_id: str | None) -> tuple[int, int]:
         size = self.batch_size
-        touched: set[str] = set()
 
         async def erase_batch() -> list[str]:
             erased = await self.queries.erase_responses_batch(batch_size=size, tenant_id=tenant_id, user_id=user_id)
-            touched.update(erased.conversation_ids)
+            if erased.conversation_ids:
+                # Their items changed: their cached contexts (and those of chains begun on them) go with the batch.
+                await self.forget_conversations(erased.conversation_ids)
             return erased.response_ids
 
         responses = await self._drain(erase_batch, "erased_responses", self._forget_responses)
-        if touched:
-            # Their items changed: their cached contexts (and those of chains begun on them) go.
-            await self.forget_conversations(sorted(touched))
         conversations = await self._drain(
             lambda: self.queries.erase_conversations_batch(batch_size=size, tenant_id=tenant_id, user_id=user_id),
             "erased_conversations",
