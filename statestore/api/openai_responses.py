@@ -123,11 +123,7 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
         await turns.give_back(prepared)
 
     return streaming_response(
-        200,
-        _events(turns, prepared, upstream),
-        [*SSE, *_context_header(prepared)],
-        on_close=close,
-        on_disconnect=upstream.aclose,
+        200, _events(turns, prepared, upstream), [*SSE, *_context_header(prepared)], on_close=close
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 
+import anyio
 from starlette.responses import Response
 
 from statestore.api.responses import streaming_response
@@ -38,7 +39,6 @@ async def relay(
         _passthrough(response),
         response_headers_for_client(response.headers, keep_length=True),
         on_close=response.aclose,
-        on_disconnect=response.aclose,
     )
 
 
@@ -50,4 +50,5 @@ async def _passthrough(response: UpstreamResponse) -> AsyncIterator[bytes]:
         # The status line has gone out already: cutting the connection is how the client learns of it.
         raise StreamBrokenOff(f"the backend response broke off ({type(exc).__name__})") from exc
     finally:
-        await response.aclose()
+        with anyio.CancelScope(shield=True):
+            await response.aclose()

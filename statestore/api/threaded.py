@@ -137,7 +137,6 @@ class _ThreadedTurn:
             self._relay_stream(prepared, response),
             response_headers_for_client(response.headers, keep_length=False) + prepared.headers(),
             on_close=settle,
-            on_disconnect=response.aclose,
         )
 
     async def _complete_json(
@@ -170,12 +169,12 @@ class _ThreadedTurn:
                 out: list[bytes] = []
                 for event in parser.feed(chunk):
                     if event.event == "message_stop":
-                        # The end of the reply leaves only after the turn is durable. A client leaving meanwhile does
-                        # not cut the commit short: it closes the backend's response, which ends the relay after it.
-                        if capture.captured and rules.storable(capture.message):
-                            await self.service.commit(prepared, completed(capture.message, capture.backend_id))
-                        else:
-                            await self.service.give_back(prepared)
+                        # The end of the reply leaves only after the turn is durable.
+                        with anyio.CancelScope(shield=True):
+                            if capture.captured and rules.storable(capture.message):
+                                await self.service.commit(prepared, completed(capture.message, capture.backend_id))
+                            else:
+                                await self.service.give_back(prepared)
                     out.append(capture.add(event))
                 if out:
                     yield b"".join(out)
@@ -184,5 +183,6 @@ class _ThreadedTurn:
         except StatestoreError as exc:
             raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); message_stop withheld") from exc
         finally:
-            await response.aclose()
-            await self.service.give_back(prepared)  # a no-op once the turn is stored
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+                await self.service.give_back(prepared)  # a no-op once the turn is stored

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+import anyio
 import pytest
 from starlette.types import Message
 
@@ -46,34 +47,15 @@ class Closed:
         self.calls += 1
 
 
-class Backend:
-    """The backend's response the relay reads: `read` waits for the next chunk, and raises once it is closed, as
-    aiohttp's reader does when its response is closed under it."""
-
-    def __init__(self) -> None:
-        self.chunks: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self.closes = 0
-
-    async def read(self) -> bytes | None:
-        chunk = await self.chunks.get()
-        if chunk is None:
-            raise ConnectionError("Connection closed")
-        return chunk
-
-    async def close(self) -> None:
-        self.closes += 1
-        self.chunks.put_nowait(None)
-
-
 async def test_relays_every_chunk_in_order_then_ends_and_cleans_up_once() -> None:
-    client, closed, backend = Client(), Closed(), Backend()
+    client, closed = Client(), Closed()
 
     async def chunks() -> AsyncIterator[bytes]:
         for part in (b"event: a\n\n", b"event: b\n\n"):
             await asyncio.sleep(0)
             yield part
 
-    reply = StreamedReply(chunks(), 200, [(b"content-type", b"text/event-stream")], closed, backend.close)
+    reply = StreamedReply(chunks(), 200, [(b"content-type", b"text/event-stream")], closed)
     await reply(SCOPE, client.receive, client.send)
 
     assert client.sent[0] == {
@@ -84,91 +66,89 @@ async def test_relays_every_chunk_in_order_then_ends_and_cleans_up_once() -> Non
     assert client.bodies() == [b"event: a\n\n", b"event: b\n\n", b""]
     assert client.sent[-1]["more_body"] is False
     assert closed.calls == 1
-    assert backend.closes == 0  # the client never left: the response ended, which is not a disconnect
 
 
-async def test_a_client_leaving_closes_the_backend_response_which_ends_the_relay() -> None:
-    client, closed, backend = Client(), Closed(), Backend()
+async def test_a_client_leaving_stops_the_relay_and_runs_the_body_s_own_clean_up() -> None:
+    client, closed = Client(), Closed()
     stages: list[str] = []
+    waiting = asyncio.Event()
 
     async def chunks() -> AsyncIterator[bytes]:
         try:
-            while True:
-                chunk = await backend.read()
-                assert chunk is not None
-                stages.append("relayed")
-                yield chunk
+            yield b"first"
+            stages.append("waiting for the backend")
+            waiting.set()
+            await asyncio.sleep(30)  # a backend that is slow to produce the next token
+            stages.append("never")
+            yield b"second"
         finally:
-            await asyncio.sleep(0)  # the relay's own clean-up (the give-back) may await: nothing cancels it
-            stages.append("body cleaned up")
+            with anyio.CancelScope(shield=True):  # as the relays' own clean-ups are: the cancellation stands
+                await asyncio.sleep(0)
+                stages.append("body cleaned up")
 
-    reply = StreamedReply(chunks(), 200, [], closed, backend.close)
+    reply = StreamedReply(chunks(), 200, [], closed)
     relay = asyncio.create_task(reply(SCOPE, client.receive, client.send))
-    backend.chunks.put_nowait(b"first")
-    while not stages:
-        await asyncio.sleep(0)
-    client.gone.set()  # the backend is slow with its next token; the client does not wait for it
+    await waiting.wait()
+    client.gone.set()
     await asyncio.wait_for(relay, 5)  # returns, no exception: a client leaving is not an error
 
-    assert backend.closes == 1
-    assert stages == ["relayed", "body cleaned up"]
+    assert stages == ["waiting for the backend", "body cleaned up"]
     assert client.bodies() == [b"first"]  # no end of body after the client left
     assert closed.calls == 1
 
 
-async def test_a_step_under_way_when_the_client_leaves_runs_to_its_end() -> None:
-    """The commit before message_stop must not be cut in half by a client leaving during it."""
-    client, closed, backend = Client(), Closed(), Backend()
+async def test_a_shielded_step_finishes_although_the_client_left_during_it() -> None:
+    """The commit before message_stop is shielded: a client leaving mid-commit must not cut it in half."""
+    client, closed = Client(), Closed()
     committed: list[bool] = []
     committing = asyncio.Event()
 
     async def chunks() -> AsyncIterator[bytes]:
         yield b"delta"
-        committing.set()
-        await asyncio.sleep(0.05)  # the commit's round trip
-        committed.append(True)
+        with anyio.CancelScope(shield=True):
+            committing.set()
+            await asyncio.sleep(0.05)
+            committed.append(True)
         yield b"message_stop"
-        await backend.read()  # the rest of the backend's body
-        yield b"never"
+        await asyncio.sleep(30)
 
-    reply = StreamedReply(chunks(), 200, [], closed, backend.close)
+    reply = StreamedReply(chunks(), 200, [], closed)
     relay = asyncio.create_task(reply(SCOPE, client.receive, client.send))
     await committing.wait()
     client.gone.set()
     await asyncio.wait_for(relay, 5)
 
     assert committed == [True]
-    assert b"never" not in client.bodies()
     assert closed.calls == 1
 
 
 async def test_a_client_gone_before_the_first_chunk_still_gets_the_clean_up() -> None:
-    client, closed, backend = Client(), Closed(), Backend()
+    client, closed = Client(), Closed()
     client.gone.set()
+    started: list[bool] = []
 
     async def chunks() -> AsyncIterator[bytes]:
-        await backend.read()
+        started.append(True)
+        await asyncio.sleep(30)
         yield b"never"
 
-    reply = StreamedReply(chunks(), 200, [], closed, backend.close)
+    reply = StreamedReply(chunks(), 200, [], closed)
     await asyncio.wait_for(reply(SCOPE, client.receive, client.send), 5)
     assert closed.calls == 1
-    assert client.bodies() == []
 
 
-async def test_a_body_that_fails_while_the_client_is_there_raises_to_the_server_after_its_clean_up() -> None:
-    client, closed, backend = Client(), Closed(), Backend()
+async def test_a_body_that_fails_raises_to_the_server_after_its_clean_up() -> None:
+    client, closed = Client(), Closed()
 
     async def chunks() -> AsyncIterator[bytes]:
         yield b"part"
         raise RuntimeError("the backend broke off")
 
-    reply = StreamedReply(chunks(), 200, [], closed, backend.close)
+    reply = StreamedReply(chunks(), 200, [], closed)
     with pytest.raises(RuntimeError, match="broke off"):
         await reply(SCOPE, client.receive, client.send)
     assert client.bodies() == [b"part"]
     assert closed.calls == 1
-    assert backend.closes == 0
 
 
 async def test_the_disconnect_watcher_is_gone_once_the_response_ends() -> None:
@@ -179,7 +159,7 @@ async def test_the_disconnect_watcher_is_gone_once_the_response_ends() -> None:
         yield b"only"
 
     before = len(asyncio.all_tasks())
-    await StreamedReply(chunks(), 200, [], closed, None)(SCOPE, client.receive, client.send)
+    await StreamedReply(chunks(), 200, [], closed)(SCOPE, client.receive, client.send)
     await asyncio.sleep(0)
     assert len(asyncio.all_tasks()) == before
     assert client.receives <= 1
