@@ -6,15 +6,14 @@ dropped on the way in and out (PROTOCOL §1).
 
 from __future__ import annotations
 
+import ssl
 import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Literal
 
-import aiohttp
-from multidict import CIMultiDict
-
 from statestore.errors import UpstreamTimeout, UpstreamUnreachable
 from statestore.metrics import Metrics, upstream_outcome
+from statestore.upstream.http1 import Connection, ConnectionPool
 
 THREADS_BETA = "message-threads-2026-08-12"
 
@@ -83,18 +82,17 @@ class StreamInterrupted(Exception):
     """The backend's body stopped before its end (connection lost, or silent past the read timeout)."""
 
 
-_TRANSPORT_ERRORS = (aiohttp.ClientError, OSError)
-# The client's headers are forwarded as they are; aiohttp must not add its own.
-_NO_AUTO_HEADERS = ("User-Agent", "Accept", "Accept-Encoding", "Content-Type")
-
-
 class UpstreamResponse:
-    __slots__ = ("_response", "headers", "status")
+    """A response whose head has arrived; its body is read with `read()` or `chunks()`, then it must be closed."""
 
-    def __init__(self, response: aiohttp.ClientResponse) -> None:
-        self._response = response
-        self.status = response.status
-        self.headers = [(name.lower(), value) for name, value in response.raw_headers]
+    __slots__ = ("_connection", "_pool", "_settled", "headers", "status")
+
+    def __init__(self, pool: ConnectionPool, connection: Connection) -> None:
+        self._pool = pool
+        self._connection = connection
+        self._settled = False
+        self.status = connection.status
+        self.headers = connection.headers  # names lower-cased
 
     def header(self, name: bytes) -> bytes | None:
         for key, value in self.headers:
@@ -104,32 +102,42 @@ class UpstreamResponse:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         """The body as the backend sends it (undecoded), chunk by chunk as it arrives."""
+        connection = self._connection
         try:
-            async for chunk in self._response.content.iter_any():
+            while (chunk := await connection.next_chunk()) is not None:
                 yield chunk
-        except (TimeoutError, *_TRANSPORT_ERRORS) as exc:
+        except OSError as exc:  # TimeoutError and ConnectionClosed included
             raise StreamInterrupted(type(exc).__name__) from exc
 
     async def read(self) -> bytes:
         """The whole body; a backend that breaks off or stalls before the end is a 502 or a 504."""
+        connection = self._connection
+        parts: list[bytes] = []
         try:
-            return await self._response.read()
+            while (chunk := await connection.next_chunk()) is not None:
+                parts.append(chunk)
         except TimeoutError as exc:
             raise UpstreamTimeout("the model backend stopped answering mid-response") from exc
-        except _TRANSPORT_ERRORS as exc:
+        except OSError as exc:
             raise UpstreamUnreachable("the model backend broke off its response") from exc
+        return parts[0] if len(parts) == 1 else b"".join(parts)
 
     async def aclose(self) -> None:
-        # A connection left mid-body cannot carry another request: close it rather than return it to the pool.
-        if self._response.content.at_eof():
-            self._response.release()
-        else:
-            self._response.close()
+        # A connection left mid-body cannot carry another request: the pool closes it rather than keep it.
+        if not self._settled:
+            self._settled = True
+            self._pool.release(self._connection, reuse=True)
+
+    def __del__(self) -> None:
+        # A response dropped unclosed (a bug) must not keep its place in the pool's count for good.
+        if not self._settled:
+            self._settled = True
+            self._pool.release(self._connection, reuse=False)
 
 
 class UpstreamClient:
-    """aiohttp: its pool hands out a connection in O(1) and parses responses in C; the relay's CPU per request is a
-    fraction of a general-purpose client's (bench/README.md)."""
+    """Our own HTTP/1.1 client (upstream/http1.py): a LIFO keep-alive pool and httptools' C parser, without a
+    general-purpose client's layers (bench/README.md)."""
 
     def __init__(
         self,
@@ -140,20 +148,17 @@ class UpstreamClient:
         max_connections: int,
         keepalive_seconds: float = 4.0,
         metrics: Metrics | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.base_url = base_url
         self._metrics = metrics
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=max_connections, limit_per_host=max_connections, keepalive_timeout=keepalive_seconds
-            ),
-            timeout=aiohttp.ClientTimeout(
-                total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=read_timeout
-            ),
-            auto_decompress=False,
-            cookie_jar=aiohttp.DummyCookieJar(),
-            trust_env=False,
-            skip_auto_headers=_NO_AUTO_HEADERS,
+        self._pool = ConnectionPool(
+            base_url,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            max_connections=max_connections,
+            keepalive_seconds=keepalive_seconds,
+            ssl_context=ssl_context,
         )
 
     async def send(
@@ -163,24 +168,19 @@ class UpstreamClient:
         must `aclose()` it."""
         route = _route_label(path_and_query)
         started = time.perf_counter()
+        pool = self._pool
+        head = pool.request_head(method, path_and_query, headers, body)
         try:
-            response = await self._session.request(
-                method,
-                self.base_url + path_and_query,
-                headers=CIMultiDict((name.decode("latin-1"), value.decode("latin-1")) for name, value in headers),
-                data=body if body or method not in ("GET", "HEAD") else None,
-                allow_redirects=False,
-                compress=None,
-            )
+            connection = await pool.exchange(method, head, body)
         except TimeoutError as exc:
             self._observe_failure(route, "timeout", started)
             raise UpstreamTimeout("the model backend did not answer in time") from exc
-        except _TRANSPORT_ERRORS as exc:
+        except OSError as exc:
             self._observe_failure(route, "unreachable", started)
             raise UpstreamUnreachable("the model backend could not be reached") from exc
         if self._metrics is not None:
-            self._metrics.observe_upstream(route, upstream_outcome(response.status), time.perf_counter() - started)
-        return UpstreamResponse(response)
+            self._metrics.observe_upstream(route, upstream_outcome(connection.status), time.perf_counter() - started)
+        return UpstreamResponse(pool, connection)
 
     def _observe_failure(self, route: str, kind: Literal["timeout", "unreachable"], started: float) -> None:
         if self._metrics is not None:
@@ -188,7 +188,7 @@ class UpstreamClient:
             self._metrics.observe_upstream(route, kind, time.perf_counter() - started)
 
     async def aclose(self) -> None:
-        await self._session.close()
+        await self._pool.aclose()
 
 
 _KNOWN_ROUTES = ("/v1/messages/count_tokens", "/v1/messages", "/v1/models")
