@@ -10,6 +10,7 @@ from pathlib import Path
 from bench.harness import Options, run
 from bench.plan import LatencyPlan, OpenLoopPlan, SaturationPlan, SoakPlan, ThroughputPlan
 from bench.procs import REPO
+from bench.relay import CLIENTS
 
 KIB = 1024
 SIZES = {"2k": 8 * KIB, "20k": 80 * KIB, "200k": 800 * KIB}  # ≈ tokens, at ~4 bytes of JSON per token
@@ -86,9 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reply-bytes", type=int, default=None, help="pad the echo backend's replies to ~N bytes")
     parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     parser.add_argument("--no-profile", action="store_true", help="skip the profiles")
-    parser.add_argument(
-        "--relay-client", choices=["aiohttp", "httpx"], default=None, help="arm R's HTTP client (default aiohttp)"
-    )
+    parser.add_argument("--relay-client", choices=CLIENTS, default=None, help="arm R's HTTP client (default aiohttp)")
     parser.add_argument("--readme", type=Path, default=REPO / "bench" / "README.md", help="where to write the figures")
     parser.add_argument("--no-readme", action="store_true", help="leave bench/README.md alone")
     parser.add_argument(

@@ -3,11 +3,11 @@ else, written as cheaply as this stack allows, so that statestore's continue (ar
 
 Per continue, as statestore does: read the small request and find its thread; take the thread's lease with one
 conditional UPDATE (an asyncpg prepared statement, asynchronous commit) while the history is read from Redis (one
-MGET, raw RESP); forward the history joined with the new turn to the backend (aiohttp, as arm R); parse the reply to
-store it; commit the new messages and move the head in one durable statement; append them to the Redis copy; answer
-with the reply under the next id. Connections come from statestore's own lean pool and Redis client, the cheapest
-this stack has. No routing, validation, auth, policy, logging, metrics, limits, fingerprints,
-usage counters or context policy: those are what statestore adds on top of this floor.
+MGET, raw RESP); forward the history joined with the new turn to the backend; parse the reply to store it; commit
+the new messages and move the head in one durable statement; append them to the Redis copy; answer with the reply
+under the next id. Connections come from statestore's own lean pool, Redis client and HTTP client
+(upstream/http1.py), the cheapest this stack has. No routing, validation, auth, policy, logging, metrics, limits,
+fingerprints, usage counters or context policy: those are what statestore adds on top of this floor.
 
     python -m bench.floor --port 8092 --upstream http://127.0.0.1:8090 --database postgresql://… --redis redis://…
 """
@@ -21,7 +21,7 @@ import secrets
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from bench.relay import AiohttpUpstream, serve_bare
+from bench.relay import StatestoreUpstream, serve_bare
 from statestore.store.pg_pool import LeanPool
 from statestore.store.resp import RespClient
 
@@ -58,7 +58,7 @@ class Floor:
         self._prefix = prefix
         self._upstream_url = upstream.rstrip("/") + "/v1/messages"
         self._database = database
-        self._client = AiohttpUpstream()
+        self._client = StatestoreUpstream(upstream)
         self._redis = RespClient(redis)
         self._leases: LeanPool | None = None
         self._durable: LeanPool | None = None

@@ -1,11 +1,12 @@
-"""`python -m bench.floor_compare`: statestore's threaded continue (C) beside the floor of one (F, bench/floor.py) and
-the bare relay (R, bench/relay.py), side by side in one run.
+"""`python -m bench.floor_compare`: statestore's threaded continue (C) beside the floor of one (F, bench/floor.py),
+the bare relay (R, bench/relay.py, on aiohttp as in `make bench`; R* the same relay on statestore's own HTTP client)
+and statestore's stateless relay (B), side by side in one run.
 
-One echo backend; R relays the whole ≈ 2k-token history every turn (as arm R of `make bench`), F and C continue a
-thread with only the new turn. Rounds alternate between the three servers; the figures are each server's CPU per
-turn (sum_exec_runtime of its threads) and the client's median latency, and the ratios C/R, F/R and C/F: how much of
-what a threaded turn costs over a bare relay is the floor (the round trips and the parse that durability needs) and
-how much is statestore.
+One echo backend; R, R* and B relay the whole history every turn (≈ 2k tokens by default), F and C continue a thread
+with only the new turn. Rounds alternate between the servers; the figures are each server's CPU per turn
+(sum_exec_runtime of its threads) and the client's median latency, and the ratios: F/R* is what the round trips and
+the parse that durability needs cost any implementation on the same client, C/F what statestore adds to that floor,
+F/B and C/B where the floor and statestore stand against relaying the same history statelessly.
 
     .venv/bin/python -m bench.floor_compare [--rounds 8] [--turns 150] [--history-kb 8]
 """
@@ -70,7 +71,16 @@ def main(argv: list[str] | None = None) -> None:
 
         _echo, echo_url = start("echo", [python(), "-m", "statestore.cli", "echo-backend"], base_env, "/v1/models")
         relay, relay_url = start(
-            "relay", [python(), "-m", "bench.relay", "--upstream", echo_url], base_env, "/v1/models"
+            "relay",
+            [python(), "-m", "bench.relay", "--upstream", echo_url, "--client", "aiohttp"],
+            base_env,
+            "/v1/models",
+        )
+        lean_relay, lean_relay_url = start(
+            "relay-statestore-client",
+            [python(), "-m", "bench.relay", "--upstream", echo_url, "--client", "statestore"],
+            base_env,
+            "/v1/models",
         )
         floor_db = stack.enter_context(scratch_database(admin_dsn))
         floor_prefix = stack.enter_context(redis_prefix(redis_url))
@@ -98,16 +108,16 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run([python(), "-m", "statestore.cli", "migrate"], env=env, check=True, capture_output=True)
         statestore, statestore_url = start("statestore", [python(), "-m", "statestore.cli", "serve"], env, "/healthz")
 
-        results: dict[str, list[tuple[float, float]]] = {"R": [], "F": [], "C": []}
+        results: dict[str, list[tuple[float, float]]] = {"R": [], "R*": [], "B": [], "F": [], "C": []}
         with httpx.Client(timeout=30) as client:
 
-            def relay_round(turns: int) -> tuple[float, float]:
+            def relay_round(service: Service, url: str, turns: int) -> tuple[float, float]:
                 bodies = [_history_body(history, n) for n in range(turns)]
 
                 def one(n: int) -> None:
-                    client.post(relay_url + "/v1/messages", content=bodies[n], headers=HEADERS).raise_for_status()
+                    client.post(url + "/v1/messages", content=bodies[n], headers=HEADERS).raise_for_status()
 
-                return _measure(relay.pid, turns, one)
+                return _measure(service.pid, turns, one)
 
             def thread_round(service: Service, url: str, turns: int) -> tuple[float, float]:
                 head = [_create(client, url, history)]
@@ -118,7 +128,9 @@ def main(argv: list[str] | None = None) -> None:
                 return _measure(service.pid, turns, one)
 
             arms: dict[str, Callable[[int], tuple[float, float]]] = {
-                "R": relay_round,
+                "R": lambda turns: relay_round(relay, relay_url, turns),
+                "R*": lambda turns: relay_round(lean_relay, lean_relay_url, turns),
+                "B": lambda turns: relay_round(statestore, statestore_url, turns),
                 "F": lambda turns: thread_round(floor, floor_url, turns),
                 "C": lambda turns: thread_round(statestore, statestore_url, turns),
             }
@@ -126,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
                 arm(max(20, args.turns // 10))
             for i in range(args.rounds):
                 names = list(arms)
-                for name in names[i % 3 :] + names[: i % 3]:
+                for name in names[i % len(names) :] + names[: i % len(names)]:
                     results[name].append(arms[name](args.turns))
 
     cpu = {name: statistics.median(r[0] for r in rows) for name, rows in results.items()}
@@ -136,8 +148,9 @@ def main(argv: list[str] | None = None) -> None:
     for name in results:
         print(f"{name:3} | {cpu[name]:12.0f} µs     | {latency[name]:8.2f} ms")
     print(
-        f"CPU: C/R {cpu['C'] / cpu['R']:.2f}x, F/R {cpu['F'] / cpu['R']:.2f}x, C/F {cpu['C'] / cpu['F']:.2f}x; "
-        f"latency: C-F {latency['C'] - latency['F']:+.2f} ms, F-R {latency['F'] - latency['R']:+.2f} ms"
+        f"CPU: C/R {cpu['C'] / cpu['R']:.2f}x, R*/R {cpu['R*'] / cpu['R']:.2f}x, F/R* {cpu['F'] / cpu['R*']:.2f}x, "
+        f"C/F {cpu['C'] / cpu['F']:.2f}x, F/B {cpu['F'] / cpu['B']:.2f}x, C/B {cpu['C'] / cpu['B']:.2f}x; "
+        f"latency: C-F {latency['C'] - latency['F']:+.2f} ms, F-R* {latency['F'] - latency['R*']:+.2f} ms"
     )
 
 

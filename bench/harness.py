@@ -68,7 +68,7 @@ class Options:
     workers_for_scaling: int = 2
     with_relay: bool = True
     statestore_env: dict[str, str] = field(default_factory=dict)  # extra STATESTORE_* settings (`--set`)
-    relay_client: str = field(default_factory=default_client)  # arm R's HTTP client: aiohttp or httpx
+    relay_client: str = field(default_factory=default_client)  # arm R's HTTP client: aiohttp, httpx or statestore
 
 
 def code_id() -> str:

@@ -33,7 +33,7 @@ import asyncpg
 
 from bench import conversation as conv
 from bench.plan import Arm, Batch, CommitCheck, Mode, Plan, Results, SoakSample, Target, ThreadSizes
-from bench.procs import CpuSample, cpu_sample, rss_kb
+from bench.procs import CpuSample, cpu_sample, machine_busy_ticks, rss_kb
 from bench.rawhttp import ConnectionClosed, HttpConnection, RedisConnection, Reply, render_request
 from bench.stats import percentile
 
@@ -223,10 +223,10 @@ class LoadGenerator:
             return self.plan.relay
         return statestore or self.plan.s1
 
-    def _snapshot(self, target: Target) -> tuple[CpuSample, CpuSample]:
+    def _snapshot(self, target: Target) -> tuple[CpuSample, CpuSample, tuple[int, int]]:
         # Arm A has no server of its own: its CPU columns stay 0 and the backend's are reported separately.
         own = cpu_sample(target.pids) if target is not self.plan.backend else CpuSample(0, 0, 0)
-        return own, cpu_sample(self.plan.backend.pids)
+        return own, cpu_sample(self.plan.backend.pids), machine_busy_ticks()
 
     def _account(self, batch: Batch, outcome: Outcome, *, latency_from_ns: int | None = None) -> None:
         batch.request_bytes += outcome.request_bytes
@@ -244,7 +244,9 @@ class LoadGenerator:
             if len(batch.errors) < 5:
                 batch.errors.append(outcome.error[:300])
 
-    def _close_batch(self, batch: Batch, target: Target, before: tuple[CpuSample, CpuSample], started: float) -> None:
+    def _close_batch(
+        self, batch: Batch, target: Target, before: tuple[CpuSample, CpuSample, tuple[int, int]], started: float
+    ) -> None:
         after = self._snapshot(target)
         batch.window_s = time.perf_counter() - started
         batch.cpu_ticks = after[0].ticks - before[0].ticks
@@ -253,6 +255,8 @@ class LoadGenerator:
         batch.backend_ticks = after[1].ticks - before[1].ticks
         batch.backend_ns = after[1].sched_ns - before[1].sched_ns
         batch.rss_kb = rss_kb(target.pids)
+        batch.machine_busy_ticks = after[2][0] - before[2][0]
+        batch.machine_ticks = after[2][1] - before[2][1]
         self.results.batches.append(batch)
 
     async def sequential(self, phase: str, arm: Arm, size: str, mode: Mode, n: int, delay_ms: int) -> Batch:

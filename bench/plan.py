@@ -119,6 +119,8 @@ class Batch(BaseModel):
     body_bytes: int = 0
     new_turn_bytes: int = 0
     rss_kb: int = 0
+    machine_busy_ticks: int = 0  # every CPU's busy clock ticks over the batch, whoever used them (/proc/stat)
+    machine_ticks: int = 0  # every CPU's clock ticks over the batch, busy or idle
     creates_inline: int = 0
     cache_dels: int = 0
 

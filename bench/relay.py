@@ -2,10 +2,11 @@
 
 A few lines of raw ASGI and one pooled HTTP client, served by uvicorn with uvloop and httptools: read the body,
 forward it with the headers minus hop-by-hop ones, stream the response back chunk by chunk. No routing, no
-validation, no logging, no metrics. The client is aiohttp (what statestore's upstream client uses) or httpx (what it
-used before, and whose pool cost grows with the connections in flight); `--client` picks, aiohttp by default.
+validation, no logging, no metrics. The client is aiohttp (the default, and what statestore used before it had a
+client of its own), httpx (whose pool cost grows with the connections in flight), or statestore's own
+(statestore/upstream/http1.py); `--client` picks.
 
-    python -m bench.relay --port 8091 --upstream http://127.0.0.1:8090 [--client aiohttp|httpx]
+    python -m bench.relay --port 8091 --upstream http://127.0.0.1:8090 [--client aiohttp|httpx|statestore]
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Protocol
 
 import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from statestore.upstream.client import UpstreamClient
 
 _HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"te", b"trailer", b"upgrade"})
 _NOT_FORWARDED = _HOP_BY_HOP | {b"host", b"content-length"}  # the client writes its own
@@ -112,6 +115,36 @@ class AiohttpUpstream:
         return response.status, [(k.lower(), v) for k, v in response.raw_headers], chunks()
 
 
+class StatestoreUpstream:
+    """statestore's own client (statestore/upstream/http1.py): what a bare relay on it costs."""
+
+    def __init__(self, upstream_url: str) -> None:
+        self._base = upstream_url.rstrip("/")
+        self._client: UpstreamClient | None = None
+
+    async def start(self) -> None:
+        self._client = UpstreamClient(self._base, connect_timeout=10.0, read_timeout=600.0, max_connections=200)
+
+    async def stop(self) -> None:
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def request(
+        self, method: str, url: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> tuple[int, list[tuple[bytes, bytes]], AsyncIterator[bytes]]:
+        assert self._client is not None
+        response = await self._client.send(method, url[len(self._base) :], headers, body)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                async for chunk in response.chunks():
+                    yield chunk
+            finally:
+                await response.aclose()
+
+        return response.status, response.headers, chunks()
+
+
 class Relay:
     def __init__(self, upstream_url: str, client: Upstream) -> None:
         self._upstream_url = upstream_url.rstrip("/")
@@ -147,7 +180,12 @@ class Relay:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def client_named(name: str) -> Upstream:
+CLIENTS = ("aiohttp", "httpx", "statestore")
+
+
+def client_named(name: str, upstream_url: str) -> Upstream:
+    if name == "statestore":
+        return StatestoreUpstream(upstream_url)
     return AiohttpUpstream() if name == "aiohttp" else HttpxUpstream()
 
 
@@ -179,9 +217,9 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True)
-    parser.add_argument("--client", choices=["aiohttp", "httpx"], default=default_client())
+    parser.add_argument("--client", choices=CLIENTS, default=default_client())
     args = parser.parse_args()
-    serve_bare(Relay(args.upstream, client_named(args.client)), args.host, args.port)
+    serve_bare(Relay(args.upstream, client_named(args.client, args.upstream)), args.host, args.port)
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ class Figures:
     new_turn_bytes: float
     rss_mib: float
     creates_inline: int
+    machine_busy_share: float  # of every CPU's time over the batches, busy with anyone's work
 
     @property
     def turns_per_s(self) -> float:
@@ -107,6 +108,11 @@ def figures(batches: Iterable[Batch], workers: int = 1) -> Figures | None:
         new_turn_bytes=sum(b.new_turn_bytes for b in chosen) / sent,
         rss_mib=chosen[-1].rss_kb / 1024,
         creates_inline=sum(b.creates_inline for b in chosen),
+        machine_busy_share=(
+            sum(b.machine_busy_ticks for b in chosen) / machine_ticks
+            if (machine_ticks := sum(b.machine_ticks for b in chosen))
+            else math.nan
+        ),
     )
 
 
@@ -274,7 +280,8 @@ class Analysis:
                         f"scaling 1 → {two.workers} workers ≥ 1.8x",
                         f"{_n(one.turns_per_s)} → {_n(two.turns_per_s)} turns/s = "
                         f"{_f(two.turns_per_s / one.turns_per_s)}x (CPU per worker {_n(one.cpu_percent_per_worker)}% → "
-                        f"{_n(two.cpu_percent_per_worker)}%)",
+                        f"{_n(two.cpu_percent_per_worker)}%; the machine's cores {_n(one.machine_busy_share * 100)}% → "
+                        f"{_n(two.machine_busy_share * 100)}% busy with anyone's work)",
                         status(two.turns_per_s >= 1.8 * one.turns_per_s),
                     )
                 )
@@ -421,8 +428,9 @@ def _throughput_table(an: Analysis) -> list[str]:
     if tp is None:
         return []
     lines = [
-        "| server | turns/s | turns/s per worker | CPU % per worker | CPU us/turn (stat) | p50 ms | p99 ms | errors |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| server | turns/s | turns/s per worker | CPU % per worker | CPU us/turn (stat) | machine busy "
+        "| p50 ms | p99 ms | errors |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for target in [an.plan.s1] + ([an.plan.s2] if an.plan.s2 else []):
         f = an.throughput(target.name)
@@ -430,7 +438,8 @@ def _throughput_table(an: Analysis) -> list[str]:
             continue
         lines.append(
             f"| {target.name} | {_n(f.turns_per_s)} | {_n(f.turns_per_s / f.workers)} | {_n(f.cpu_percent_per_worker)} "
-            f"| {_n(f.cpu_us_stat)} | {_f(percentile(f.total, 50))} | {_f(percentile(f.total, 99))} | {f.n_err} |"
+            f"| {_n(f.cpu_us_stat)} | {_n(f.machine_busy_share * 100)} % | {_f(percentile(f.total, 50))} "
+            f"| {_f(percentile(f.total, 99))} | {f.n_err} |"
         )
     return lines
 
