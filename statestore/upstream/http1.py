@@ -91,10 +91,18 @@ class Connection(asyncio.Protocol):
 
     # -- httptools callbacks --------------------------------------------------------------------------------------
 
+    def _after_the_end(self) -> None:
+        # Bytes past the end of the response, before another request was sent: not HTTP. Raising stops the parser
+        # here (feed_data raises), so the response already read stays as it was and the connection goes.
+        if self.message_done:
+            raise ConnectionClosed("the backend sent bytes after its response")
+
     def on_header(self, name: bytes, value: bytes | None) -> None:
+        self._after_the_end()
         self.headers.append((name.lower(), value or b""))
 
     def on_headers_complete(self) -> None:
+        self._after_the_end()
         status = self._parser.get_status_code()
         if 100 <= status < 200:
             # An interim response (100 Continue, 103 Early Hints): the final one follows on the same connection.
@@ -108,6 +116,7 @@ class Connection(asyncio.Protocol):
         self._wake()
 
     def on_body(self, body: bytes) -> None:
+        self._after_the_end()
         self._chunks.append(body)
         self._buffered += len(body)
         if self._buffered > _HIGH_WATER and not self._paused and self.transport is not None:
@@ -190,7 +199,8 @@ class Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        return self.message_done and self._keep_alive and not self.closed and self._error is None
+        # Not when reading was paused and the body left unread: nothing would resume it for the next request.
+        return self.message_done and self._keep_alive and not self.closed and self._error is None and not self._paused
 
     def close(self) -> None:
         self.closed = True

@@ -13,6 +13,7 @@ import pytest
 
 from statestore.errors import UpstreamTimeout, UpstreamUnreachable
 from statestore.upstream.client import StreamInterrupted, UpstreamClient
+from statestore.upstream.http1 import Connection, ConnectionPool
 
 Handler = Callable[["Backend", asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -387,3 +388,53 @@ async def test_a_response_dropped_unclosed_gives_its_connection_back(backends: l
     await again.aclose()
     assert backend.connections == 2  # the dropped one was closed, not reused mid-response
     await client.aclose()
+
+
+async def test_bytes_after_the_response_close_the_connection_and_leave_the_response_whole(
+    backends: list[Backend],
+) -> None:
+    trailing = OK + b"HTTP/1.1 200 OK\r\nx-smuggled: 1\r\ncontent-length: 2\r\n\r\nno"
+    client, backend = await make(backends, replying(trailing, OK))
+    response = await client.send("POST", "/v1/messages", [], b"{}")
+    assert await response.read() == b'{"ok":true}'
+    assert response.header(b"x-smuggled") is None
+    await response.aclose()
+    again = await client.send("POST", "/v1/messages", [], b"{}")
+    assert await again.read() == b'{"ok":true}'
+    await again.aclose()
+    assert backend.connections == 2  # the first connection was not trusted again
+    await client.aclose()
+
+
+class FakeTransport:
+    def __init__(self) -> None:
+        self.paused = False
+        self.written: list[bytes] = []
+
+    def writelines(self, data: list[bytes]) -> None:
+        self.written += data
+
+    def pause_reading(self) -> None:
+        self.paused = True
+
+    def resume_reading(self) -> None:
+        self.paused = False
+
+    def close(self) -> None:
+        pass
+
+
+async def test_reading_paused_with_the_body_unread_keeps_the_connection_out_of_the_pool() -> None:
+    pool = ConnectionPool(
+        "http://127.0.0.1:1", connect_timeout=1, read_timeout=1, max_connections=1, keepalive_seconds=1
+    )
+    connection = Connection(pool)
+    transport = FakeTransport()
+    connection.connection_made(transport)  # type: ignore[arg-type]
+    connection.send(b"POST / HTTP/1.1\r\n\r\n", b"")
+    body = b"z" * 300_000  # past the pause mark, and the whole response, in one read
+    connection.data_received(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+    assert transport.paused and connection.message_done
+    assert not connection.reusable  # closed now, it would sit in the pool with reading paused for good
+    assert await connection.next_chunk() == body
+    assert not transport.paused and connection.reusable
