@@ -19,6 +19,8 @@ from typing import Any
 
 import asyncpg
 
+from statestore.waiters import wake_first
+
 
 class LeanPool:
     def __init__(self, dsn: str, *, max_size: int, timeout: float, server_settings: dict[str, str]) -> None:
@@ -90,11 +92,7 @@ class LeanPool:
         self._idle.append(conn)
 
     def _wake_one(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        wake_first(self._waiters)
 
     async def close(self) -> None:
         """Close the idle connections now; a lent one is closed when it comes back."""

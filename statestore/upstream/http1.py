@@ -16,6 +16,8 @@ from urllib.parse import quote, urlsplit
 
 import httptools
 
+from statestore.waiters import wake_first
+
 # A relay slower than its backend stops reading the socket past this much unread body, so memory stays bounded.
 _HIGH_WATER = 256 * 1024
 _LOW_WATER = 64 * 1024
@@ -357,11 +359,7 @@ class ConnectionPool:
             self._sweeper = self.loop.call_later(self._keepalive, self._sweep)
 
     def _wake_one(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
+        wake_first(self._waiters)
 
     async def aclose(self) -> None:
         self._closing = True
