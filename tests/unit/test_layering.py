@@ -1,0 +1,73 @@
+"""The packages of statestore/ import downwards only (README, Architecture): the faces in api/ and the Responses door
+over the threaded turn, both over the store and the backend client, with no cycle. Read from the source, lazy
+imports inside functions included, so a shortcut taken anywhere fails here."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "statestore"
+
+# Which packages each package may import; modules at the top of statestore/ (config, errors, policy, ...) are shared.
+ALLOWED: dict[str, set[str]] = {
+    "api": {"responses", "threads", "store", "upstream"},
+    "console": {"store"},
+    "responses": {"threads", "store", "upstream"},
+    "threads": {"store", "upstream"},
+    "store": set(),
+    "upstream": set(),
+}
+
+
+def package_imports() -> dict[str, dict[str, set[str]]]:
+    """package -> imported package -> the modules that import it."""
+    found: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+    for path in PACKAGE_ROOT.rglob("*.py"):
+        parts = path.relative_to(PACKAGE_ROOT).parts
+        if len(parts) < 2:
+            continue  # a top-level module
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            for name in names:
+                target = name.split(".")
+                inside = target[0] == "statestore" and len(target) > 1 and (PACKAGE_ROOT / target[1]).is_dir()
+                if inside and target[1] != parts[0]:
+                    found[parts[0]][target[1]].add(str(path.relative_to(PACKAGE_ROOT.parent)))
+    return found
+
+
+def test_every_package_is_known() -> None:
+    packages = {p.name for p in PACKAGE_ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages == set(ALLOWED), "a package was added or removed: say where it sits in ALLOWED"
+
+
+def test_packages_import_downwards_only() -> None:
+    wrong = {
+        f"{package} -> {target}: {sorted(modules)}"
+        for package, targets in package_imports().items()
+        for target, modules in targets.items()
+        if target not in ALLOWED[package]
+    }
+    assert not wrong, "imports against the layering:\n" + "\n".join(sorted(wrong))
+
+
+def test_the_allowed_graph_has_no_cycle() -> None:
+    seen: set[str] = set()
+
+    def visit(package: str, path: tuple[str, ...]) -> None:
+        assert package not in path, f"cycle: {' -> '.join((*path, package))}"
+        if package in seen:
+            return
+        for target in ALLOWED[package]:
+            visit(target, (*path, package))
+        seen.add(package)
+
+    for package in ALLOWED:
+        visit(package, ())
