@@ -31,8 +31,9 @@ _HOP_BY_HOP = frozenset(
         b"upgrade",
     }
 )
-# Recomputed by whoever writes the body next.
-_BODY_FRAMING = frozenset({b"content-length", b"host"})
+# Recomputed by whoever writes the body next. `expect: 100-continue` asked statestore's server for leave to send the
+# body; it has been read whole, so the backend gets it without asking.
+_BODY_FRAMING = frozenset({b"content-length", b"host", b"expect"})
 _CREDENTIALS = frozenset({b"x-api-key", b"authorization"})
 # The server adds its own.
 _SERVER_OWNED = frozenset({b"date"})

@@ -143,10 +143,12 @@ def test_credentials_are_forwarded_and_statestore_headers_are_not(
             "anthropic-beta": "message-threads-2026-08-12, other-beta-2025-01-01",
             "statestore-ttl": "60",
             "connection": "keep-alive",
+            "expect": "100-continue",
         },
     )
     assert response.status_code == 200
     [seen] = backend.requests()
+    assert seen.header("expect") is None  # the body was read whole: the backend is not asked for leave to send it
     assert seen.header("x-api-key") == api_key
     assert seen.header("anthropic-beta") == "other-beta-2025-01-01"
     assert seen.header("statestore-ttl") is None
