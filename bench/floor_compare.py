@@ -1,6 +1,6 @@
 """`python -m bench.floor_compare`: statestore's threaded continue (C) beside the floor of one (F, bench/floor.py),
-the bare relay (R, bench/relay.py, on aiohttp as in `make bench`; R* the same relay on statestore's own HTTP client)
-and statestore's stateless relay (B), side by side in one run.
+the bare relay (R, bench/relay.py, on aiohttp as in `make bench`; R* the same relay on statestore's own HTTP client),
+statestore's stateless relay (B) and the backend called directly (A, latency only), side by side in one run.
 
 One echo backend; R, R* and B relay the whole history every turn (≈ 2k tokens by default), F and C continue a thread
 with only the new turn. Rounds alternate between the servers; the figures are each server's CPU per turn
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
             service.wait_healthy()
             return service, f"http://127.0.0.1:{port}"
 
-        _echo, echo_url = start("echo", [python(), "-m", "statestore.cli", "echo-backend"], base_env, "/v1/models")
+        echo, echo_url = start("echo", [python(), "-m", "statestore.cli", "echo-backend"], base_env, "/v1/models")
         relay, relay_url = start(
             "relay",
             [python(), "-m", "bench.relay", "--upstream", echo_url, "--client", "aiohttp"],
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run([python(), "-m", "statestore.cli", "migrate"], env=env, check=True, capture_output=True)
         statestore, statestore_url = start("statestore", [python(), "-m", "statestore.cli", "serve"], env, "/healthz")
 
-        results: dict[str, list[tuple[float, float]]] = {"R": [], "R*": [], "B": [], "F": [], "C": []}
+        results: dict[str, list[tuple[float, float]]] = {"A": [], "R": [], "R*": [], "B": [], "F": [], "C": []}
         with httpx.Client(timeout=30) as client:
 
             def relay_round(service: Service, url: str, turns: int) -> tuple[float, float]:
@@ -128,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
                 return _measure(service.pid, turns, one)
 
             arms: dict[str, Callable[[int], tuple[float, float]]] = {
+                # A: the backend called directly; its CPU is the backend's, so only its latency is reported.
+                "A": lambda turns: relay_round(echo, echo_url, turns),
                 "R": lambda turns: relay_round(relay, relay_url, turns),
                 "R*": lambda turns: relay_round(lean_relay, lean_relay_url, turns),
                 "B": lambda turns: relay_round(statestore, statestore_url, turns),
@@ -146,12 +148,15 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.rounds} rounds x {args.turns} turns per server, interleaved; history {args.history_kb} KiB")
     print("arm | server CPU per turn | client p50 latency")
     for name in results:
-        print(f"{name:3} | {cpu[name]:12.0f} µs     | {latency[name]:8.2f} ms")
+        server_cpu = f"{cpu[name]:12.0f} µs" if name != "A" else f"{'-':>12}   "
+        print(f"{name:3} | {server_cpu}     | {latency[name]:8.2f} ms")
     print(
         f"CPU: C/R {cpu['C'] / cpu['R']:.2f}x, R*/R {cpu['R*'] / cpu['R']:.2f}x, F/R* {cpu['F'] / cpu['R*']:.2f}x, "
         f"C/F {cpu['C'] / cpu['F']:.2f}x, F/B {cpu['F'] / cpu['B']:.2f}x, C/B {cpu['C'] / cpu['B']:.2f}x; "
         f"latency: C-F {latency['C'] - latency['F']:+.2f} ms, F-R* {latency['F'] - latency['R*']:+.2f} ms"
     )
+    added = ", ".join(f"{name} {latency[name] - latency['A']:+.2f}" for name in results if name != "A")
+    print(f"latency added over calling the backend directly (A), p50: {added} ms")
 
 
 if __name__ == "__main__":
