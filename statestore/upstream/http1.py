@@ -1,19 +1,22 @@
 """A lean HTTP/1.1 client for the one model backend: a LIFO pool of keep-alive connections, each request written with
 one `writelines`, each response parsed by httptools (llhttp, in C) straight into the relay's hands.
 
-It does what statestore's relays need and nothing else: no redirects, cookies, proxies, content decoding or
-retries of a request that may have reached the backend. A general-purpose client spent about a quarter of a
-threaded turn's CPU on the layers around those features (bench/README.md).
+It does what statestore's relays need and nothing else: no redirects, cookies, proxies, content decoding or retries
+of a request that may have reached the backend. New connections race the host's addresses (RFC 8305, through
+aiohappyeyeballs). A general-purpose client spent about a quarter of a threaded turn's CPU on the layers around those
+features (bench/README.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 from collections import deque
 from typing import cast
 from urllib.parse import quote, urlsplit
 
+import aiohappyeyeballs
 import httptools
 
 from statestore.waiters import wake_first
@@ -24,6 +27,8 @@ _LOW_WATER = 64 * 1024
 # Requests a backend may safely see twice: retried once when a reused connection turns out closed (RFC 9110 §9.2.2).
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
+# RFC 8305's recommended wait before the next address is tried alongside the first.
+_HAPPY_EYEBALLS_DELAY_S = 0.25
 # Characters of a decoded path that stay as they are; everything else is percent-encoded again.
 _PATH_SAFE = "/:@!$&'()*+,;=~"
 
@@ -310,13 +315,23 @@ class ConnectionPool:
         self._open += 1
         try:
             async with asyncio.timeout(self.connect_timeout):
-                _, connection = await self.loop.create_connection(
-                    lambda: Connection(self),
-                    self._host,
-                    self._port,
-                    ssl=self._ssl,
-                    server_hostname=self._host if self._tls else None,
+                addresses = await self.loop.getaddrinfo(self._host, self._port, type=socket.SOCK_STREAM)
+                # The addresses raced as RFC 8305 says (uvloop cannot): a host whose IPv6 route silently drops packets
+                # still connects over IPv4 within the connect timeout, instead of spending it all on the first address.
+                sock = await aiohappyeyeballs.start_connection(
+                    addresses, happy_eyeballs_delay=_HAPPY_EYEBALLS_DELAY_S, interleave=1, loop=self.loop
                 )
+                try:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    _, connection = await self.loop.create_connection(
+                        lambda: Connection(self),
+                        sock=sock,
+                        ssl=self._ssl,
+                        server_hostname=self._host if self._tls else None,
+                    )
+                except BaseException:
+                    sock.close()
+                    raise
         except BaseException:
             self._open -= 1
             self._wake_one()

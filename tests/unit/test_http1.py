@@ -4,8 +4,10 @@ each test's server writes exactly the bytes a backend could, so framing, reuse, 
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import subprocess
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -438,3 +440,54 @@ async def test_reading_paused_with_the_body_unread_keeps_the_connection_out_of_t
     assert not connection.reusable  # closed now, it would sit in the pool with reading paused for good
     assert await connection.next_chunk() == body
     assert not transport.paused and connection.reusable
+
+
+async def test_a_host_name_is_resolved_and_its_addresses_tried_until_one_answers(backends: list[Backend]) -> None:
+    # The backend listens on 127.0.0.1 only; "localhost" may resolve to ::1 first, which refuses.
+    backend = Backend(replying(OK))
+    backends.append(backend)
+    port = await backend.start()
+    client = UpstreamClient(f"http://localhost:{port}", connect_timeout=2, read_timeout=2, max_connections=2)
+    response = await client.send("POST", "/v1/messages", [], b"{}")
+    assert await response.read() == b'{"ok":true}'
+    await response.aclose()
+    assert f"\r\nhost: localhost:{port}\r\n".encode() in backend.heads[0]
+    await client.aclose()
+    with pytest.raises(UpstreamUnreachable):
+        unknown = UpstreamClient("http://no-such-host.invalid", connect_timeout=2, read_timeout=2, max_connections=2)
+        try:
+            await unknown.send("GET", "/v1/models", [], b"")
+        finally:
+            await unknown.aclose()
+
+
+async def test_an_address_that_drops_connections_does_not_use_up_the_connect_timeout(
+    backends: list[Backend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A listener whose accept queue is full drops further SYNs: a connection to it hangs, like a dead IPv6 route.
+    blackhole = socket.socket()
+    blackhole.bind(("127.0.0.2", 0))
+    blackhole.listen(0)
+    fillers = [socket.socket() for _ in range(4)]
+    for filler in fillers:
+        filler.setblocking(False)
+        filler.connect_ex(blackhole.getsockname())
+    await asyncio.sleep(0.2)
+    client, backend = await make(backends, replying(OK), connect_timeout=1.5)
+    port = backend.server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    async def resolve(*_: object, **__: object) -> list[tuple[int, int, int, str, tuple[str, int]]]:
+        return [
+            (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", blackhole.getsockname()),
+            (socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", ("127.0.0.1", port)),
+        ]
+
+    monkeypatch.setattr(client._pool.loop, "getaddrinfo", resolve)
+    started = time.monotonic()
+    response = await client.send("POST", "/v1/messages", [], b"{}")
+    assert await response.read() == b'{"ok":true}'
+    assert time.monotonic() - started < 1.0  # the second address was tried after 0.25 s, not after the first gave up
+    await response.aclose()
+    await client.aclose()
+    for sock in (*fillers, blackhole):
+        sock.close()
