@@ -170,11 +170,13 @@ class _ThreadedTurn:
                 for event in parser.feed(chunk):
                     if event.event == "message_stop":
                         # The end of the reply leaves only after the turn is durable.
-                        with anyio.CancelScope(shield=True):
-                            if capture.captured and rules.storable(capture.message):
-                                await self.service.commit(prepared, completed(capture.message, capture.backend_id))
-                            else:
-                                await self.service.give_back(prepared)
+                        refused = await self._settle_at_the_end(prepared, capture)
+                        if refused is not None:
+                            # What came before the end still reaches the client, which keeps the reply it saw as
+                            # partial (the SDK replays it so); only message_stop is withheld.
+                            if out:
+                                yield b"".join(out)
+                            raise refused
                     out.append(capture.add(event))
                 if out:
                     yield b"".join(out)
@@ -186,3 +188,16 @@ class _ThreadedTurn:
             with anyio.CancelScope(shield=True):
                 await response.aclose()
                 await self.service.give_back(prepared)  # a no-op once the turn is stored
+
+    async def _settle_at_the_end(self, prepared: PreparedTurn, capture: ReplyAccumulator) -> StatestoreError | None:
+        """Commit the captured reply (or give the head back if it is not to be stored); the refusal when the commit
+        cannot be made (the database, or the lease lost), so the relay can cut the stream after what it holds."""
+        with anyio.CancelScope(shield=True):
+            try:
+                if capture.captured and rules.storable(capture.message):
+                    await self.service.commit(prepared, completed(capture.message, capture.backend_id))
+                else:
+                    await self.service.give_back(prepared)
+            except StatestoreError as exc:
+                return exc
+        return None

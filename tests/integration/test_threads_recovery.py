@@ -12,11 +12,13 @@ from typing import Any
 
 import anthropic
 import httpx
+import orjson
 import pytest
 
 from tests.integration.test_threads import (
     MODEL,
     SYSTEM,
+    THREADS_BETA,
     RawThreads,
     advance_clock,
     echo,
@@ -257,6 +259,37 @@ def test_backend_cutting_a_stream_stores_nothing(raw: RawThreads, backend: FakeB
     response = _continue_when_free(raw, first["id"], [user("two, again")])
     ok(response)
     assert forwarded(backend)["messages"] == [user("one"), said(first), user("two, again")]
+
+
+def test_a_commit_refused_at_the_end_relays_the_reply_up_to_message_stop(raw: RawThreads, backend: FakeBackend) -> None:
+    first = ok(raw.create([user("one")]))
+    # The backend stalls after its first text delta, then sends the rest (the last deltas, content_block_stop,
+    # message_delta, message_stop) back to back; the thread is deleted meanwhile, so the commit at the end is refused.
+    long_text = [{"type": "text", "text": "a reply long enough to come in several deltas, " * 4}]
+    backend.script(message_action(long_text, stall_after_events=4, stall_seconds=1.0))
+    body = {
+        "model": MODEL,
+        "max_tokens": 256,
+        "stream": True,
+        "messages": [user("two")],
+        "thread": {"type": "continue", "previous_message_id": first["id"]},
+    }
+    received = b""
+    with raw.http.stream(
+        "POST", "/v1/messages", content=orjson.dumps(body), headers={"anthropic-beta": THREADS_BETA}
+    ) as response:
+        assert response.status_code == 200
+        chunks = response.iter_raw()
+        received += next(chunks)  # the stream has begun: the turn holds the head
+        assert raw.http.delete(f"/statestore/v1/threads/{minted(first['id'])}").status_code == 200
+        with pytest.raises(httpx.HTTPError):
+            for chunk in chunks:
+                received += chunk
+    data = [line[len(b"data: ") :] for line in received.split(b"\n") if line.startswith(b"data: ")]
+    events = [orjson.loads(item)["type"] for item in data]
+    assert "message_stop" not in events  # not stored: its end is withheld and the stream cut
+    # Everything before the end reached the client, so it holds the whole reply it was shown, as a partial one.
+    assert events[-2:] == ["content_block_stop", "message_delta"], events
 
 
 def test_stream_error_event_stores_nothing(raw: RawThreads, backend: FakeBackend) -> None:

@@ -387,7 +387,12 @@ def stored_threads(database_url: str) -> dict[str, StoredThread]:
 def assert_whole_turns(thread: StoredThread, reply_of: Callable[[str], list[dict[str, Any]]]) -> None:
     """Every user turn of an echo conversation is followed by its own reply. Only replies carry response ids (not
     every reply: the history a create replays is stored without them)."""
-    assert len(thread.messages) % 2 == 0, f"{thread.id}: odd message count {len(thread.messages)}"
+    # The sequence itself (test data, no user's content) says which turn came apart, and whether a client replayed it.
+    shape = [
+        (m["role"][0], m["content"] if isinstance(m["content"], str) else "[blocks]", r is not None)
+        for m, r in zip(thread.messages, thread.response_ids, strict=True)
+    ]
+    assert len(thread.messages) % 2 == 0, f"{thread.id}: odd message count {len(thread.messages)}: {shape}"
     for index in range(0, len(thread.messages), 2):
         asked, answered = thread.messages[index], thread.messages[index + 1]
         assert asked["role"] == "user", (thread.id, index, asked)
