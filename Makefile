@@ -9,19 +9,23 @@ RUNTIME_STAMP := $(VENV)/.runtime
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test lint install services browser console-screenshots bench bench-responses bench-context campaign clean image admin
+.PHONY: run test lint install services system-packages console-screenshots bench bench-responses bench-context campaign clean image admin
+
+# setuptools notes, on every editable install of a package mapped from two folders (statestore/ and migrations/), that
+# it is served by an import hook; it is information, not a fault of ours, and would be the install's only output.
+QUIET_INSTALL := PYTHONWARNINGS='ignore:Editable installation'
 
 # The development set-up: statestore (editable) with the test and lint tools.
 $(STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(QUIET_INSTALL) $(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP) $(RUNTIME_STAMP)
 
 # Just enough to serve: statestore (editable) and its runtime dependencies, no dev toolchain.
 $(RUNTIME_STAMP): pyproject.toml setup.py
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -e .
+	$(QUIET_INSTALL) $(BIN)/python -m pip install --quiet -e .
 	touch $(RUNTIME_STAMP)
 
 install: $(STAMP)
@@ -62,15 +66,17 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check deploy
 	$(BIN)/python deploy/constraints.py check
 
-# Debian's chromium and chromedriver for the console's browser tests: installed in CI, else named with the command.
-browser:
-	@scripts/ensure-browser.sh
+# haproxy, podman, runc, debootstrap, chromium and chromedriver: installed when root with apt-get, else named with the
+# one command that installs them, before any other step.
+system-packages:
+	@scripts/ensure-system-packages.sh
 
-test: $(STAMP) lint services browser $(NODE_DEPS)
+# Prerequisites run in this order: the system packages first, so a machine without them stops at once.
+test: system-packages $(STAMP) lint services $(NODE_DEPS)
 	@scripts/run-tests.sh
 
 # The README's pictures of the admin console (docs/console/*.png), taken by its browser tests.
-console-screenshots: $(STAMP) services browser
+console-screenshots: system-packages $(STAMP) services
 	STATESTORE_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest -q tests/integration/test_console.py
 
 # The default fault campaign (tests/campaign): 32 clients, >= 20,000 operations and >= 50 faults against three

@@ -2,18 +2,25 @@
 
 The Alembic revisions stay in migrations/ at the top of the repository, where `alembic` and the developers find them,
 and ship inside the package as statestore.migrations, so an installed wheel can migrate with no setting. pyproject's
-declarative find cannot map one folder into another package, hence this file. Every statestore subpackage (a folder
-with an __init__.py) is found automatically, and so is every non-Python file inside them (templates, static assets,
-py.typed), folders without an __init__.py included.
+declarative find cannot map one folder into another package, hence this file.
+
+Every folder under statestore/ is a package here, those without an __init__.py too (the console's templates and
+static assets): setuptools warns about data files in a folder it was not told is a package, and each folder's own
+files that are not Python (templates, assets, py.typed) are its package data.
 """
 
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 ROOT = Path(__file__).resolve().parent
 MAPPED = {"statestore.migrations": "migrations"}
-PACKAGES = [*find_packages(include=["statestore", "statestore.*"]), *MAPPED, "statestore.migrations.versions"]
+SKIPPED = ["*.__pycache__", "*.__pycache__.*"]
+PACKAGES = [
+    *find_namespace_packages(include=["statestore", "statestore.*"], exclude=SKIPPED),
+    "statestore.migrations",
+    *(f"statestore.migrations.{name}" for name in find_namespace_packages(where="migrations", exclude=SKIPPED)),
+]
 
 
 def _folder(package: str) -> Path:
@@ -24,17 +31,10 @@ def _folder(package: str) -> Path:
 
 
 def _data_files(package: str) -> list[str]:
-    """The package's files that are not Python, relative to it, down to (not into) its subpackages."""
-    top = _folder(package)
-    found = []
-    for path in sorted(top.rglob("*")):
-        if not path.is_file() or path.suffix in (".py", ".pyc") or "__pycache__" in path.parts:
-            continue
-        between = [folder for folder in [path.parent, *path.parent.parents] if top in folder.parents]
-        if any((folder / "__init__.py").is_file() for folder in between):
-            continue  # in a subpackage, which lists it itself
-        found.append(str(path.relative_to(top)))
-    return found
+    """The files of the package's own folder that are not Python (each subfolder is a package of its own)."""
+    return sorted(
+        path.name for path in _folder(package).iterdir() if path.is_file() and path.suffix not in (".py", ".pyc")
+    )
 
 
 setup(

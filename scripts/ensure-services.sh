@@ -1,28 +1,8 @@
 #!/usr/bin/env bash
 # Start PostgreSQL and Redis with the machine's own commands when they are not answering, then wait for them.
 # Used by `make test` (and so by CI): a service that cannot be brought up fails the run instead of skipping tests.
+# (The system packages are scripts/ensure-system-packages.sh's, which `make test` runs first.)
 set -euo pipefail
-
-# System packages some tests need: haproxy (tests/scaleout starts its own, in front of three replicas); podman,
-# runc and debootstrap (tests/packaging/test_image.py builds and runs the container image). Under CI (CI=true) they are
-# installed with apt-get when missing; on anyone else's machine nothing is installed: the run says what is missing
-# and the command that installs it.
-missing=()
-have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
-for tool in haproxy podman runc debootstrap; do
-  have "$tool" || missing+=("$tool")
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  if [ "${CI:-}" = "true" ] && [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "CI: installing ${missing[*]} with apt-get" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2 || true
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 || echo "apt-get could not install ${missing[*]}" >&2
-  else
-    echo "not installed: ${missing[*]} (Debian/Ubuntu: sudo apt-get install ${missing[*]})." >&2
-    echo "  haproxy: tests/scaleout fail without it; podman, runc, debootstrap: the container image test is not run." >&2
-  fi
-fi
 
 pg_up() { pg_isready -q -h 127.0.0.1 -p 5432 2>/dev/null; }
 redis_up() { redis-cli -h 127.0.0.1 -p 6379 ping 2>/dev/null | grep -q PONG; }

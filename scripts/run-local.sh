@@ -31,6 +31,7 @@ fi
 
 "$bin/statestore" migrate
 echo "statestore on http://127.0.0.1:$port — try the README's curl and SDK examples"
+echo "the admin CLI from this checkout: .venv/bin/statestore admin --help (or: make admin ARGS='stats')"
 if [ -n "${STATESTORE_ADMIN_TOKENS:-}" ]; then
   echo "admin console on http://127.0.0.1:$port/admin/console (sign in with an admin token)"
 fi

@@ -89,10 +89,10 @@ def cmd_migrate(args: argparse.Namespace) -> None:
             parents=True, exist_ok=True
         )
     try:
-        upgrade(settings.database_url, args.revision)
+        migrated = upgrade(settings.database_url, args.revision)
     except Exception as exc:
         sys.exit(f"statestore: migration failed ({type(exc).__name__}: {exc})")
-    print(f"statestore: database at {args.revision} ({_safe_url(settings.database_url)})")
+    print(f"statestore: {migrated.describe()} ({_safe_url(settings.database_url)})")
 
 
 def _safe_url(url: str) -> str:

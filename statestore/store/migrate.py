@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statestore.store.engine import normalise_database_url
+from statestore.store.engine import create_engine, normalise_database_url
 
 MIGRATIONS_DIR_ENV = "STATESTORE_MIGRATIONS_DIR"
 
@@ -57,8 +58,46 @@ def alembic_config(database_url: str) -> Config:
     return config
 
 
-def upgrade(database_url: str, revision: str = "head") -> None:
-    _outside_event_loop(lambda: command.upgrade(alembic_config(database_url), revision))
+@dataclass(frozen=True, slots=True)
+class Migrated:
+    """The revisions a database was at before and after `upgrade` (empty: no statestore schema)."""
+
+    before: frozenset[str]
+    after: frozenset[str]
+
+    def describe(self) -> str:
+        """What the migration did, for the operator: created, moved, or found nothing to do."""
+        if self.before == self.after:
+            return f"database already at revision {_revisions(self.after)}, nothing to do"
+        if not self.before:
+            return f"created the schema at revision {_revisions(self.after)}"
+        return f"migrated the database from revision {_revisions(self.before)} to {_revisions(self.after)}"
+
+
+def upgrade(database_url: str, revision: str = "head") -> Migrated:
+    config = alembic_config(database_url)
+    found: list[frozenset[str]] = []
+
+    def work() -> None:
+        found.append(_heads_of(config))
+        command.upgrade(config, revision)
+        found.append(_heads_of(config))
+
+    _outside_event_loop(work)
+    return Migrated(before=found[0], after=found[1])
+
+
+def _heads_of(config: Config) -> frozenset[str]:
+    # The revisions stamped in the database, read through the same async engine env.py uses.
+    async def read() -> frozenset[str]:
+        engine = create_engine(config.get_main_option("sqlalchemy.url") or "", pool_size=1)
+        try:
+            async with engine.connect() as connection:
+                return frozenset(await connection.run_sync(_current_heads))
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(read())
 
 
 def downgrade(database_url: str, revision: str) -> None:
@@ -99,7 +138,7 @@ def _current_heads(connection: Connection) -> tuple[str, ...]:
     return MigrationContext.configure(connection).get_current_heads()
 
 
-def _revisions(revisions: set[str]) -> str:
+def _revisions(revisions: set[str] | frozenset[str]) -> str:
     return ", ".join(sorted(revisions))
 
 

@@ -232,6 +232,29 @@ def test_alembic_command_line_uses_the_environment_url(tmp_path: Path) -> None:
     assert not (tmp_path / "statestore.db").exists()
 
 
+def test_migrate_says_whether_it_created_moved_or_found_nothing_to_do(tmp_path: Path) -> None:
+    database = tmp_path / "fresh.db"
+    environment = {**os.environ, "STATESTORE_DATABASE_URL": f"sqlite:///{database}"}
+    environment.pop(migrate.MIGRATIONS_DIR_ENV, None)
+
+    def statestore_migrate() -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "statestore.cli", "migrate"],
+            cwd=tmp_path,
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert f"created the schema at revision {CODE_HEAD}" in statestore_migrate()
+    assert f"database already at revision {CODE_HEAD}, nothing to do" in statestore_migrate()
+    migrate.downgrade(f"sqlite+aiosqlite:///{database}", "0006")
+    assert f"migrated the database from revision 0006 to {CODE_HEAD}" in statestore_migrate()
+
+
 # The newest revision the code ships; the test revisions below stack on it.
 CODE_HEAD = ScriptDirectory.from_config(migrate.alembic_config("sqlite+aiosqlite://")).get_current_head() or ""
 

@@ -38,7 +38,7 @@ def container(
 ) -> Iterator[tuple[str, str]]:
     """The image's `migrate`, then its default command with the host's network: (container name, base URL)."""
     migrated = podman("run", "--rm", "--network", "host", *_container_env(fresh_pg_url), image, "migrate")
-    assert "database at head" in migrated.stdout
+    assert "created the schema at revision" in migrated.stdout, migrated.stdout
 
     port = free_port()
     name = f"statestore-test-{secrets.token_hex(4)}"

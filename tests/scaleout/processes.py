@@ -1,8 +1,8 @@
 """Real processes for the scale-out tests: a Redis Cluster of three masters, statestore replicas and HAProxy.
 
 Everything binds to 127.0.0.1 on free ports, writes its files under a temporary directory the caller owns, and is
-stopped by the caller (each class is a context manager). A needed binary that is missing fails the test in CI (where
-`scripts/ensure-services.sh` must have installed it) and skips it elsewhere, with the command that installs it.
+stopped by the caller (each class is a context manager). A needed binary that is missing fails the test with the
+command that installs it (`make test` installs it first, scripts/ensure-system-packages.sh): never a skip.
 """
 
 from __future__ import annotations
@@ -32,19 +32,16 @@ import redis
 
 from tests.support.server import OWNER_SECRET, REPO, free_port
 
-HAPROXY_INSTALL_HINT = "run `make services` (scripts/ensure-services.sh installs haproxy with apt-get)"
+HAPROXY_INSTALL_HINT = "run `make system-packages` (as root it installs haproxy with apt-get)"
 
 
 def require_binary(name: str, hint: str) -> str:
-    """The path of `name`; a missing binary fails the test under CI and skips it on a developer's machine."""
+    """The path of `name`; a missing binary fails the test, naming what installs it."""
     # /usr/sbin is where Debian puts haproxy, and it is not on every PATH.
     path = shutil.which(name) or shutil.which(name, path="/usr/local/sbin:/usr/sbin:/sbin")
     if path is not None:
         return path
-    message = f"`{name}` is not installed; {hint}"
-    if os.environ.get("CI"):
-        pytest.fail(message + ". Under CI a missing binary fails the run instead of skipping tests.", pytrace=False)
-    pytest.skip(message)
+    pytest.fail(f"`{name}` is not installed; {hint}", pytrace=False)
 
 
 def wait_for(condition: str, check: Callable[[], object], timeout: float, interval: float = 0.05) -> None:

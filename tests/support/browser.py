@@ -1,5 +1,5 @@
 """Debian's chromium, driven headless through its chromedriver by Selenium (nothing downloaded: both come from the
-`chromium` and `chromium-driver` packages; scripts/ensure-browser.sh installs them)."""
+`chromium` and `chromium-driver` packages; scripts/ensure-system-packages.sh installs them)."""
 
 from __future__ import annotations
 
