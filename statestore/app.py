@@ -26,9 +26,8 @@ from statestore.api.front_door import FrontDoor
 from statestore.config import Settings
 from statestore.errors import InvalidRequest, MethodNotAllowed, NotFound, ServiceUnavailable, StatestoreError
 from statestore.metrics import Metrics
-from statestore.middleware import BodySizeLimitMiddleware, RequestContextMiddleware, error_response, request_id_of
+from statestore.middleware import BodySizeLimitMiddleware, RequestContextMiddleware, error_response
 from statestore.resources import build_resources
-from statestore.responses.errors import OPENAI_PATHS, as_openai
 from statestore.responses.request_schemas import add_components
 from statestore.retention import run_purger
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS, missing_sqlite_database
@@ -42,9 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def _error_response(request: Request, error: StatestoreError) -> Response:
-    if request.url.path.startswith(OPENAI_PATHS):
-        error = as_openai(error)  # the Responses front door answers in OpenAI's error shape
-    return error_response(error, request_id_of(request.scope))
+    return error_response(error, request.scope)
 
 
 def _describe_raw_bodies(app: FastAPI) -> None:

@@ -10,7 +10,11 @@ Wiring, outermost first (Starlette's `add_middleware` puts the last one added ou
 
 `add_middleware` places both inside Starlette's ServerErrorMiddleware and outside its
 ExceptionMiddleware, so an unhandled exception reaches RequestContextMiddleware, which answers with an
-Anthropic error body before ServerErrorMiddleware could send its plain-text or HTML 500.
+error body before ServerErrorMiddleware could send its plain-text or HTML 500.
+
+Every error body the server writes is rendered here (`send_error`, `error_response`), in the shape of the API whose
+route it answers (`shaped_for`: OpenAI's on the Responses and Conversations routes, Anthropic's elsewhere), and every
+request body is read under the one limit here (`read_body`), by the front door and by this middleware alike.
 """
 
 from __future__ import annotations
@@ -38,8 +42,13 @@ _REQUEST_ID = b"request-id"
 CLIENT_CLOSED_REQUEST = 499
 
 
+def shaped_for(error: StatestoreError, path: str) -> StatestoreError:
+    """The one choice of error shape: the Responses and Conversations doors answer in OpenAI's, the rest in
+    Anthropic's."""
+    return as_openai(error) if path.startswith(OPENAI_PATHS) else error
+
+
 def _error_parts(error: StatestoreError, request_id: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    """The one rendering of an error, for the front door, the middleware and the router alike."""
     body = error.body(request_id)
     headers = [
         (b"content-type", b"application/json"),
@@ -50,20 +59,47 @@ def _error_parts(error: StatestoreError, request_id: str) -> tuple[bytes, list[t
     return body, headers
 
 
-async def send_error(send: Send, error: StatestoreError, request_id: str) -> None:
-    """Send a complete Anthropic error response for `error`."""
-    body, headers = _error_parts(error, request_id)
+async def send_error(send: Send, error: StatestoreError, scope: Scope) -> None:
+    """Send a complete error response for `error`, in the shape of the request's route."""
+    error = shaped_for(error, scope.get("path", ""))
+    body, headers = _error_parts(error, request_id_of(scope))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-def error_response(error: StatestoreError, request_id: str) -> Response:
+def error_response(error: StatestoreError, scope: Scope) -> Response:
     """The same error as a Response, for the router's exception handlers."""
-    body, headers = _error_parts(error, request_id)
+    error = shaped_for(error, scope.get("path", ""))
+    body, headers = _error_parts(error, request_id_of(scope))
     response = Response(status_code=error.status)
     response.body = body
     response.raw_headers = headers
     return response
+
+
+def _too_large(max_bytes: int) -> RequestTooLarge:
+    return RequestTooLarge(f"request body exceeds {max_bytes} bytes")
+
+
+async def read_body(scope: Scope, receive: Receive, max_bytes: int) -> bytes | None:
+    """The request's whole body, or None when the client went away before sending it; RequestTooLarge past
+    `max_bytes`, declared (answered before a byte is read) or counted as it streams in."""
+    declared = _content_length(scope)
+    if declared is not None and declared > max_bytes:
+        raise _too_large(max_bytes)
+    chunks: list[bytes] = []
+    received = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunk = message.get("body", b"")
+        received += len(chunk)
+        if received > max_bytes:
+            raise _too_large(max_bytes)
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 def request_id_of(scope: Scope) -> str:
@@ -95,7 +131,7 @@ class _Exchange:
 
 
 class RequestContextMiddleware:
-    """Request id, access log line, metrics, and an Anthropic 500 for anything unhandled."""
+    """Request id, access log line, metrics, and a 500 in the route's error shape for anything unhandled."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics, route_resolver: RouteResolver | None = None) -> None:
         self.app = app
@@ -149,12 +185,12 @@ class RequestContextMiddleware:
             else:
                 logger.error("unhandled exception", exc_info=exc)
                 error = InternalError("internal error")
-            await send_error(watch_send, error, request_id)
+            await send_error(watch_send, error, scope)
         else:
             if exchange.status is None and not exchange.client_disconnected:
                 # Otherwise the server would send its own plain-text 500.
                 logger.error("the app returned without sending a response")
-                await send_error(watch_send, InternalError("internal error"), request_id)
+                await send_error(watch_send, InternalError("internal error"), scope)
         finally:
             self._record(scope, self._route(scope), exchange, started_at)
             request_id_var.reset(token)
@@ -191,12 +227,9 @@ class RequestContextMiddleware:
         )
 
 
-class _BodyLimitExceeded(Exception):
-    """Raised from `receive` once the body passes the limit; never leaves BodySizeLimitMiddleware."""
-
-
 class BodySizeLimitMiddleware:
-    """413 `request_too_large` for a body over `max_bytes`, declared or counted while it streams in."""
+    """413 `request_too_large` for a body over `max_bytes`: the body is read whole under the limit (`read_body`, as
+    the front door reads its own), then handed to the app as one message."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -206,51 +239,23 @@ class BodySizeLimitMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-
-        declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            # Answer before reading a byte of it.
-            await send_error(send, self._error(scope), request_id_of(scope))
+        try:
+            body = await read_body(scope, receive, self.max_bytes)
+        except RequestTooLarge as exc:
+            await send_error(send, exc, scope)
             return
+        if body is None:
+            return  # the client went away; nothing will be answered
+        pending: Message | None = {"type": "http.request", "body": body, "more_body": False}
 
-        received = 0
-        exceeded = False
-        responded_before = False
-
-        async def limited_receive() -> Message:
-            nonlocal received, exceeded
-            if exceeded:
-                raise _BodyLimitExceeded
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    exceeded = True
-                    raise _BodyLimitExceeded
+        async def replay() -> Message:
+            nonlocal pending
+            if pending is None:
+                return await receive()  # after the body: the disconnect a streamed response watches for
+            message, pending = pending, None
             return message
 
-        async def guarded_send(message: Message) -> None:
-            nonlocal responded_before
-            if exceeded and not responded_before:
-                # Whatever the app made of the failed read (FastAPI turns it into a 400) gives way to the 413.
-                return
-            if message["type"] == "http.response.start":
-                responded_before = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except Exception:
-            # Once the limit is passed, whatever the app raised on the way out is a consequence of it.
-            if not exceeded or responded_before:
-                raise
-        if exceeded and not responded_before:
-            await send_error(send, self._error(scope), request_id_of(scope))
-
-    def _error(self, scope: Scope) -> StatestoreError:
-        error = RequestTooLarge(f"request body exceeds {self.max_bytes} bytes")
-        # The Responses front door answers in OpenAI's error shape.
-        return as_openai(error) if scope["path"].startswith(OPENAI_PATHS) else error
+        await self.app(scope, replay, send)
 
 
 def _content_length(scope: Scope) -> int | None:

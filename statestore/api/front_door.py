@@ -1,7 +1,7 @@
-"""The server's outermost ASGI app. `POST /v1/messages` and `POST /v1/responses`, the hot routes, are served here
-through one layer (RequestContextMiddleware: request id, metrics, access log, error bodies) with the body limit applied
-while the body is read, and no router or dependency solving; every other request goes to the FastAPI app and its
-middleware."""
+"""The server's outermost ASGI app. The hot routes (api/hot_routes.py: `POST /v1/messages`, `POST /v1/responses`)
+are served here through one layer (RequestContextMiddleware: request id, metrics, access log, error bodies in the
+route's shape) with the body read under the one limit (middleware.read_body), and no router or dependency solving;
+every other request goes to the FastAPI app and its middleware."""
 
 from __future__ import annotations
 
@@ -10,36 +10,39 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from statestore.api.messages import handle_message
-from statestore.api.openai_responses import serve_turn
-from statestore.errors import RequestTooLarge, StatestoreError
+# Imported for their registrations in HOT_ROUTES.
+from statestore.api import messages, openai_responses  # noqa: F401
+from statestore.api.hot_routes import HOT_ROUTES, HotHandler
 from statestore.metrics import Metrics
-from statestore.middleware import RequestContextMiddleware
-from statestore.responses.errors import as_openai
+from statestore.middleware import RequestContextMiddleware, RouteResolver, read_body
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
 
-HOT_ROUTE = "/v1/messages"
-RESPONSES_ROUTE = "/v1/responses"
+
+class _HotRoute:
+    """One hot handler as an ASGI app: the body read whole, the handler's response sent."""
+
+    def __init__(self, front_door: FrontDoor, handler: HotHandler) -> None:
+        self.front_door = front_door
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = await read_body(scope, receive, self.front_door.max_body_bytes)
+        if body is None:
+            return  # the client went away; nothing will be answered
+        query = scope["query_string"].decode("latin-1")
+        response = await self.handler(self.front_door.app.state.resources, scope["headers"], query, body)
+        await response(scope, receive, send)
 
 
-def _hot_route(_scope: Scope) -> str:
-    return HOT_ROUTE
+def _fixed(route: str) -> RouteResolver:
+    """The metrics label of a hot route: its path, known without looking."""
 
+    def resolve(_scope: Scope) -> str:
+        return route
 
-def _responses_route(_scope: Scope) -> str:
-    return RESPONSES_ROUTE
-
-
-def _declared_length(scope: Scope) -> int | None:
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                return None  # the server refuses a malformed length itself; counting still guards the body
-    return None
+    return resolve
 
 
 class FrontDoor:
@@ -47,58 +50,24 @@ class FrontDoor:
         self.app = app
         self._rest: ASGIApp = app  # every other request
         self.max_body_bytes = max_body_bytes
-        self._hot: ASGIApp = RequestContextMiddleware(self._messages, metrics, route_resolver=_hot_route)
-        self._turns: ASGIApp = RequestContextMiddleware(self._responses, metrics, route_resolver=_responses_route)
+        self._hot: dict[str, ASGIApp] = {}
+        for path, handler in HOT_ROUTES.items():
+            served: ASGIApp = RequestContextMiddleware(_HotRoute(self, handler), metrics, route_resolver=_fixed(path))
+            if tracer is not None:
+                # Chosen once here: with tracing off, requests run through exactly the objects above.
+                from statestore.traced import TracedHttp  # noqa: PLC0415
+
+                served = TracedHttp(served, tracer, route=path)
+            self._hot[path] = served
         if tracer is not None:
-            # Chosen once here: with tracing off, requests run through exactly the objects above.
             from statestore.traced import TracedHttp  # noqa: PLC0415
 
-            self._hot = TracedHttp(self._hot, tracer, route=HOT_ROUTE)
-            self._turns = TracedHttp(self._turns, tracer, route=RESPONSES_ROUTE)
             self._rest = TracedHttp(app, tracer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST":
-            path = scope["path"]
-            if path == HOT_ROUTE:
-                await self._hot(scope, receive, send)
-                return
-            if path == RESPONSES_ROUTE:
-                await self._turns(scope, receive, send)
+            hot = self._hot.get(scope["path"])
+            if hot is not None:
+                await hot(scope, receive, send)
                 return
         await self._rest(scope, receive, send)
-
-    async def _messages(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = await self._read_body(scope, receive)
-        query = scope["query_string"].decode("latin-1")
-        response = await handle_message(self.app.state.resources, scope["headers"], query, body)
-        await response(scope, receive, send)
-
-    async def _responses(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            body = await self._read_body(scope, receive)
-            response = await serve_turn(self.app.state.resources, scope["headers"], body)
-        except StatestoreError as exc:
-            raise as_openai(exc) from exc  # the Responses door answers in OpenAI's error shape, as its router did
-        await response(scope, receive, send)
-
-    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
-        declared = _declared_length(scope)
-        if declared is not None and declared > self.max_body_bytes:
-            raise self._too_large()  # answered before reading a byte of it
-        chunks: list[bytes] = []
-        received = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return b""  # the client went away; nothing will be answered
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > self.max_body_bytes:
-                raise self._too_large()
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
-    def _too_large(self) -> RequestTooLarge:
-        return RequestTooLarge(f"request body exceeds {self.max_body_bytes} bytes")

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
+from statestore.api.hot_routes import hot_route
 from statestore.api.relay import relay
 from statestore.api.threaded import serve_threaded_turn
 from statestore.errors import AuthenticationFailed, InvalidRequest
@@ -47,14 +48,8 @@ def parse_json_body(headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str
     return parsed
 
 
-@router.post("/v1/messages")
-async def create_message(request: Request, resources: ResourcesDep) -> Response:
-    # Normally served by the front door (api/front_door.py) before the router; the route stays for the OpenAPI
-    # document and for the FastAPI app on its own.
-    return await handle_message(resources, request.headers.raw, request.url.query, await request.body())
-
-
-async def handle_message(resources: Resources, headers: list[tuple[bytes, bytes]], query: str, body: bytes) -> Response:
+@hot_route(router, "/v1/messages")
+async def create_message(resources: Resources, headers: list[tuple[bytes, bytes]], query: str, body: bytes) -> Response:
     parsed = parse_json_body(headers, body)
     turn = read_turn(parsed, headers)
     if turn is None:

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
+from statestore.api.hot_routes import hot_route
 from statestore.api.responses import bytes_response, streaming_response
 from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenOff
 from statestore.resources import Resources
@@ -56,9 +57,8 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
     return next((value for key, value in headers if key == name), None)
 
 
-# Served ahead of the router by the front door (statestore/api/front_door.py); declared here for the OpenAPI document
-# and for an app mounted without the front door.
-@router.post(
+@hot_route(
+    router,
     "/v1/responses",
     openapi_extra=request_schemas.request_body(request_schemas.ResponseCreateRequest),
     responses=schemas.ok(
@@ -67,11 +67,9 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
         content={"text/event-stream": {"schema": {"$ref": "#/components/schemas/ResponseStreamEvent"}}},
     ),
 )
-async def create_response(request: Request, resources: ResourcesDep) -> Response:
-    return await serve_turn(resources, request.headers.raw, await request.body())
-
-
-async def serve_turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
+async def create_response(
+    resources: Resources, headers: list[tuple[bytes, bytes]], _query: str, body: bytes
+) -> Response:
     """A `POST /v1/responses`, from its headers and body: the Response (JSON or SSE), or a StatestoreError."""
     try:
         return await _turn(resources, headers, body)
@@ -87,44 +85,35 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     turns = turns_of(resources)
     turn = read_turn(read_json(body))
     prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"))
+    # The lease is given back on every way out of here, except a stream's: that one is the stream's to give back.
+    streaming = False
     try:
         upstream = await call_backend(resources.chat_upstream, headers, principal, prepared.backend_body())
-    except BaseException:
-        await turns.give_back(prepared)
-        raise
-    if not turn.stream:
+        if turn.stream:
+
+            async def close() -> None:
+                await upstream.aclose()
+                await turns.give_back(prepared)
+
+            events = _events(turns, prepared, upstream)
+            streaming = True
+            return streaming_response(200, events, [*SSE, *_context_header(prepared)], on_close=close)
         try:
             raw = await upstream.read()
-        except BaseException:
-            await turns.give_back(prepared)
-            raise
         finally:
             await upstream.aclose()
         try:
             output, status, incomplete, usage = output_of(orjson.loads(raw) if raw else None)
         except orjson.JSONDecodeError:
-            await turns.give_back(prepared)
             raise BackendError("the model backend's reply is not JSON") from None
-        except BaseException:
-            await turns.give_back(prepared)
-            raise
         response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
         encoded = orjson.dumps(response)
-        try:
-            committed = await turns.commit(prepared, response, encoded)
-        finally:
-            await turns.give_back(prepared)
-        if not committed:
+        if not await turns.commit(prepared, response, encoded):
             raise BadRequest("The conversation's lease was lost; nothing was stored.", code="conversation_locked")
         return bytes_response(200, encoded, [*JSON, *_context_header(prepared)])
-
-    async def close() -> None:
-        await upstream.aclose()
-        await turns.give_back(prepared)
-
-    return streaming_response(
-        200, _events(turns, prepared, upstream), [*SSE, *_context_header(prepared)], on_close=close
-    )
+    finally:
+        if not streaming:
+            await turns.give_back(prepared)  # a no-op once the turn is committed
 
 
 def _context_header(prepared: PreparedResponse) -> list[tuple[bytes, bytes]]:

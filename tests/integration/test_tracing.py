@@ -188,7 +188,8 @@ def test_off_means_the_plain_objects_serve(tmp_path: Any) -> None:
         "from statestore.api.front_door import FrontDoor\n"
         "from statestore.middleware import RequestContextMiddleware\n"
         f"front = create_server_app(Settings(database_url='sqlite:///{tmp_path}/x.db', owner_secret='s' * 20))\n"
-        "assert type(front._hot) is RequestContextMiddleware, front._hot\n"
+        "assert set(front._hot) == {'/v1/messages', '/v1/responses'}, front._hot\n"
+        "assert all(type(hot) is RequestContextMiddleware for hot in front._hot.values()), front._hot\n"
         "assert front._rest is front.app\n"
         "assert 'statestore.traced' not in sys.modules\n"
     )

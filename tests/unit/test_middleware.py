@@ -71,6 +71,11 @@ def build_app(metrics: Metrics) -> FastAPI:
     async def rejected() -> None:
         raise ThreadNotFound("thread not found")
 
+    @app.post("/v1/responses")
+    async def responses_boom(request: Request) -> None:
+        await request.body()
+        raise ValueError("the Responses door failed")
+
     @app.get("/v1/relayed")
     async def relayed() -> Response:
         return Response(b"{}", media_type="application/json", headers={"Request-Id": "req_backend"})
@@ -222,6 +227,57 @@ async def test_statestore_error_escaping_the_app_keeps_its_status(client: httpx.
     assert response.headers["x-should-retry"] == "false"
 
 
+def assert_openai_error(response: httpx.Response, status: int, error_type: str) -> dict[str, Any]:
+    assert response.status_code == status
+    body: dict[str, Any] = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert body["error"]["type"] == error_type
+    return body
+
+
+async def test_an_unhandled_exception_on_the_responses_door_is_a_500_in_openais_shape(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.post("/v1/responses", content=b"{}")
+    body = assert_openai_error(response, 500, "server_error")
+    assert body["error"]["message"] == "internal error"
+
+
+async def test_a_body_over_the_limit_on_the_responses_door_is_a_413_in_openais_shape(
+    client: httpx.AsyncClient,
+) -> None:
+    response = await client.post("/v1/responses", content=_chunks(8, 256))
+    body = assert_openai_error(response, 413, "invalid_request_error")
+    assert str(LIMIT) in body["error"]["message"]
+
+
+async def test_the_app_reads_the_body_whole_then_sees_the_disconnect() -> None:
+    seen: list[Message] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        seen.append(await receive())
+        seen.append(await receive())
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    incoming: list[Message] = [
+        {"type": "http.request", "body": b"ab", "more_body": True},
+        {"type": "http.request", "body": b"cd", "more_body": False},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> Message:
+        return incoming.pop(0)
+
+    async def send(message: Message) -> None:
+        pass
+
+    scope: Scope = {"type": "http", "method": "POST", "path": "/v1/messages", "headers": []}
+    await BodySizeLimitMiddleware(app, max_bytes=LIMIT)(scope, receive, send)
+    assert seen == [{"type": "http.request", "body": b"abcd", "more_body": False}, {"type": "http.disconnect"}]
+
+
 async def test_app_returning_without_a_response_gets_a_json_500() -> None:
     async def silent(scope: Scope, receive: Receive, send: Send) -> None:
         return None
@@ -248,7 +304,9 @@ async def test_send_error_writes_a_complete_response() -> None:
     async def send(message: Message) -> None:
         sent.append(message)
 
-    await send_error(send, ThreadNotFound("thread not found"), "req_abc")
+    await send_error(
+        send, ThreadNotFound("thread not found"), {"path": "/v1/messages", "state": {"request_id": "req_abc"}}
+    )
     start, body = sent
     headers = dict(start["headers"])
     assert start["status"] == 404
