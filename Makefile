@@ -9,7 +9,7 @@ RUNTIME_STAMP := $(VENV)/.runtime
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test lint install services system-packages console-screenshots bench bench-responses bench-context campaign clean image admin
+.PHONY: run test lint install services system-packages upgrade-drill console-screenshots bench bench-responses bench-context campaign clean image admin
 
 # setuptools notes, on every editable install of a package mapped from two folders (statestore/ and migrations/), that
 # it is served by an import hook; it is information, not a fault of ours, and would be the install's only output.
@@ -84,6 +84,11 @@ console-screenshots: system-packages $(STAMP) services
 campaign: $(STAMP)
 	STATESTORE_CAMPAIGN=full $(if $(CAMPAIGN_SEED),STATESTORE_CAMPAIGN_SEED=$(CAMPAIGN_SEED)) \
 		$(BIN)/python -m pytest -q -s -p no:cacheprovider tests/campaign/test_campaign.py
+
+# The rolling upgrade from the previous release and the rollback, under load (tests/upgrade; deploy/README.md says
+# what it checks); `make test` runs its short form.
+upgrade-drill: $(STAMP) services
+	STATESTORE_DRILL=full $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/upgrade
 
 bench: $(STAMP) services
 	$(BIN)/python -m bench $(BENCH_ARGS)
