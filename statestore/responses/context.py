@@ -27,19 +27,14 @@ def conversation_cache_key(conversation_id: str) -> str:
     return CONVERSATION_CACHE_PREFIX + conversation_id
 
 
-def chain_count(depth: int, conversation_version: int | None) -> int:
-    """The count a chain head's cache entry holds: its segments (`depth + 1`), and for a chain begun on a conversation
-    the conversation's version when the context was read, in the bits above. A stored response never changes, but a
-    chain begun on a conversation reads that conversation's items, and an item deleted there must leave its context:
-    the deletion drops the entries there are (Retention), and an entry written afterwards by a turn that read the
-    context before the deletion carries the older version, which no later read accepts."""
-    segments = depth + 1
-    return segments if conversation_version is None else ((conversation_version + 2) << 32) | segments
-
-
 def cached_chain(head: ResponseRow, cached: CachedHistory | None) -> CachedHistory | None:
-    """`cached` (read beside `head`) when it is the context of `head` as it stands now, else None."""
-    if cached is None or cached.count != chain_count(head.depth, head.conversation_version):
+    """`cached` (read beside `head`) when it is the context of `head` as it stands now, else None: it must hold the
+    chain's segments (`depth + 1`) and, for a chain begun on a conversation, have been read at the conversation's
+    version now. A stored response never changes, but a chain begun on a conversation reads that conversation's
+    items, and an item deleted there must leave its context: the deletion drops the entries there are (Retention),
+    and an entry written afterwards by a turn that read the context before the deletion carries the older version,
+    which no later read accepts."""
+    if cached is None or cached.count != head.depth + 1 or cached.version != head.conversation_version:
         return None
     return cached
 
@@ -76,7 +71,7 @@ async def remember_head(
     movable = hit and parent_id is not None and context and segment and conversation_version is None
     if movable and parent_id is not None and await cache.move(cache_key(parent_id), key, depth, [segment], ttl_ms):
         return
-    history = CachedHistory(chain_count(depth, conversation_version), join_segments([context, segment]))
+    history = CachedHistory(depth + 1, join_segments([context, segment]), conversation_version)
     if parent_id is None:
         await cache.put(key, history, ttl_ms)
     else:
@@ -89,7 +84,7 @@ async def conversation_context(
     """The conversation's joined messages at `position` (read with the lease): the cached entry when it was made at
     that very position (only the commit that made a position writes its entry, and every change of the items moves
     the position), else a join from the database. A miss is not written back: the turn's commit writes the entry."""
-    if cached is not None and cached.count == position:
+    if cached is not None and cached.count == position and cached.version is None:
         return cached.joined
     return await store.context(conversation_id)
 

@@ -118,7 +118,7 @@ class ResponseTurns:
             previous = turn.previous_response_id
             if not looks_like("resp_", previous):
                 raise previous_response_not_found(previous)
-            # The cached context is read beside the response, and taken when its count matches the row's (chain_count).
+            # The cached context is read beside the response, and taken when it is the row's context now (cached_chain).
             # One task for the read; the response's in this one (gather would wrap both), as a threaded turn does.
             reading = asyncio.ensure_future(self.cache.get(cache_key(previous)))
             try:

@@ -28,6 +28,9 @@ class CachedHistory(NamedTuple):
     # The ignore: the field shadows tuple.count(), which nobody calls on this type; the name is the API.
     count: int  # type: ignore[assignment]  # number of messages joined in `joined`
     joined: bytes  # b",".join(message_bytes); b"" when count == 0
+    # What the entry was read against besides its count (a chain begun on a conversation: the conversation's
+    # version); an entry is served only for the version it was written with.
+    version: int | None = None
 
 
 class HistoryCache(Protocol):
@@ -145,6 +148,37 @@ return apply_or_drop({
 """
 )
 
+# Each entry's count key carries the format it was written in: b"2:<count>" or b"2:<count>:<version>". Releases before
+# formats were written stored a bare count (format 1, the same meaning for a thread's or a conversation's entry),
+# which is still read; a format this code does not know is a miss. So replicas of two releases can share one Redis
+# during a rolling upgrade: each serves only what it can read, and writes under the same keys, so an invalidation by
+# either reaches the other's entries. The scripts compare counts as these exact strings: an entry of another format
+# (or version) never matches, and is dropped instead of appended to.
+CACHE_FORMAT = 2
+_FORMAT_PREFIX = b"2:"
+
+
+def encode_count(count: int, version: int | None = None) -> bytes:
+    if version is None:
+        return b"2:%d" % count
+    return b"2:%d:%d" % (count, version)
+
+
+def decode_count(raw: bytes) -> tuple[int, int | None] | None:
+    """(count, version) of a count key's value, or None for a value this code cannot read."""
+    try:
+        if not raw.startswith(_FORMAT_PREFIX):
+            return (int(raw), None) if raw.isdigit() else None  # format 1
+        fields = raw[len(_FORMAT_PREFIX) :].split(b":")
+        if len(fields) == 1:
+            return int(fields[0]), None
+        if len(fields) == 2:
+            return int(fields[0]), int(fields[1])
+    except ValueError:
+        pass
+    return None
+
+
 _PUT = Script(_PUT_LUA)
 _APPEND = Script(_APPEND_LUA)
 _MOVE = Script(_MOVE_LUA)
@@ -231,21 +265,22 @@ class RedisHistoryCache:
             return None
         if not isinstance(joined, bytes) or not isinstance(count, bytes):
             return None
-        try:
-            n = int(count)
-        except ValueError:
+        decoded = decode_count(count)
+        if decoded is None:
             return None
+        n, version = decoded
         # The two keys can disagree only through outside interference; do not serve that.
         if n < 0 or (n == 0) != (joined == b""):
             return None
-        return CachedHistory(n, joined)
+        return CachedHistory(n, joined, version)
 
     async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None:
         if ttl_ms <= 0:
             await self.delete(thread_id)
             return
         try:
-            await self._commands.run(_PUT, self._keys(thread_id), (history.joined, history.count, ttl_ms))
+            count = encode_count(history.count, history.version)
+            await self._commands.run(_PUT, self._keys(thread_id), (history.joined, count, ttl_ms))
         except _FAULTS as exc:
             self._fault("put", thread_id, exc)
 
@@ -261,7 +296,7 @@ class RedisHistoryCache:
         count = expected_count + len(added) if new_count is None else new_count
         keys = self._keys(thread_id)
         try:
-            await self._commands.run(_APPEND, keys, (expected_count, count, ttl_ms, tail))
+            await self._commands.run(_APPEND, keys, (encode_count(expected_count), encode_count(count), ttl_ms, tail))
         except _FAULTS as exc:
             self._fault("append", thread_id, exc)
             # The script is atomic, so the entry is either untouched (shorter, seen as stale) or fully
@@ -274,7 +309,12 @@ class RedisHistoryCache:
         if self._cluster or ttl_ms <= 0:
             return False
         keys = (*self._keys(new_id), *self._keys(old_id))
-        args = (expected_count, expected_count + len(added), ttl_ms, _tail(expected_count, added))
+        args = (
+            encode_count(expected_count),
+            encode_count(expected_count + len(added)),
+            ttl_ms,
+            _tail(expected_count, added),
+        )
         try:
             moved = await self._commands.run(_MOVE, keys, args)
         except _FAULTS as exc:

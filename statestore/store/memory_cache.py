@@ -26,6 +26,7 @@ class _Entry(NamedTuple):
     messages: int
     joined: bytes
     expires_at_ms: int
+    version: int | None = None
 
 
 class MemoryHistoryCache:
@@ -92,14 +93,14 @@ class MemoryHistoryCache:
         if entry is None:
             return None
         self._entries.move_to_end(thread_id)
-        return CachedHistory(entry.messages, entry.joined)
+        return CachedHistory(entry.messages, entry.joined, entry.version)
 
     async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None:
         if ttl_ms <= 0:
             self._remove(thread_id)
             return
         now = self._clock()
-        self._store(thread_id, _Entry(history.count, history.joined, now + ttl_ms), now)
+        self._store(thread_id, _Entry(history.count, history.joined, now + ttl_ms, history.version), now)
 
     async def append(
         self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
@@ -108,7 +109,8 @@ class MemoryHistoryCache:
         entry = self._live(thread_id, now)
         if entry is None:
             return
-        if entry.messages != expected_count or ttl_ms <= 0:
+        # As in Redis: only an entry of no version is appended to (nothing appends to a versioned one).
+        if entry.messages != expected_count or entry.version is not None or ttl_ms <= 0:
             self._remove(thread_id)
             return
         joined = appended(entry.joined, added)
@@ -119,7 +121,7 @@ class MemoryHistoryCache:
         now = self._clock()
         entry = self._live(old_id, now)
         self._remove(old_id)
-        if entry is None or entry.messages != expected_count or ttl_ms <= 0:
+        if entry is None or entry.messages != expected_count or entry.version is not None or ttl_ms <= 0:
             return False
         joined = appended(entry.joined, added)
         self._store(new_id, _Entry(entry.messages + len(added), joined, now + ttl_ms), now)

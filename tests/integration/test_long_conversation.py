@@ -357,7 +357,7 @@ def test_thousand_turns_forward_the_full_history_byte_for_byte(
     # The Redis copy holds the whole thread again (refilled after the rebuild from PostgreSQL).
     cache = redis.Redis.from_url(redis_url)
     try:
-        assert cache.get(f"{server_redis_prefix}{{{thread_id}}}:n") == str(2 * TURNS).encode()
+        assert cache.get(f"{server_redis_prefix}{{{thread_id}}}:n") == b"2:%d" % (2 * TURNS)
     finally:
         cache.close()
 

@@ -183,10 +183,10 @@ def test_lost_or_stale_cache_entry_rebuilds_the_same_bytes(
         assert thread_id is not None
         joined_key, count_key = cache_keys(thread_id)
         after_first = (cache.get(joined_key), cache.get(count_key))
-        assert after_first[1] == b"2"
+        assert after_first[1] == b"2:2"
         second = raw.ok([user("turn 1")], first["id"])
         head = raw.ok([user("turn 2")], second["id"])["id"]
-        assert cache.get(count_key) == b"6"
+        assert cache.get(count_key) == b"2:6"
 
         before = lookups(cache_server)
         from_cache = scripted_failure_body(backend, raw, head, "turn 3")
@@ -207,14 +207,14 @@ def test_lost_or_stale_cache_entry_rebuilds_the_same_bytes(
         assert lookups(cache_server) - before == Counter(stale=1) if fault == "stale_entry" else Counter(miss=1)
         assert from_database == from_cache
         assert_rebuilt_from(from_database, raw, thread_id, "turn 3")
-        assert cache.get(count_key) == b"6"  # refilled from the database
+        assert cache.get(count_key) == b"2:6"  # refilled from the database
 
         before = lookups(cache_server)
         reply = raw.ok([user("turn 3")], head)
         assert lookups(cache_server) - before == Counter(hit=1)
         assert backend.requests()[-1].body == from_cache
         assert reply["content"] == echo("turn 3")
-        assert cache.get(count_key) == b"8"
+        assert cache.get(count_key) == b"2:8"
         assert len(raw.export(thread_id)["messages"]) == 8
     finally:
         cache.close()
@@ -276,7 +276,7 @@ def test_redis_killed_then_restarted_threads_keep_working(
         assert backend.requests()[-1].body == rebuilt
         assert lookups(cache_server) - before == Counter(miss=1, hit=1)
         with redis_up.client() as cache:
-            assert cache.get(cache_keys(thread_id)[1]) == b"12"
+            assert cache.get(cache_keys(thread_id)[1]) == b"2:12"
     finally:
         raw.close()
 

@@ -1,10 +1,10 @@
-"""Which cached context a chained Responses turn may take: the entry's count must be the one its head's row calls
-for now (responses/context.py chain_count), so an entry written from a read older than a deletion on the chain's
-conversation is never served."""
+"""Which cached context a chained Responses turn may take: the entry's count and version must be the ones its head's
+row calls for now (responses/context.py cached_chain), so an entry written from a read older than a deletion on the
+chain's conversation is never served."""
 
 from __future__ import annotations
 
-from statestore.responses.context import cached_chain, chain_count
+from statestore.responses.context import cached_chain
 from statestore.responses.store import ResponseRow
 from statestore.store.cache import CachedHistory
 
@@ -14,8 +14,6 @@ def row(depth: int, version: int | None) -> ResponseRow:
 
 
 def test_a_chain_of_its_own_counts_segments_only() -> None:
-    assert chain_count(0, None) == 1
-    assert chain_count(4, None) == 5
     entry = CachedHistory(5, b"x")
     assert cached_chain(row(4, None), entry) is entry
     assert cached_chain(row(5, None), entry) is None  # an entry of another depth is not this head's context
@@ -23,13 +21,13 @@ def test_a_chain_of_its_own_counts_segments_only() -> None:
 
 
 def test_a_chain_begun_on_a_conversation_takes_only_an_entry_of_the_conversation_s_version() -> None:
-    written_at_3 = CachedHistory(chain_count(2, 3), b"with the item")
+    written_at_3 = CachedHistory(3, b"with the item", version=3)
     assert cached_chain(row(2, 3), written_at_3) is written_at_3
     assert cached_chain(row(2, 4), written_at_3) is None  # an item was deleted (or added) since it was written
     assert cached_chain(row(2, -1), written_at_3) is None  # the conversation is gone
 
 
-def test_no_two_heads_share_a_count() -> None:
-    counts = {chain_count(depth, version) for depth in range(50) for version in (None, -1, *range(50))}
-    assert len(counts) == 50 * 52
-    assert chain_count(0, -1) != chain_count(0, None) and chain_count(0, 0) != chain_count(0, -1)
+def test_an_entry_of_a_chain_of_its_own_is_not_one_begun_on_a_conversation() -> None:
+    unversioned = CachedHistory(3, b"x")
+    assert cached_chain(row(2, 0), unversioned) is None
+    assert cached_chain(row(2, None), CachedHistory(3, b"x", version=0)) is None

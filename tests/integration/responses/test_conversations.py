@@ -155,7 +155,7 @@ def test_a_conversation_turn_sends_the_same_bytes_from_the_cache_and_the_databas
 
     try:
         first = client.responses.create(model="echo-1", input="one", conversation=conversation.id)
-        assert cache.get(count) == b"3"  # written by the commit, at the position it made
+        assert cache.get(count) == b"2:3"  # written by the commit, at the position it made
         assert history(probe_warm_and_cold()) == ["hi", "one", "echo: one"]
         client.responses.create(model="echo-1", input="two", conversation=conversation.id)  # a miss, then written
         # The entry is what a turn reads: a changed one (same position) is sent as it is.
