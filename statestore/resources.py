@@ -30,6 +30,7 @@ from statestore.store.thread_reads import ThreadQueries
 from statestore.store.turn_writes import ThreadRepository
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.service import ThreadService
+from statestore.threads.summary import BackendSummaries
 from statestore.upstream.client import UpstreamClient
 
 if TYPE_CHECKING:
@@ -153,6 +154,7 @@ async def build_resources(
                 policies=policies,
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,
+                summaries=BackendSummaries(upstream),
                 clock=clock,
             ),
             authenticator=authenticator,

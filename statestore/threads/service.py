@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import anyio
@@ -34,6 +34,7 @@ from statestore.threads.ids import new_lease_token, new_response_id, new_thread_
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.prepared import CompletedReply, PreparedTurn, replay_fields
+from statestore.threads.summary import Summaries
 from statestore.threads.turn import ThreadTurn
 
 log = logging.getLogger(__name__)
@@ -48,9 +49,13 @@ class ThreadService:
         policies: PolicyStore,
         lease_seconds: int,
         metrics: Metrics,
+        summaries: Summaries | None = None,
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
+        """`summaries`: where a `summarize` policy's summary requests go (PROTOCOL §9); without it, such a policy
+        truncates."""
         self.metrics = metrics
+        self.summaries = summaries
         self.repository = repository
         self.cache = cache
         self.policies = policies
@@ -58,15 +63,16 @@ class ThreadService:
         self.clock = clock
 
     async def begin(
-        self, turn: ThreadTurn, principal: Principal, summarize: context_step.Summarize | None = None
+        self, turn: ThreadTurn, principal: Principal, headers: Iterable[tuple[bytes, bytes]] = ()
     ) -> PreparedTurn:
-        """Take the head of the turn's thread (or start a new one) and rebuild the request to forward. Raises a
-        StatestoreError (a thread error, 400, 503) with nothing held when the turn cannot go ahead."""
+        """Take the head of the turn's thread (or start a new one) and rebuild the request to forward. `headers`: the
+        client's, which a summary request carries as the turn does. Raises a StatestoreError (a thread error, 400,
+        503) with nothing held when the turn cannot go ahead."""
         kind: Literal["create", "continue"] = "continue" if turn.mode == "continue" else "create"
         try:
             policy = await self.policies.for_tenant(principal.tenant_id)
             rules.check_policy(policy, turn)
-            prepared = await self._prepare(turn, principal, policy, summarize)
+            prepared = await self._prepare(turn, principal, policy, self._summarizer(principal, headers))
         except StatestoreError:
             self.metrics.count_thread_turn(kind, "rejected")
             raise
@@ -83,11 +89,19 @@ class ThreadService:
             self.metrics.count_thread_turn(kind, "rejected")
             log.warning("database unavailable for a threaded turn", extra={"error": type(exc).__name__})
             raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
-        prepared.keeper = LeaseKeeper(
-            lambda: self._renew(prepared), interval=self.lease_ms / 3000, thread_id=prepared.thread_id
-        )
-        prepared.keeper.start()
         return prepared
+
+    def _summarizer(
+        self, principal: Principal, headers: Iterable[tuple[bytes, bytes]]
+    ) -> context_step.Summarize | None:
+        summaries = self.summaries
+        if summaries is None:
+            return None
+
+        async def summarize(body: bytes) -> str | None:
+            return await summaries.summarize(body, headers=headers, credential=principal.upstream_credential)
+
+        return summarize
 
     # -- taking the head ---------------------------------------------------------------------------------------
 
@@ -179,6 +193,7 @@ class ThreadService:
         return PreparedTurn(
             thread_id=thread.id,
             lease_token=token,
+            keeper=self._keep(thread.id, token),
             creating=True,
             start_position=0,
             new_rows=new.stored,
@@ -208,6 +223,9 @@ class ThreadService:
         cached: CachedHistory | None = None,
         prefetched: bool = False,
     ) -> PreparedTurn:
+        # Kept from the moment it is taken: a summary (§9) is a whole backend call before the turn's own, and may
+        # outlast the lease.
+        keeper = self._keep(leased.id, token)
         try:
             rules.check_fixed_fields(leased, turn)
             new = assembly.encode_new_messages(turn.messages)
@@ -235,12 +253,14 @@ class ThreadService:
                 turn.fields, system=leased.system, tools=leased.tools, history=history, new_messages=new.forwarded
             )
         except BaseException:
+            keeper.stop()
             with anyio.CancelScope(shield=True):
                 await self._release_quietly(leased.id, token)
             raise
         return PreparedTurn(
             thread_id=leased.id,
             lease_token=token,
+            keeper=keeper,
             creating=False,
             start_position=leased.head_position,
             new_rows=new.stored,
@@ -379,10 +399,17 @@ class ThreadService:
                 "could not release a lease", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__}
             )
 
-    async def _renew(self, prepared: PreparedTurn) -> bool:
-        return await self.repository.renew_lease(
-            thread_id=prepared.thread_id, token=prepared.lease_token, lease_until_ms=self.clock() + self.lease_ms
-        )
+    def _keep(self, thread_id: str, token: str) -> LeaseKeeper:
+        """A started keeper of the lease `token` holds on the thread, renewing it every third of its length."""
+
+        async def renew() -> bool:
+            return await self.repository.renew_lease(
+                thread_id=thread_id, token=token, lease_until_ms=self.clock() + self.lease_ms
+            )
+
+        keeper = LeaseKeeper(renew, interval=self.lease_ms / 3000, thread_id=thread_id)
+        keeper.start()
+        return keeper
 
     @staticmethod
     def _stop_keeper(prepared: PreparedTurn) -> None:
