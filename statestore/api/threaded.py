@@ -22,7 +22,7 @@ from statestore.threads.turn import ThreadTurn
 from statestore.threads.usage import usage_of
 from statestore.upstream.client import (
     StreamInterrupted,
-    UpstreamClient,
+    Upstream,
     UpstreamResponse,
     request_headers_for_upstream,
     response_headers_for_client,
@@ -43,7 +43,7 @@ def completed(message: dict[str, Any], backend_id: object) -> CompletedReply:
 
 async def serve_threaded_turn(
     service: ThreadService,
-    upstream: UpstreamClient,
+    upstream: Upstream,
     *,
     turn: ThreadTurn,
     principal: Principal,
@@ -56,7 +56,7 @@ async def serve_threaded_turn(
 class _ThreadedTurn:
     __slots__ = ("service", "upstream")
 
-    def __init__(self, service: ThreadService, upstream: UpstreamClient) -> None:
+    def __init__(self, service: ThreadService, upstream: Upstream) -> None:
         self.service = service
         self.upstream = upstream
 

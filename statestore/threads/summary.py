@@ -10,7 +10,7 @@ from typing import Protocol
 import orjson
 
 from statestore.threads import context
-from statestore.upstream.client import UpstreamClient, request_headers_for_upstream
+from statestore.upstream.client import Upstream, request_headers_for_upstream
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +29,7 @@ class BackendSummaries:
 
     __slots__ = ("_upstream",)
 
-    def __init__(self, upstream: UpstreamClient) -> None:
+    def __init__(self, upstream: Upstream) -> None:
         self._upstream = upstream
 
     async def summarize(
