@@ -35,7 +35,7 @@ from statestore.threads.ids import new_lease_token, new_response_id, new_thread_
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.prepared import CompletedReply, PreparedTurn, replay_fields
-from statestore.threads.summary import Summaries
+from statestore.threads.summary import Summaries, summarizer
 from statestore.threads.turn import ThreadTurn
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,9 @@ class ThreadService:
         try:
             policy = await self.policies.for_tenant(principal.tenant_id)
             rules.check_policy(policy, turn)
-            prepared = await self._prepare(turn, principal, policy, self._summarizer(principal, headers))
+            prepared = await self._prepare(
+                turn, principal, policy, summarizer(self.summaries, headers, principal.upstream_credential)
+            )
         except StatestoreError:
             self.metrics.count_thread_turn(kind, "rejected")
             raise
@@ -91,18 +93,6 @@ class ThreadService:
             log.warning("database unavailable for a threaded turn", extra={"error": type(exc).__name__})
             raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
         return prepared
-
-    def _summarizer(
-        self, principal: Principal, headers: Iterable[tuple[bytes, bytes]]
-    ) -> context_step.Summarize | None:
-        summaries = self.summaries
-        if summaries is None:
-            return None
-
-        async def summarize(body: bytes) -> str | None:
-            return await summaries.summarize(body, headers=headers, credential=principal.upstream_credential)
-
-        return summarize
 
     # -- taking the head ---------------------------------------------------------------------------------------
 

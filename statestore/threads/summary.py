@@ -10,6 +10,7 @@ from typing import Protocol
 import orjson
 
 from statestore.threads import context
+from statestore.threads.context_step import Summarize
 from statestore.upstream.client import Upstream, request_headers_for_upstream
 
 log = logging.getLogger(__name__)
@@ -22,6 +23,19 @@ class Summaries(Protocol):
         """The summary's text for a summary request body, sent with the turn's own headers and credential; None when
         the request failed in any way (the turn then falls back to truncating)."""
         ...
+
+
+def summarizer(
+    summaries: Summaries | None, headers: Iterable[tuple[bytes, bytes]], credential: tuple[bytes, bytes] | None
+) -> Summarize | None:
+    """One turn's summary call, for the context step: with the turn's headers and credential bound."""
+    if summaries is None:
+        return None
+
+    async def summarize(body: bytes) -> str | None:
+        return await summaries.summarize(body, headers=headers, credential=credential)
+
+    return summarize
 
 
 class BackendSummaries:
