@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -27,10 +27,12 @@ from statestore.store.engine import create_engine
 from statestore.store.pg_turns import PgTurnStatements
 from statestore.store.retention_queries import RetentionQueries
 from statestore.store.thread_reads import ThreadQueries
+from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_writes import ThreadRepository
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.service import ThreadService
-from statestore.upstream.client import UpstreamClient
+from statestore.threads.summary import BackendSummaries
+from statestore.upstream.client import Upstream, UpstreamClient
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -41,7 +43,7 @@ class Resources:
     settings: Settings
     engine: AsyncEngine
     cache: HistoryCache
-    upstream: UpstreamClient
+    upstream: Upstream
     threads: ThreadService
     authenticator: Authenticator
     admin_tokens: AdminTokens
@@ -51,7 +53,7 @@ class Resources:
     clock: Clock
     metrics: Metrics
     # The Responses front door: None when no Chat Completions backend is configured.
-    chat_upstream: UpstreamClient
+    chat_upstream: Upstream
     responses: ResponseTurns | None
 
     async def relay_credential(self, headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes] | None:
@@ -97,7 +99,7 @@ async def build_resources(
         clock = clock_from(settings.clock_offset_file)
         cache = create_cache(settings.redis_url, settings.redis_prefix)
         stack.push_async_callback(cache.aclose)
-        upstream = UpstreamClient(
+        upstream: Upstream = UpstreamClient(
             settings.upstream_url,
             connect_timeout=settings.upstream_connect_timeout,
             read_timeout=settings.upstream_read_timeout,
@@ -105,7 +107,7 @@ async def build_resources(
             metrics=metrics,
         )
         stack.push_async_callback(upstream.aclose)
-        chat_upstream = UpstreamClient(
+        chat_upstream: Upstream = UpstreamClient(
             settings.chat_upstream_url or settings.upstream_url,
             connect_timeout=settings.upstream_connect_timeout,
             read_timeout=settings.upstream_read_timeout,
@@ -116,7 +118,7 @@ async def build_resources(
         pg_statements = await PgTurnStatements.open(settings) if serving else None
         if pg_statements is not None:
             stack.push_async_callback(pg_statements.aclose)
-        repository = ThreadRepository(engine, single_statements, pg=pg_statements)
+        repository: ThreadStore = ThreadRepository(engine, single_statements, pg=pg_statements)
         # The Responses front door's hot statements share the threads' pools (responses/pg_statements.py).
         pg_responses = PgResponseStatements(pg_statements) if pg_statements is not None else None
         thread_cache: HistoryCache = cache
@@ -124,10 +126,10 @@ async def build_resources(
             # Only when tracing is on: the same objects, each call inside a span (statestore/traced.py).
             from statestore.traced import TracedCache, TracedRepository, TracedUpstream  # noqa: PLC0415
 
-            repository = cast(ThreadRepository, TracedRepository(repository, tracer))
-            thread_cache = cast(HistoryCache, TracedCache(cache, tracer))
-            upstream = cast(UpstreamClient, TracedUpstream(upstream, tracer))
-            chat_upstream = cast(UpstreamClient, TracedUpstream(chat_upstream, tracer, system="openai"))
+            repository = TracedRepository(repository, tracer)
+            thread_cache = TracedCache(cache, tracer)
+            upstream = TracedUpstream(upstream, tracer)
+            chat_upstream = TracedUpstream(chat_upstream, tracer, system="openai")
         admin_repository = AdminRepository(engine)
         policies = PolicyStore(
             admin_repository,
@@ -153,6 +155,7 @@ async def build_resources(
                 policies=policies,
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,
+                summaries=BackendSummaries(upstream),
                 clock=clock,
             ),
             authenticator=authenticator,

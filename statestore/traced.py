@@ -10,14 +10,18 @@ gen_ai.request.model, gen_ai.request.max_tokens, gen_ai.usage.input_tokens / out
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Sequence
 from urllib.parse import urlsplit
 
 from opentelemetry import propagate, trace
 from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
+from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from statestore.store.turn_records import TurnCommit
+from statestore.store.cache import CachedHistory, HistoryCache
+from statestore.store.thread_store import ThreadStore
+from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread, TurnCommit
+from statestore.upstream.client import Upstream, UpstreamResponse
 
 GENAI_SYSTEM = "anthropic"
 # The rebuilt request puts the turn's fields first (threads/assembly.py), so the model is within the first bytes.
@@ -25,39 +29,54 @@ _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,256})"')
 _MODEL_SCAN_BYTES = 4096
 
 
-class _Delegate:
-    """Forwards every attribute it does not override to the wrapped object."""
+class TracedRepository(ThreadStore):
+    """Every method of the store the threaded turn calls, written out (no delegation by attribute lookup), so mypy
+    checks each against ThreadStore: the lease, the history read from the database and the commit get spans."""
 
-    def __init__(self, inner: Any, tracer: Tracer) -> None:
+    __slots__ = ("_inner", "_tracer")
+
+    def __init__(self, inner: ThreadStore, tracer: Tracer) -> None:
         self._inner = inner
         self._tracer = tracer
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class TracedRepository(_Delegate):
-    async def acquire_by_response(self, **kwargs: Any) -> Any:
+    async def acquire_by_response(
+        self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
+    ) -> LeasedThread | None:
         with self._tracer.start_as_current_span("statestore.lease", attributes={"statestore.lease.by": "response"}):
-            return await self._inner.acquire_by_response(**kwargs)
+            return await self._inner.acquire_by_response(
+                owner=owner,
+                thread_id=thread_id,
+                response_id=response_id,
+                token=token,
+                now_ms=now_ms,
+                lease_until_ms=lease_until_ms,
+            )
 
-    async def acquire_by_session(self, **kwargs: Any) -> Any:
+    async def acquire_by_session(
+        self, *, owner: str, session: str, token: str, now_ms: int, lease_until_ms: int
+    ) -> LeasedThread | None:
         with self._tracer.start_as_current_span("statestore.lease", attributes={"statestore.lease.by": "session"}):
-            return await self._inner.acquire_by_session(**kwargs)
+            return await self._inner.acquire_by_session(
+                owner=owner, session=session, token=token, now_ms=now_ms, lease_until_ms=lease_until_ms
+            )
 
-    async def begin_create(self, *args: Any, **kwargs: Any) -> Any:
+    async def begin_create(
+        self, thread: NewThread, *, token: str, now_ms: int, lease_until_ms: int, bind_session: bool = True
+    ) -> bool:
         with self._tracer.start_as_current_span("statestore.lease", attributes={"statestore.lease.by": "create"}):
-            return await self._inner.begin_create(*args, **kwargs)
+            return await self._inner.begin_create(
+                thread, token=token, now_ms=now_ms, lease_until_ms=lease_until_ms, bind_session=bind_session
+            )
 
-    async def load_history(self, thread_id: str) -> Any:
+    async def load_context(self, thread_id: str) -> list[tuple[int, bytes]]:
         with self._tracer.start_as_current_span(
             "statestore.history_read", attributes={"statestore.history.source": "database"}
         ) as span:
-            rows = await self._inner.load_history(thread_id)
+            rows = await self._inner.load_context(thread_id)
             span.set_attribute("statestore.history.messages", len(rows))
             return rows
 
-    async def commit_turn(self, commit: TurnCommit) -> Any:
+    async def commit_turn(self, commit: TurnCommit) -> bool:
         usage = {
             "gen_ai.usage.input_tokens": commit.usage.input_tokens,
             "gen_ai.usage.output_tokens": commit.usage.output_tokens,
@@ -73,12 +92,47 @@ class TracedRepository(_Delegate):
             "statestore.commit", attributes={**usage, "statestore.thread.messages_added": len(commit.rows)}
         ) as span:
             committed = await self._inner.commit_turn(commit)
-            span.set_attribute("statestore.commit.stored", bool(committed))
+            span.set_attribute("statestore.commit.stored", committed)
             return committed
 
+    # Untraced: small statements off the common path, or inside a span already.
 
-class TracedCache(_Delegate):
-    async def get(self, thread_id: str) -> Any:
+    async def why_not_continuable(
+        self, *, owner: str, thread_id: str, response_id: str, now_ms: int
+    ) -> ContinueRefusal:
+        return await self._inner.why_not_continuable(
+            owner=owner, thread_id=thread_id, response_id=response_id, now_ms=now_ms
+        )
+
+    async def backend_id_of(self, *, owner: str, thread_id: str, response_id: str, now_ms: int) -> str | None:
+        return await self._inner.backend_id_of(owner=owner, thread_id=thread_id, response_id=response_id, now_ms=now_ms)
+
+    async def session_is_busy(self, *, owner: str, session: str, now_ms: int) -> bool:
+        return await self._inner.session_is_busy(owner=owner, session=session, now_ms=now_ms)
+
+    async def renew_lease(self, *, thread_id: str, token: str, lease_until_ms: int) -> bool:
+        return await self._inner.renew_lease(thread_id=thread_id, token=token, lease_until_ms=lease_until_ms)
+
+    async def release(self, *, thread_id: str, token: str) -> None:
+        await self._inner.release(thread_id=thread_id, token=token)
+
+    async def abandon_create(self, *, thread_id: str, token: str) -> None:
+        await self._inner.abandon_create(thread_id=thread_id, token=token)
+
+    async def is_stored(self, *, thread_id: str, response_id: str) -> bool:
+        return await self._inner.is_stored(thread_id=thread_id, response_id=response_id)
+
+
+class TracedCache(HistoryCache):
+    """The history cache with its read in a span; every other method of HistoryCache written out, as above."""
+
+    __slots__ = ("_inner", "_tracer")
+
+    def __init__(self, inner: HistoryCache, tracer: Tracer) -> None:
+        self._inner = inner
+        self._tracer = tracer
+
+    async def get(self, thread_id: str) -> CachedHistory | None:
         with self._tracer.start_as_current_span(
             "statestore.history_read", attributes={"statestore.history.source": "cache"}
         ) as span:
@@ -86,16 +140,56 @@ class TracedCache(_Delegate):
             span.set_attribute("statestore.cache.hit", cached is not None)
             return cached
 
+    @property
+    def errors(self) -> int:
+        return self._inner.errors
 
-class TracedUpstream(_Delegate):
+    @property
+    def kind(self) -> str:
+        return self._inner.kind
+
+    async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None:
+        await self._inner.put(thread_id, history, ttl_ms)
+
+    async def append(
+        self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+    ) -> None:
+        await self._inner.append(thread_id, expected_count, added, ttl_ms, new_count=new_count)
+
+    async def move(self, old_id: str, new_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+        return await self._inner.move(old_id, new_id, expected_count, added, ttl_ms)
+
+    async def delete(self, thread_id: str) -> bool:
+        return await self._inner.delete(thread_id)
+
+    async def delete_many(self, thread_ids: Sequence[str]) -> bool:
+        return await self._inner.delete_many(thread_ids)
+
+    async def ping(self) -> bool:
+        return await self._inner.ping()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class TracedUpstream(Upstream):
     """`system`: the GenAI system the backend speaks for (anthropic for Messages, openai for Chat Completions)."""
 
-    def __init__(self, inner: Any, tracer: Tracer, *, system: str = GENAI_SYSTEM) -> None:
-        super().__init__(inner, tracer)
+    __slots__ = ("_inner", "_system", "_tracer")
+
+    def __init__(self, inner: Upstream, tracer: Tracer, *, system: str = GENAI_SYSTEM) -> None:
+        self._inner = inner
+        self._tracer = tracer
         self._system = system
 
-    async def send(self, method: str, path_and_query: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Any:
-        attributes: dict[str, Any] = {
+    @property
+    def base_url(self) -> str:
+        return self._inner.base_url
+
+    async def send(
+        self, method: str, path_and_query: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> UpstreamResponse:
+        attributes: dict[str, AttributeValue] = {
             "http.request.method": method,
             "url.path": path_and_query.split("?", 1)[0],
             "server.address": urlsplit(self._inner.base_url).hostname or "",
@@ -115,6 +209,9 @@ class TracedUpstream(_Delegate):
             response = await self._inner.send(method, path_and_query, outgoing, body)
             span.set_attribute("http.response.status_code", response.status)
             return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
 
 
 class TracedHttp:
@@ -139,7 +236,7 @@ class TracedHttp:
                 status.append(message["status"])
             await send(message)
 
-        attributes: dict[str, Any] = {"http.request.method": method}
+        attributes: dict[str, AttributeValue] = {"http.request.method": method}
         if self.route is not None:
             attributes.update(
                 {"http.route": self.route, "gen_ai.system": GENAI_SYSTEM, "gen_ai.operation.name": "chat"}

@@ -13,7 +13,7 @@ from statestore.api.responses import streaming_response
 from statestore.errors import StreamBrokenOff
 from statestore.upstream.client import (
     StreamInterrupted,
-    UpstreamClient,
+    Upstream,
     UpstreamResponse,
     request_headers_for_upstream,
     response_headers_for_client,
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 async def relay(
-    upstream: UpstreamClient,
+    upstream: Upstream,
     method: str,
     path_and_query: str,
     headers: list[tuple[bytes, bytes]],

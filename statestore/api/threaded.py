@@ -4,7 +4,6 @@ is committed before the client can see its end (PROTOCOL §2): the JSON body aft
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -16,7 +15,6 @@ from statestore.api.responses import bytes_response, streaming_response
 from statestore.auth import Principal
 from statestore.errors import StatestoreError, StreamBrokenOff
 from statestore.threads import assembly, context, rules
-from statestore.threads.context_step import Summarize
 from statestore.threads.diagnostics import storable_backend_id
 from statestore.threads.prepared import CompletedReply, PreparedTurn
 from statestore.threads.service import ThreadService
@@ -24,15 +22,13 @@ from statestore.threads.turn import ThreadTurn
 from statestore.threads.usage import usage_of
 from statestore.upstream.client import (
     StreamInterrupted,
-    UpstreamClient,
+    Upstream,
     UpstreamResponse,
     request_headers_for_upstream,
     response_headers_for_client,
 )
 from statestore.upstream.reply_capture import ReplyAccumulator
 from statestore.upstream.sse import SSEParser
-
-log = logging.getLogger(__name__)
 
 
 def completed(message: dict[str, Any], backend_id: object) -> CompletedReply:
@@ -47,7 +43,7 @@ def completed(message: dict[str, Any], backend_id: object) -> CompletedReply:
 
 async def serve_threaded_turn(
     service: ThreadService,
-    upstream: UpstreamClient,
+    upstream: Upstream,
     *,
     turn: ThreadTurn,
     principal: Principal,
@@ -60,52 +56,20 @@ async def serve_threaded_turn(
 class _ThreadedTurn:
     __slots__ = ("service", "upstream")
 
-    def __init__(self, service: ThreadService, upstream: UpstreamClient) -> None:
+    def __init__(self, service: ThreadService, upstream: Upstream) -> None:
         self.service = service
         self.upstream = upstream
 
     async def serve(
         self, turn: ThreadTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str
     ) -> Response:
-        prepared = await self.service.begin(turn, principal, self._summarizer(principal, headers))
+        prepared = await self.service.begin(turn, principal, headers)
         try:
             return await self._forward(prepared, principal, headers, query)
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.service.give_back(prepared)
             raise
-
-    def _summarizer(self, principal: Principal, headers: list[tuple[bytes, bytes]]) -> Summarize:
-        """Sends a summary request (PROTOCOL §9) with the turn's own credential and API version, out of band: its reply
-        is read whole and never relayed. Any failure is None, and the turn falls back to truncating."""
-
-        async def summarize(body: bytes) -> str | None:
-            # Built here, not per turn: most turns never summarize.
-            upstream_headers = [
-                (name, value)
-                for name, value in request_headers_for_upstream(
-                    headers, threaded=True, credential=principal.upstream_credential
-                )
-                if name != b"accept"  # a summary is read whole, never streamed
-            ]
-            try:
-                response = await self.upstream.send("POST", "/v1/messages", upstream_headers, body)
-                try:
-                    reply = await response.read()
-                finally:
-                    await response.aclose()
-            except Exception as exc:  # the turn goes on without a summary, whatever went wrong
-                log.warning("summary request failed", extra={"error": type(exc).__name__})
-                return None
-            if response.status != 200:
-                log.warning("summary request refused", extra={"status": response.status})
-                return None
-            try:
-                return context.summary_text(orjson.loads(reply))
-            except orjson.JSONDecodeError:
-                return None
-
-        return summarize
 
     async def _forward(
         self, prepared: PreparedTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str

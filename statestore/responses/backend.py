@@ -6,7 +6,7 @@ import orjson
 
 from statestore.auth import Principal
 from statestore.responses.errors import BackendError
-from statestore.upstream.client import UpstreamClient, UpstreamResponse
+from statestore.upstream.client import Upstream, UpstreamResponse
 
 CHAT_PATH = "/v1/chat/completions"
 
@@ -25,7 +25,7 @@ def backend_headers(headers: list[tuple[bytes, bytes]], principal: Principal) ->
 
 
 async def call_backend(
-    upstream: UpstreamClient, headers: list[tuple[bytes, bytes]], principal: Principal, body: bytes
+    upstream: Upstream, headers: list[tuple[bytes, bytes]], principal: Principal, body: bytes
 ) -> UpstreamResponse:
     response = await upstream.send("POST", CHAT_PATH, backend_headers(headers, principal), body)
     if response.status >= 300:

@@ -36,7 +36,10 @@ class CachedHistory(NamedTuple):
 class HistoryCache(Protocol):
     """Where a thread's pre-joined history is kept between turns; every method is fault-free for callers."""
 
-    errors: int  # faults swallowed so far (exported as a metric)
+    @property
+    def errors(self) -> int:
+        """Faults swallowed so far (exported as a metric)."""
+        ...
 
     async def get(self, thread_id: str) -> CachedHistory | None: ...
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Literal
 
 import anyio
@@ -27,13 +27,15 @@ from statestore.metrics import Metrics
 from statestore.policy import Policy
 from statestore.store.cache import CachedHistory, HistoryCache
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
-from statestore.store.turn_writes import LeasedThread, NewThread, ThreadRepository, TurnCommit
+from statestore.store.thread_store import ThreadStore
+from statestore.store.turn_writes import LeasedThread, NewThread, TurnCommit
 from statestore.threads import assembly, context_step, rules
 from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.prepared import CompletedReply, PreparedTurn, replay_fields
+from statestore.threads.summary import Summaries, summarizer
 from statestore.threads.turn import ThreadTurn
 
 log = logging.getLogger(__name__)
@@ -43,14 +45,18 @@ class ThreadService:
     def __init__(
         self,
         *,
-        repository: ThreadRepository,
+        repository: ThreadStore,
         cache: HistoryCache,
         policies: PolicyStore,
         lease_seconds: int,
         metrics: Metrics,
+        summaries: Summaries | None = None,
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
+        """`summaries`: where a `summarize` policy's summary requests go (PROTOCOL §9); without it, such a policy
+        truncates."""
         self.metrics = metrics
+        self.summaries = summaries
         self.repository = repository
         self.cache = cache
         self.policies = policies
@@ -58,15 +64,18 @@ class ThreadService:
         self.clock = clock
 
     async def begin(
-        self, turn: ThreadTurn, principal: Principal, summarize: context_step.Summarize | None = None
+        self, turn: ThreadTurn, principal: Principal, headers: Iterable[tuple[bytes, bytes]] = ()
     ) -> PreparedTurn:
-        """Take the head of the turn's thread (or start a new one) and rebuild the request to forward. Raises a
-        StatestoreError (a thread error, 400, 503) with nothing held when the turn cannot go ahead."""
+        """Take the head of the turn's thread (or start a new one) and rebuild the request to forward. `headers`: the
+        client's, which a summary request carries as the turn does. Raises a StatestoreError (a thread error, 400,
+        503) with nothing held when the turn cannot go ahead."""
         kind: Literal["create", "continue"] = "continue" if turn.mode == "continue" else "create"
         try:
             policy = await self.policies.for_tenant(principal.tenant_id)
             rules.check_policy(policy, turn)
-            prepared = await self._prepare(turn, principal, policy, summarize)
+            prepared = await self._prepare(
+                turn, principal, policy, summarizer(self.summaries, headers, principal.upstream_credential)
+            )
         except StatestoreError:
             self.metrics.count_thread_turn(kind, "rejected")
             raise
@@ -83,10 +92,6 @@ class ThreadService:
             self.metrics.count_thread_turn(kind, "rejected")
             log.warning("database unavailable for a threaded turn", extra={"error": type(exc).__name__})
             raise ServiceUnavailable("the thread store is unavailable; try again shortly") from exc
-        prepared.keeper = LeaseKeeper(
-            lambda: self._renew(prepared), interval=self.lease_ms / 3000, thread_id=prepared.thread_id
-        )
-        prepared.keeper.start()
         return prepared
 
     # -- taking the head ---------------------------------------------------------------------------------------
@@ -179,6 +184,7 @@ class ThreadService:
         return PreparedTurn(
             thread_id=thread.id,
             lease_token=token,
+            keeper=self._keep(thread.id, token),
             creating=True,
             start_position=0,
             new_rows=new.stored,
@@ -208,6 +214,9 @@ class ThreadService:
         cached: CachedHistory | None = None,
         prefetched: bool = False,
     ) -> PreparedTurn:
+        # Kept from the moment it is taken: a summary (§9) is a whole backend call before the turn's own, and may
+        # outlast the lease.
+        keeper = self._keep(leased.id, token)
         try:
             rules.check_fixed_fields(leased, turn)
             new = assembly.encode_new_messages(turn.messages)
@@ -235,12 +244,14 @@ class ThreadService:
                 turn.fields, system=leased.system, tools=leased.tools, history=history, new_messages=new.forwarded
             )
         except BaseException:
+            keeper.stop()
             with anyio.CancelScope(shield=True):
                 await self._release_quietly(leased.id, token)
             raise
         return PreparedTurn(
             thread_id=leased.id,
             lease_token=token,
+            keeper=keeper,
             creating=False,
             start_position=leased.head_position,
             new_rows=new.stored,
@@ -379,10 +390,17 @@ class ThreadService:
                 "could not release a lease", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__}
             )
 
-    async def _renew(self, prepared: PreparedTurn) -> bool:
-        return await self.repository.renew_lease(
-            thread_id=prepared.thread_id, token=prepared.lease_token, lease_until_ms=self.clock() + self.lease_ms
-        )
+    def _keep(self, thread_id: str, token: str) -> LeaseKeeper:
+        """A started keeper of the lease `token` holds on the thread, renewing it every third of its length."""
+
+        async def renew() -> bool:
+            return await self.repository.renew_lease(
+                thread_id=thread_id, token=token, lease_until_ms=self.clock() + self.lease_ms
+            )
+
+        keeper = LeaseKeeper(renew, interval=self.lease_ms / 3000, thread_id=thread_id)
+        keeper.start()
+        return keeper
 
     @staticmethod
     def _stop_keeper(prepared: PreparedTurn) -> None:

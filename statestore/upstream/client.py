@@ -9,7 +9,7 @@ from __future__ import annotations
 import ssl
 import time
 from collections.abc import AsyncIterator, Iterable
-from typing import Literal
+from typing import Literal, Protocol
 
 from statestore.errors import UpstreamTimeout, UpstreamUnreachable
 from statestore.metrics import Metrics, upstream_outcome
@@ -134,6 +134,19 @@ class UpstreamResponse:
         if not self._settled:
             self._settled = True
             self._pool.release(self._connection, reuse=False)
+
+
+class Upstream(Protocol):
+    """The model backend as the doors call it: UpstreamClient, or the traced wrapper of one (statestore/traced.py)."""
+
+    @property
+    def base_url(self) -> str: ...
+
+    async def send(
+        self, method: str, path_and_query: str, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> UpstreamResponse: ...
+
+    async def aclose(self) -> None: ...
 
 
 class UpstreamClient:

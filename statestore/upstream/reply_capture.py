@@ -10,9 +10,9 @@ import json
 import re
 from typing import Any
 
+import jiter
 import orjson
 
-from statestore.upstream.partial_json import parse_tool_input
 from statestore.upstream.sse import SSEEvent
 
 _TOOL_INPUT_BLOCKS = frozenset(("tool_use", "server_tool_use", "mcp_tool_use"))  # the SDK's TRACKS_TOOL_INPUT
@@ -273,7 +273,10 @@ class ReplyAccumulator:
             parts[:] = [joined]
             if joined:  # no input at all keeps the `input` of content_block_start, as in the SDK
                 try:
-                    content[index]["input"] = parse_tool_input(joined, trailing_strings=self._trailing_strings)
+                    # The SDK's own parse (jiter's partial mode), so a cut input is kept exactly as the client's is.
+                    content[index]["input"] = jiter.from_json(
+                        joined.encode(), partial_mode="trailing-strings" if self._trailing_strings else True
+                    )
                 except ValueError:
                     self._fail("unparseable tool input")
         self._dirty_json.clear()

@@ -9,6 +9,7 @@ their own, since the tests change the default policy.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,10 +18,11 @@ from typing import Any, cast
 import anthropic
 import pytest
 
-from tests.support.admin_api import ADMIN_TOKENS, AdminApi, cli, cli_env, error_of, policy
+from tests.support.admin_api import ADMIN_TOKENS, THREADS_BETA, AdminApi, cli, cli_env, error_of, policy, start_server
 from tests.support.fake_backend import FakeBackend
 from tests.support.long_context import (
     COMPACT_EDIT,
+    MODEL,
     SUMMARY_MARKER,
     TURNS,
     WINDOW,
@@ -308,5 +310,80 @@ def test_the_embedded_default_truncates_the_same_way(
         context = conversation.info()["context"]
         assert context["truncated"] == 1
         assert len(conversation.view("context")["messages"]) == context["message_count"]
+    finally:
+        server.stop()
+
+
+SHORT_LEASE_SECONDS = 1
+
+
+def test_a_summary_slower_than_the_lease_keeps_the_head_and_is_stored(
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend, api_key: str
+) -> None:
+    """The summary request runs under the turn's lease, renewed while it runs: a summary that takes three lease
+    lengths keeps the thread head (every rival continue meanwhile is refused), and the turn commits with it."""
+    backend = fake_backend_process
+    backend.reset()
+    server = start_server(
+        module_db,
+        backend.url,
+        redis_url,
+        module_prefix,
+        {"STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS, "STATESTORE_LEASE_SECONDS": str(SHORT_LEASE_SECONDS)},
+    )
+    try:
+        with AdminApi(server.url) as admin:
+            admin.ok("PUT", "/policies/default", managed("summarize"))
+        backend.watch_context(window=WINDOW, summary_marker=SUMMARY_MARKER)
+        backend.script({"kind": "echo", "match": SUMMARY_MARKER, "delay_seconds": 3 * SHORT_LEASE_SECONDS})
+        conversation = Conversation(OneServer(server), api_key)
+        outcome: dict[str, object] = {}
+
+        def drive() -> None:
+            try:
+                outcome["moved"] = _until_moved(conversation, size=2000)
+            except Exception as exc:  # asserted below, with what the rivals got
+                outcome["error"] = exc
+
+        runner = threading.Thread(target=drive)
+        runner.start()
+        deadline = time.monotonic() + 60
+        while backend.context_log()["summaries"] == 0:
+            assert runner.is_alive() and time.monotonic() < deadline, "no summary was asked for"
+            time.sleep(0.05)
+        summary_started = time.monotonic()
+        head = conversation.previous_id  # the turn waiting on the summary continues this one
+        assert head is not None
+        rivals: list[tuple[float, int]] = []
+        with anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=0) as rival:
+            while runner.is_alive():
+                try:
+                    rival.beta.messages.create(
+                        model=MODEL,
+                        max_tokens=16,
+                        messages=[{"role": "user", "content": "rival"}],
+                        thread={"type": "continue", "previous_message_id": head},
+                        betas=[THREADS_BETA],
+                    )
+                    status = 200
+                except anthropic.APIStatusError as exc:
+                    status = exc.status_code
+                    assert (
+                        cast(dict[str, Any], exc.body)["error"]["details"]["error_code"] == "thread_continue_in_flight"
+                    )
+                rivals.append((time.monotonic() - summary_started, status))
+                if status == 200:
+                    break
+                runner.join(timeout=0.2)
+        runner.join(timeout=30)
+
+        assert [status for _, status in rivals] == [400] * len(rivals), f"a rival took the head: {rivals}"
+        assert any(after > 1.5 * SHORT_LEASE_SECONDS for after, _ in rivals), "no rival came after the first lease"
+        assert "error" not in outcome, f"the turn failed: {outcome['error']!r}"
+        moved = cast(int, outcome["moved"])
+        assert conversation.headers[moved] == {"statestore-context": "summarized"}
+        assert conversation.info()["context"]["summarized"] == 1
+        opening = conversation.view("context")["messages"][0]["content"][0]["text"]
+        assert opening.startswith("Summary of the earlier part")
     finally:
         server.stop()

@@ -7,6 +7,7 @@ which records the headers it received."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +28,7 @@ from statestore.app import create_server_app
 from statestore.config import Settings
 from statestore.tracing import provider_from_environment, tracing_requested
 from tests.support.fake_backend import FakeBackend
+from tests.support.redis_keys import drop_prefix
 
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_PARENT = "00f067aa0ba902b7"
@@ -131,6 +133,44 @@ async def test_a_threaded_conversation_is_traced(
     upstream_spans = [_children(spans, r)["statestore.upstream"][0] for r in (create, continued, streamed)]
     expected = [["00", f"{s.context.trace_id:032x}", f"{s.context.span_id:016x}"] for s in upstream_spans if s.context]
     assert sent == expected
+
+
+def _only(children: dict[str, list[ReadableSpan]], name: str) -> dict[str, Any]:
+    """The attributes of the one child span named `name`."""
+    (span,) = children.get(name, [])
+    return dict(span.attributes or {})
+
+
+async def test_each_span_of_a_threaded_turn(
+    traced_client: anthropic.AsyncAnthropic, exporter: InMemorySpanExporter, redis_url: str, redis_prefix: str
+) -> None:
+    """Span by span: a create, a continue served from the cache, and a continue after the cache lost the thread,
+    whose history is read from the database (its own span, beside the cache's miss)."""
+    thread = traced_client.beta.messages.thread(model="claude-trace", max_tokens=20)
+    await thread.send({"role": "user", "content": "one"})
+    await thread.send({"role": "user", "content": "two"})
+    await asyncio.to_thread(drop_prefix, redis_url, redis_prefix)
+    await thread.send({"role": "user", "content": "three"})
+
+    spans = exporter.get_finished_spans()
+    create, hit, miss = (_children(spans, request) for request in _request_spans(spans))
+    for children, by in ((create, "create"), (hit, "response"), (miss, "response")):
+        assert _only(children, "statestore.lease") == {"statestore.lease.by": by}
+        upstream = _only(children, "statestore.upstream")
+        assert (upstream["url.path"], upstream["http.response.status_code"]) == ("/v1/messages", 200)
+        commit = _only(children, "statestore.commit")
+        assert (commit["statestore.commit.stored"], commit["statestore.thread.messages_added"]) == (True, 2)
+        assert commit["gen_ai.usage.input_tokens"] > 0 and commit["gen_ai.usage.output_tokens"] > 0
+    assert "statestore.history_read" not in create
+    (cached,) = hit["statestore.history_read"]
+    assert cached.attributes == {"statestore.history.source": "cache", "statestore.cache.hit": True}
+    reads = {
+        str((span.attributes or {})["statestore.history.source"]): span for span in miss["statestore.history_read"]
+    }
+    assert set(reads) == {"cache", "database"}
+    assert reads["cache"].attributes == {"statestore.history.source": "cache", "statestore.cache.hit": False}
+    # The four messages stored before the third turn: one, its reply, two, its reply.
+    assert reads["database"].attributes == {"statestore.history.source": "database", "statestore.history.messages": 4}
 
 
 async def test_other_routes_get_a_span_named_for_their_route(

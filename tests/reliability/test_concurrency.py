@@ -72,7 +72,8 @@ async def _continue_at_once(
     clients: tuple[httpx.AsyncClient, httpx.AsyncClient], key: str, jobs: list[tuple[str, str]]
 ) -> list[httpx.Response]:
     """Send every (previous id, text) continue at the same moment, alternating between the two servers."""
-    gate = asyncio.Event()
+    # Each request is built first; the last one built lets them all go.
+    ready = asyncio.Barrier(len(jobs))
 
     async def one(index: int, previous_id: str, text: str) -> httpx.Response:
         http = clients[index % 2]
@@ -82,13 +83,10 @@ async def _continue_at_once(
             headers=thread_headers(key),
             content=orjson.dumps(continue_body(previous_id, [user(text)])),
         )
-        await gate.wait()
+        await ready.wait()
         return await http.send(request)
 
-    tasks = [asyncio.create_task(one(i, previous, text)) for i, (previous, text) in enumerate(jobs)]
-    await asyncio.sleep(0.05)
-    gate.set()
-    return list(await asyncio.gather(*tasks))
+    return list(await asyncio.gather(*(one(i, previous, text) for i, (previous, text) in enumerate(jobs))))
 
 
 def _refusal_code(response: httpx.Response) -> str:

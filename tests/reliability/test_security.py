@@ -451,13 +451,17 @@ async def test_no_message_content_and_no_secret_reaches_logs_metrics_or_audit(
     admin_ok = await http.get("/admin/v1/audit", headers={"authorization": f"Bearer {deployment.admin_token}"})
     assert admin_ok.status_code == 200
     await http.get("/admin/v1/audit", headers={"authorization": f"Bearer {s['WRONGADMIN']}"})
-    await http.post(
+    last = await http.post(
         "/admin/v1/tenants",
         headers={"authorization": f"Bearer {deployment.admin_token}"},
         json={"name": s["PATH"], "oops": s["USER"]},
     )
 
-    await asyncio.sleep(0.3)  # let the servers write their last lines
+    # An access line is written once its response has left: wait for the last one, so every line is there.
+    deadline = time.monotonic() + 10
+    while last.headers["request-id"] not in deployment.passthrough.log():
+        assert time.monotonic() < deadline, "the last request's access line never reached the log"
+        await asyncio.sleep(0.02)
     logs = {"passthrough server's log": deployment.passthrough.log(), "keys server's log": deployment.keys.log()}
     # Invariant 6 names metrics and the audit log too.
     async with httpx.AsyncClient(timeout=15) as plain:

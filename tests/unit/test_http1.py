@@ -301,7 +301,9 @@ async def test_the_pool_limit_queues_requests_and_a_cancelled_waiter_passes_its_
     client, backend = await make(backends, replying(OK, OK, OK), max_connections=1)
     held = await client.send("POST", "/v1/messages", [], b"{}")
     queued = [asyncio.ensure_future(client.send("POST", "/v1/messages", [], b"{}")) for _ in range(2)]
-    await asyncio.sleep(0.05)
+    async with asyncio.timeout(5):
+        while len(client._pool._waiters) < 2:  # both queued behind the one connection
+            await asyncio.sleep(0)
     assert not any(task.done() for task in queued)
     queued[0].cancel()
     await held.read()

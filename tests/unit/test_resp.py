@@ -1,22 +1,16 @@
-"""The lean Redis client of the history cache (statestore/store/resp.py): URLs, replies matched to their requests,
-a connection that dies or hangs. Against the real Redis, and against small servers of the test's own that misbehave
-on purpose."""
+"""The lean Redis client of the history cache (statestore/store/resp.py) without a live Redis: URLs, and replies
+matched to their requests against small servers of the test's own that misbehave on purpose (a late reply, garbage,
+nothing listening). Against the real Redis: tests/integration/test_resp.py."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
-import uvloop
-from redis.asyncio import Redis
 
 from statestore.config import Settings
-from statestore.store.resp import Endpoint, RespClient, RespError, Script, parse_url
-
-REDIS_URL = os.environ.get("STATESTORE_TEST_REDIS", "redis://127.0.0.1:6379/0")
+from statestore.store.resp import Endpoint, RespClient, parse_url
 
 
 @pytest.mark.parametrize(
@@ -41,46 +35,6 @@ def test_urls(url: str, endpoint: Endpoint) -> None:
 def test_urls_it_cannot_honour_are_refused(url: str, problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         parse_url(url)
-
-
-@pytest.fixture
-async def key() -> AsyncIterator[str]:
-    name = f"sstest:{uuid.uuid4().hex}:resp"
-    yield name
-    raw = Redis.from_url(REDIS_URL)
-    await raw.delete(name)
-    await raw.aclose()
-
-
-async def test_commands_replies_and_error_replies(key: str) -> None:
-    client = RespClient(REDIS_URL)
-    assert await client.execute("SET", key, b"\x00\r\nbinary", "PX", 60_000) == b"OK"
-    assert await client.execute("MGET", key, key + ":missing") == [b"\x00\r\nbinary", None]
-    with pytest.raises(RespError, match="WRONGTYPE"):
-        await client.execute("LPUSH", key, "x")
-    # An error reply fails its own command only; the connection goes on.
-    assert await client.execute("APPEND", key, "!") == len(b"\x00\r\nbinary!")
-    await client.aclose()
-
-
-async def test_a_script_unknown_to_redis_is_loaded_and_run(key: str) -> None:
-    client = RespClient(REDIS_URL)
-    script = Script(f"-- {uuid.uuid4().hex}\nreturn redis.call('INCRBY', KEYS[1], ARGV[1])")
-    assert await script.run(client, [key], [5]) == 5  # NOSCRIPT first, then EVAL
-    assert await script.run(client, [key], [2]) == 7  # now by its SHA1
-    await client.aclose()
-
-
-async def test_a_connection_killed_by_redis_is_replaced(key: str) -> None:
-    client = RespClient(REDIS_URL, connections=1)
-    own_id = await client.execute("CLIENT", "ID")
-    raw = Redis.from_url(REDIS_URL)
-    await raw.client_kill_filter(_id=own_id)
-    await raw.aclose()
-    await asyncio.sleep(0.05)
-    assert await client.execute("SET", key, "v", "PX", 60_000) == b"OK"
-    assert await client.execute("CLIENT", "ID") != own_id
-    await client.aclose()
 
 
 async def serve(handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]) -> asyncio.Server:
@@ -134,22 +88,6 @@ async def test_nothing_listening_is_a_connection_error() -> None:
     with pytest.raises(ConnectionError):
         await client.execute("PING")
     await client.aclose()
-
-
-def test_under_uvloop(key: str) -> None:
-    """uvloop serves statestore, and its transports differ from asyncio's in ways that have mattered (they are not
-    asyncio.Transport subclasses). The tests above run on the suite's asyncio loop; this one on uvloop."""
-
-    async def round_trip() -> tuple[object, list[object]]:
-        client = RespClient(REDIS_URL)
-        try:
-            await client.execute("SET", key, b"v", "PX", 60_000)
-            return await client.execute("MGET", key), await client.pipeline([("GET", key), ("LPUSH", key, "x")])
-        finally:
-            await client.aclose()
-
-    values, (value, error) = uvloop.run(round_trip())
-    assert values == [b"v"] and value == b"v" and isinstance(error, RespError)
 
 
 def test_settings_refuse_a_redis_url_the_client_cannot_honour() -> None:

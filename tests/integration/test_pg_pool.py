@@ -42,10 +42,13 @@ async def test_a_connection_the_server_ended_is_never_lent(dsn: str) -> None:
     pool = LeanPool(dsn, max_size=1, timeout=5, server_settings={})
     async with pool.acquire() as conn:
         pid = conn.get_server_pid()
+        ended = conn
     killer = await asyncpg.connect(dsn)
     assert await killer.fetchval("SELECT pg_terminate_backend($1)", pid)
     await killer.close()
-    await asyncio.sleep(0.2)  # the socket's end reaches the connection
+    async with asyncio.timeout(5):
+        while not ended.is_closed():  # until the socket's end reaches the connection
+            await asyncio.sleep(0.005)
     async with pool.acquire() as conn:
         assert conn.get_server_pid() != pid
         assert await conn.fetchval("SELECT 1") == 1

@@ -62,20 +62,9 @@ FALLBACK_USAGE: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module")
-def module_backend() -> Iterator[FakeBackend]:
-    with FakeBackend() as backend:
-        yield backend
-
-
-@pytest.fixture
-def backend(module_backend: FakeBackend) -> FakeBackend:
-    module_backend.reset()
-    return module_backend
-
-
 @pytest.fixture
 def client(backend: FakeBackend) -> Iterator[anthropic.Anthropic]:
+    """The SDK straight at the fake backend (the session's process, reset: tests/integration/conftest.py)."""
     with anthropic.Anthropic(base_url=backend.url, api_key="test", max_retries=0) as sdk:
         yield sdk
 

@@ -25,7 +25,6 @@ from statestore.store.cache import (
     create_cache,
 )
 from statestore.store.memory_cache import MemoryHistoryCache
-from statestore.store.resp import split_cluster_flag
 
 REDIS_URL = os.environ.get("STATESTORE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TTL_MS = 60_000
@@ -167,30 +166,6 @@ async def test_ttl_applied_and_refreshed(harness: Harness) -> None:
     assert await cache.get(tid) is None
 
 
-async def test_memory_entry_expires_with_clock() -> None:
-    clock = FakeClock()
-    cache = MemoryHistoryCache(clock=clock)
-    await cache.put("thr_a", CachedHistory(1, M1), 1_000)
-    clock.now_ms += 999
-    assert await cache.get("thr_a") == CachedHistory(1, M1)
-    clock.now_ms += 1
-    assert await cache.get("thr_a") is None
-    assert len(cache) == 0 and cache.size_bytes == 0
-    await cache.put("thr_a", CachedHistory(1, M1), 1_000)
-    clock.now_ms += 1_000
-    await cache.append("thr_a", 1, [M2], 1_000)  # expired: a miss, not an append
-    assert await cache.get("thr_a") is None
-
-
-async def test_memory_sweep_drops_untouched_expired_entries() -> None:
-    clock = FakeClock()
-    cache = MemoryHistoryCache(clock=clock)
-    await cache.put("thr_old", CachedHistory(1, M1), 1_000)
-    clock.now_ms += 61_000
-    await cache.put("thr_new", CachedHistory(1, M2), 1_000)
-    assert len(cache) == 1
-
-
 async def test_delete_and_delete_many(harness: Harness) -> None:
     cache = harness.cache
     ids = [thread() for _ in range(600)]  # more than one delete_many batch
@@ -215,29 +190,6 @@ async def test_keys_of_one_thread_share_a_slot(raw_redis: Redis, prefix: str) ->
     assert keys == [f"{prefix}{{{tid}}}:h".encode(), f"{prefix}{{{tid}}}:n".encode()]
     assert key_slot(keys[0]) == key_slot(keys[1]) == key_slot(tid.encode())
     await cache.aclose()
-
-
-def test_prefix_with_brace_is_refused() -> None:
-    with pytest.raises(ValueError, match="prefix"):
-        RedisHistoryCache(REDIS_URL, "ss{x}:")
-
-
-async def test_memory_lru_eviction_by_bytes() -> None:
-    cache = MemoryHistoryCache(max_bytes=3 * (1_000 + 128))  # room for three 1000-byte entries
-    blob = b"x" * 1_000
-    for name in ("a", "b", "c"):
-        await cache.put(name, CachedHistory(1, blob), TTL_MS)
-    assert await cache.get("a") is not None  # now most recently used: "b" goes first
-    await cache.put("d", CachedHistory(1, blob), TTL_MS)
-    assert await cache.get("b") is None
-    assert all([await cache.get(name) is not None for name in ("a", "c", "d")])
-    assert cache.size_bytes <= 3 * (1_000 + 128)
-    await cache.append("a", 1, [blob], TTL_MS)  # growing "a" pushes out the least recent
-    assert await cache.get("a") == CachedHistory(2, blob + b"," + blob)
-    assert await cache.get("c") is None
-    await cache.put("huge", CachedHistory(1, b"y" * 10_000), TTL_MS)  # larger than the budget
-    assert await cache.get("huge") is None
-    assert await cache.get("a") is not None
 
 
 async def test_unreachable_redis_behaves_like_a_miss(prefix: str) -> None:
@@ -347,24 +299,6 @@ async def test_noscript_recovery(raw_redis: Redis, prefix: str) -> None:
     assert await cache.get(tid) == CachedHistory(3, b",".join([M1, M2, M3]))
     assert cache.errors == 0
     await cache.aclose()
-
-
-@pytest.mark.parametrize(
-    ("url", "expected"),
-    [
-        ("redis://h:6379/0", ("redis://h:6379/0", False)),
-        ("redis://h:6379/0?cluster=1", ("redis://h:6379/0", True)),
-        ("redis://u:p%40ss@h/0?socket_keepalive=1&cluster=true", ("redis://u:p%40ss@h/0?socket_keepalive=1", True)),
-        ("redis://h/0?cluster=0", ("redis://h/0", False)),
-    ],
-)
-def test_cluster_flag(url: str, expected: tuple[str, bool]) -> None:
-    assert split_cluster_flag(url) == expected
-
-
-def test_cluster_flag_rejects_nonsense() -> None:
-    with pytest.raises(ValueError, match="cluster"):
-        split_cluster_flag("redis://h/0?cluster=maybe")
 
 
 @pytest.mark.parametrize(("url", "kind"), [(None, "memory"), ("", "memory"), (REDIS_URL, "redis")])

@@ -1,0 +1,43 @@
+"""What the threaded turn needs from its store (threads/service.py), as an interface: ThreadRepository
+(store/turn_writes.py) implements it, and so does the traced wrapper (statestore/traced.py), explicitly, so that
+mypy checks every method of a wrapper against the one it stands for."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread, TurnCommit
+
+
+class ThreadStore(Protocol):
+    async def acquire_by_response(
+        self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
+    ) -> LeasedThread | None: ...
+
+    async def why_not_continuable(
+        self, *, owner: str, thread_id: str, response_id: str, now_ms: int
+    ) -> ContinueRefusal: ...
+
+    async def backend_id_of(self, *, owner: str, thread_id: str, response_id: str, now_ms: int) -> str | None: ...
+
+    async def acquire_by_session(
+        self, *, owner: str, session: str, token: str, now_ms: int, lease_until_ms: int
+    ) -> LeasedThread | None: ...
+
+    async def session_is_busy(self, *, owner: str, session: str, now_ms: int) -> bool: ...
+
+    async def begin_create(
+        self, thread: NewThread, *, token: str, now_ms: int, lease_until_ms: int, bind_session: bool = True
+    ) -> bool: ...
+
+    async def commit_turn(self, commit: TurnCommit) -> bool: ...
+
+    async def renew_lease(self, *, thread_id: str, token: str, lease_until_ms: int) -> bool: ...
+
+    async def release(self, *, thread_id: str, token: str) -> None: ...
+
+    async def abandon_create(self, *, thread_id: str, token: str) -> None: ...
+
+    async def is_stored(self, *, thread_id: str, response_id: str) -> bool: ...
+
+    async def load_context(self, thread_id: str) -> list[tuple[int, bytes]]: ...
