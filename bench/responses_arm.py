@@ -4,6 +4,9 @@ run (closed loop, concurrency 1, no backend delay), so the figures compare as ra
     make bench-responses                                   # 100 rounds per size
     .venv/bin/python -m bench.responses_arm --rounds 20    # quicker
 
+Each arm runs a batch of turns at a time, interleaved each round, and each batch is billed (bench/bill.py):
+statestore's CPU, PostgreSQL's and Redis's per turn, and their total, beside the latency.
+
 Arms, interleaved each round:
   chat      the client sends the whole history to the echo backend's /v1/chat/completions (the baseline)
   thread    statestore `thread: continue` on /v1/messages, only the new turn (history hot in the cache)
@@ -12,6 +15,9 @@ Arms, interleaved each round:
   branch    as `response`, but from the head's parent: a branch, rebuilt from the database
   conversation  statestore `POST /v1/responses` on a conversation holding the history, only the new turn (the
             conversation's context is read from the cache, checked against the position its lease returns)
+  head@D, branch@D  (with --depths D,…) on a chain D responses deep made of small turns: a continue from its head
+            (stored, so the head moves on), and a regenerate from the response below the head (stored: a new
+            sibling each time), whose context is rebuilt from the database
 The history is the same text for every arm: alternating user and assistant messages with escapes and non-ASCII.
 Needs PostgreSQL and Redis as `make bench` does (STATESTORE_BENCH_PG / STATESTORE_BENCH_REDIS); the scratch
 database and the Redis prefix are removed at the end. Prints a table and writes JSON to $TMPDIR.
@@ -25,12 +31,14 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 
+from bench.bill import Bill, Meter, add
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
 from bench.procs import Service, free_port, python
 
@@ -144,6 +152,37 @@ class Arms:
         return elapsed
 
 
+class DeepChain:
+    """A chain `depth` responses deep of small turns, and its two arms: continue the head, regenerate below it."""
+
+    def __init__(self, arms: Arms, depth: int) -> None:
+        self.arms = arms
+        self.depth = depth
+        self.head = ""
+        self.below_head = ""
+
+    async def setup(self) -> None:
+        previous: str | None = None
+        for _ in range(self.depth):
+            body: dict[str, Any] = {"model": "echo-1", "input": self.arms._new()}
+            if previous is not None:
+                body["previous_response_id"] = previous
+            _, reply, _ = await self.arms._post(self.arms.statestore + "/v1/responses", body, _bearer())
+            self.below_head, previous = previous or reply["id"], reply["id"]
+        self.head = previous or ""
+
+    async def head_continue(self) -> float:
+        body = {"model": "echo-1", "input": self.arms._new(), "previous_response_id": self.head}
+        elapsed, reply, _ = await self.arms._post(self.arms.statestore + "/v1/responses", body, _bearer())
+        self.head = reply["id"]
+        return elapsed
+
+    async def regenerate(self) -> float:
+        body = {"model": "echo-1", "input": self.arms._new(), "previous_response_id": self.below_head}
+        elapsed, _, _ = await self.arms._post(self.arms.statestore + "/v1/responses", body, _bearer())
+        return elapsed
+
+
 def _user(text: str) -> dict[str, str]:
     return {"role": "user", "content": text}
 
@@ -157,24 +196,50 @@ def _bearer() -> dict[str, str]:
     return {"authorization": f"Bearer {KEY}", "content-type": "application/json"}
 
 
-async def measure(statestore: str, backend: str, rounds: int) -> dict[str, dict[str, dict[str, float]]]:
+Arm = Callable[[], Awaitable[float]]
+
+
+async def measure(
+    statestore: str, backend: str, rounds: int, meter: Meter, *, batch: int, depths: list[int]
+) -> dict[str, dict[str, dict[str, float]]]:
     results: dict[str, dict[str, dict[str, float]]] = {}
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         for size_name, size in SIZES.items():
             arms = Arms(http, statestore, backend, history(size))
             await arms.setup()
-            order = [arms.chat, arms.thread, arms.response, arms.conversation, arms.branch]
-            samples: dict[str, list[float]] = {arm.__name__: [] for arm in order}
+            order: dict[str, Arm] = {
+                "chat": arms.chat,
+                "thread": arms.thread,
+                "response": arms.response,
+                "conversation": arms.conversation,
+                "branch": arms.branch,
+            }
+            if size_name == "2k":  # the deep chains are of small turns: once is enough
+                for depth in depths:
+                    chain = DeepChain(arms, depth)
+                    await chain.setup()
+                    order[f"head@{depth}"] = chain.head_continue
+                    order[f"branch@{depth}"] = chain.regenerate
+            names = list(order)
+            samples: dict[str, list[float]] = {name: [] for name in names}
+            bills: dict[str, list[Bill]] = {name: [] for name in names}
             for round_ in range(rounds + 2):
-                for arm in (
-                    order[round_ % len(order) :] + order[: round_ % len(order)]
-                ):  # rotated, so a slow stretch hits every arm
-                    elapsed = await arm()
+                for name in names[round_ % len(names) :] + names[: round_ % len(names)]:
+                    # Rotated, so a slow stretch hits every arm.
+                    before = meter.read()
+                    elapsed = [await order[name]() for _ in range(batch)]
+                    after = meter.read()
                     if round_ >= 2:  # two warm-up rounds
-                        samples[arm.__name__].append(elapsed * 1000)
+                        samples[name].extend(e * 1000 for e in elapsed)
+                        bills[name].append(meter.bill(before, after, batch))
             results[size_name] = {
-                name: {"p50_ms": statistics.median(values), "p99_ms": percentile(values, 0.99), "n": len(values)}
+                name: {
+                    "p50_ms": statistics.median(values),
+                    "p99_ms": percentile(values, 0.99),
+                    "n": len(values),
+                    **add(bills[name]).as_dict(),
+                }
                 for name, values in samples.items()
             }
     return results
@@ -183,7 +248,12 @@ async def measure(statestore: str, backend: str, rounds: int) -> dict[str, dict[
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.responses_arm", description=__doc__)
     parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--batch", type=int, default=5, help="turns per billed batch (default 5)")
+    parser.add_argument(
+        "--depths", default="", help="chain depths for the head@D and branch@D arms, e.g. 20,200,1000 (default none)"
+    )
     args = parser.parse_args()
+    depths = [int(d) for d in args.depths.split(",") if d]
     admin_dsn = os.environ.get("STATESTORE_BENCH_PG", DEFAULT_PG)
     redis_url = os.environ.get("STATESTORE_BENCH_REDIS", DEFAULT_REDIS)
     work = Path(tempfile.mkdtemp(prefix="statestore-bench-responses-"))
@@ -210,17 +280,29 @@ def main() -> None:
             )  # fmt: skip
             backend.wait_healthy()
             server.wait_healthy()
-            results = asyncio.run(measure(statestore_url, backend_url, args.rounds))
+            meter = Meter([server.pid], admin_dsn, redis_url)
+            meter.idle()
+            results = asyncio.run(
+                measure(statestore_url, backend_url, args.rounds, meter, batch=args.batch, depths=depths)
+            )
         finally:
             if server is not None:
                 server.stop()
             backend.stop()
     (work / "results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
-    print(f"{'size':>6} {'arm':>12} {'p50 ms':>9} {'p99 ms':>9} {'p50 / thread':>13}")
+    print(
+        f"{'size':>6} {'arm':>12} {'p50 ms':>9} {'p99 ms':>9} {'p50/thread':>11} "
+        f"{'statestore us':>14} {'postgres us':>12} {'redis us':>9} {'total us':>9} {'total/thread':>13}"
+    )
     for size_name, arms in results.items():
-        for arm, figures in arms.items():
-            ratio = figures["p50_ms"] / arms["thread"]["p50_ms"]
-            print(f"{size_name:>6} {arm:>12} {figures['p50_ms']:>9.2f} {figures['p99_ms']:>9.2f} {ratio:>13.2f}")
+        for arm, f in arms.items():
+            thread = arms["thread"]
+            print(
+                f"{size_name:>6} {arm:>12} {f['p50_ms']:>9.2f} {f['p99_ms']:>9.2f} "
+                f"{f['p50_ms'] / thread['p50_ms']:>11.2f} "
+                f"{f['statestore_us']:>14.0f} {f['postgres_us']:>12.0f} {f['redis_us']:>9.0f} {f['total_us']:>9.0f} "
+                f"{f['total_us'] / thread['total_us']:>13.2f}"
+            )
     print(f"results: {work / 'results.json'}")
 
 
