@@ -13,15 +13,11 @@ from collections.abc import Awaitable, Callable
 
 from statestore.clock import Clock
 from statestore.store.admin_repository import AdminRepository
-from statestore.store.cache import HistoryCache
+from statestore.store.cache import CacheKey, HistoryCache, conversation_key, response_key, thread_key
 from statestore.store.engine import DATABASE_ERRORS
 from statestore.store.retention_queries import Erasure, RetentionQueries
 
 log = logging.getLogger(__name__)
-
-# The Responses front door's cache keys (statestore/responses/context.py): a chain head's context, a conversation's.
-RESPONSE_CACHE_PREFIX = "resp:"
-CONVERSATION_CACHE_PREFIX = "conv:"
 
 
 class Retention:
@@ -35,23 +31,23 @@ class Retention:
         self.batch_size = batch_size
         # Threads whose rows are gone but whose cache entries could not be deleted (Redis unreachable); retried on
         # every purge until they are. Unservable meanwhile: every read starts from the rows.
-        self.cache_debt: set[str] = set()
+        self.cache_debt: set[CacheKey] = set()
 
-    async def forget_in_cache(self, keys: list[str]) -> None:
+    async def forget_in_cache(self, keys: list[CacheKey]) -> None:
         """Drop cache entries whose rows are gone (a deleted response's tree, say), retried later when unreachable."""
         await self._forget_in_cache(keys)
 
-    async def _forget_in_cache(self, thread_ids: list[str]) -> None:
-        if not await self.cache.delete_many(thread_ids):
-            self.cache_debt.update(thread_ids)
-            log.warning("cache entries of deleted threads left for retry", extra={"threads": len(thread_ids)})
+    async def _forget_in_cache(self, keys: list[CacheKey]) -> None:
+        if not await self.cache.delete_many(keys):
+            self.cache_debt.update(keys)
+            log.warning("cache entries of deleted conversations left for retry", extra={"entries": len(keys)})
 
     async def forget_conversations(self, conversation_ids: list[str]) -> None:
         """Drop the cached contexts made of these conversations' items: each conversation's own, and those of the
         responses chained from its responses (whose rebuilds read the conversation's items where they are)."""
         chained = await self.queries.chained_responses(conversation_ids) if conversation_ids else []
         await self._forget_in_cache(
-            [CONVERSATION_CACHE_PREFIX + i for i in conversation_ids] + [RESPONSE_CACHE_PREFIX + i for i in chained]
+            [conversation_key(i) for i in conversation_ids] + [response_key(i) for i in chained]
         )
 
     async def settle_cache_debt(self) -> None:
@@ -68,7 +64,7 @@ class Retention:
         while True:
             ids = await self.queries.purge_expired(now_ms=self.clock(), batch_size=self.batch_size)
             if ids:
-                await self._forget_in_cache(ids)
+                await self._forget_in_cache([thread_key(i) for i in ids])
                 await self.admin.add_to_counter("purged_threads", len(ids))
                 total += len(ids)
             if len(ids) < self.batch_size:
@@ -90,7 +86,7 @@ class Retention:
         while True:
             ids = await self.queries.erase_batch(batch_size=self.batch_size, tenant_id=tenant_id, user_id=user_id)
             if ids:
-                await self._forget_in_cache(ids)
+                await self._forget_in_cache([thread_key(i) for i in ids])
                 await self.admin.add_to_counter("erased_threads", len(ids))
                 total += len(ids)
             if len(ids) < self.batch_size:
@@ -132,7 +128,7 @@ class Retention:
                 return total
 
     async def _forget_responses(self, response_ids: list[str]) -> None:
-        await self._forget_in_cache([RESPONSE_CACHE_PREFIX + i for i in response_ids])
+        await self._forget_in_cache([response_key(i) for i in response_ids])
 
     async def _purge_responses(self) -> tuple[int, int]:
         """Expired response trees and conversations (the Responses front door), batch by batch."""
@@ -172,7 +168,7 @@ class Retention:
         request naming another owner's thread must not touch it."""
         live, deleted = await self.queries.delete_thread(owner, thread_id, now_ms=self.clock())
         if deleted:
-            await self._forget_in_cache([thread_id])
+            await self._forget_in_cache([thread_key(thread_id)])
         return live
 
 

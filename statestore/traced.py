@@ -18,7 +18,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from statestore.store.cache import CachedHistory, HistoryCache
+from statestore.store.cache import CachedHistory, CacheKey, HistoryCache
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread, TurnCommit
 from statestore.upstream.client import Upstream, UpstreamResponse
@@ -132,11 +132,11 @@ class TracedCache(HistoryCache):
         self._inner = inner
         self._tracer = tracer
 
-    async def get(self, thread_id: str) -> CachedHistory | None:
+    async def get(self, key: CacheKey) -> CachedHistory | None:
         with self._tracer.start_as_current_span(
             "statestore.history_read", attributes={"statestore.history.source": "cache"}
         ) as span:
-            cached = await self._inner.get(thread_id)
+            cached = await self._inner.get(key)
             span.set_attribute("statestore.cache.hit", cached is not None)
             return cached
 
@@ -148,22 +148,22 @@ class TracedCache(HistoryCache):
     def kind(self) -> str:
         return self._inner.kind
 
-    async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None:
-        await self._inner.put(thread_id, history, ttl_ms)
+    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int) -> None:
+        await self._inner.put(key, history, ttl_ms)
 
     async def append(
-        self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+        self, key: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
     ) -> None:
-        await self._inner.append(thread_id, expected_count, added, ttl_ms, new_count=new_count)
+        await self._inner.append(key, expected_count, added, ttl_ms, new_count=new_count)
 
-    async def move(self, old_id: str, new_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
-        return await self._inner.move(old_id, new_id, expected_count, added, ttl_ms)
+    async def move(self, old: CacheKey, new: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+        return await self._inner.move(old, new, expected_count, added, ttl_ms)
 
-    async def delete(self, thread_id: str) -> bool:
-        return await self._inner.delete(thread_id)
+    async def delete(self, key: CacheKey) -> bool:
+        return await self._inner.delete(key)
 
-    async def delete_many(self, thread_ids: Sequence[str]) -> bool:
-        return await self._inner.delete_many(thread_ids)
+    async def delete_many(self, keys: Sequence[CacheKey]) -> bool:
+        return await self._inner.delete_many(keys)
 
     async def ping(self) -> bool:
         return await self._inner.ping()

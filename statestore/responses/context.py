@@ -13,18 +13,16 @@ from statestore.responses.conversation_store import ConversationStore
 from statestore.responses.errors import previous_response_not_found
 from statestore.responses.items import StoredItem, join_segments
 from statestore.responses.store import ResponseRow, ResponseStore
-from statestore.retention import CONVERSATION_CACHE_PREFIX, RESPONSE_CACHE_PREFIX
-from statestore.store.cache import CachedHistory, HistoryCache
-
-CACHE_PREFIX = RESPONSE_CACHE_PREFIX
+from statestore.store.cache import CachedHistory, CacheKey, HistoryCache, conversation_key, response_key
 
 
-def cache_key(response_id: str) -> str:
-    return CACHE_PREFIX + response_id
+def cache_key(response_id: str) -> CacheKey:
+    """The entry of the chain's context that ends at this response."""
+    return response_key(response_id)
 
 
-def conversation_cache_key(conversation_id: str) -> str:
-    return CONVERSATION_CACHE_PREFIX + conversation_id
+def conversation_cache_key(conversation_id: str) -> CacheKey:
+    return conversation_key(conversation_id)
 
 
 def cached_chain(head: ResponseRow, cached: CachedHistory | None) -> CachedHistory | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import Literal, NamedTuple, Protocol
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
@@ -22,6 +22,38 @@ from statestore.store.resp import RespError, Script, split_cluster_flag
 logger = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
+
+
+CacheKind = Literal["thread", "response", "conversation"]
+# The stored name of each kind's entry: a thread's own id, a response's (the chain ending at it) and a conversation's
+# under a prefix. The names of the releases before: an invalidation by either release reaches the other's entries.
+_NAME_PREFIX: dict[str, str] = {"thread": "", "response": "resp:", "conversation": "conv:"}
+
+
+class CacheKey(NamedTuple):
+    """Whose context an entry holds."""
+
+    kind: CacheKind
+    id: str
+
+    @property
+    def name(self) -> str:
+        return _NAME_PREFIX[self.kind] + self.id
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def thread_key(thread_id: str) -> CacheKey:
+    return CacheKey("thread", thread_id)
+
+
+def response_key(response_id: str) -> CacheKey:
+    return CacheKey("response", response_id)
+
+
+def conversation_key(conversation_id: str) -> CacheKey:
+    return CacheKey("conversation", conversation_id)
 
 
 class CachedHistory(NamedTuple):
@@ -41,28 +73,28 @@ class HistoryCache(Protocol):
         """Faults swallowed so far (exported as a metric)."""
         ...
 
-    async def get(self, thread_id: str) -> CachedHistory | None: ...
+    async def get(self, key: CacheKey) -> CachedHistory | None: ...
 
-    async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None: ...
+    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int) -> None: ...
 
     async def append(
-        self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+        self, key: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
     ) -> None:
         """Append `added` if the entry holds exactly `expected_count` messages and refresh its TTL;
         otherwise (missing or stale) drop the entry so the next read rebuilds it. Atomic. `new_count`: the count
         after, when the caller counts something else than joined messages (default `expected_count + len(added)`)."""
         ...
 
-    async def move(self, old_id: str, new_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
-        """The entry of `old_id`, if it holds `expected_count`, becomes `new_id`'s with `added` appended (a chain's
+    async def move(self, old: CacheKey, new: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+        """The entry of `old`, if it holds `expected_count`, becomes `new`'s with `added` appended (a chain's
         head moving on: the bytes are not sent again). Atomic; the old entry is gone afterwards. False when nothing
         moved (missing, stale, a fault, or a cache that cannot move between keys): the caller puts instead."""
         ...
 
-    async def delete(self, thread_id: str) -> bool:
+    async def delete(self, key: CacheKey) -> bool:
         """Whether the entry is surely gone (False: the cache could not be reached)."""
 
-    async def delete_many(self, thread_ids: Sequence[str]) -> bool:
+    async def delete_many(self, keys: Sequence[CacheKey]) -> bool:
         """Whether every entry is surely gone."""
 
     async def ping(self) -> bool: ...
@@ -218,7 +250,7 @@ class RedisHistoryCache:
     """History cache in Redis (standalone, or Cluster with `?cluster=1` in the URL).
 
     Per thread two keys under one hash tag, so Cluster keeps them in one slot and the scripts and MGET
-    stay single-slot: `<prefix>{<thread_id>}:h` (the joined bytes, APPEND-able) and `...:n` (the count).
+    stay single-slot: `<prefix>{<key name>}:h` (the joined bytes, APPEND-able) and `...:n` (the count).
     No command ever spans two threads.
     """
 
@@ -242,29 +274,29 @@ class RedisHistoryCache:
     def kind(self) -> str:
         return "redis"
 
-    def _keys(self, thread_id: str) -> tuple[str, str]:
-        tagged = f"{self._prefix}{{{thread_id}}}"
+    def _keys(self, key: CacheKey) -> tuple[str, str]:
+        tagged = f"{self._prefix}{{{key.name}}}"
         return f"{tagged}:h", f"{tagged}:n"
 
-    def _fault(self, operation: str, thread_id: str | None, exc: BaseException) -> None:
+    def _fault(self, operation: str, key: CacheKey | None, exc: BaseException) -> None:
         self.errors += 1
         suppressed = self._gate.open()
         if suppressed is not None:
             # The exception type and text only: Redis error replies never echo stored values.
             logger.warning(
-                "history cache %s failed for thread %s, served as a miss: %s: %s (%d similar suppressed)",
+                "history cache %s failed for %s, served as a miss: %s: %s (%d similar suppressed)",
                 operation,
-                thread_id or "-",
+                key.name if key is not None else "-",
                 type(exc).__name__,
                 str(exc)[:200],
                 suppressed,
             )
 
-    async def get(self, thread_id: str) -> CachedHistory | None:
+    async def get(self, key: CacheKey) -> CachedHistory | None:
         try:
-            joined, count = await self._commands.mget(self._keys(thread_id))
+            joined, count = await self._commands.mget(self._keys(key))
         except _FAULTS as exc:
-            self._fault("get", thread_id, exc)
+            self._fault("get", key, exc)
             return None
         if not isinstance(joined, bytes) or not isinstance(count, bytes):
             return None
@@ -277,41 +309,41 @@ class RedisHistoryCache:
             return None
         return CachedHistory(n, joined, version)
 
-    async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None:
+    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int) -> None:
         if ttl_ms <= 0:
-            await self.delete(thread_id)
+            await self.delete(key)
             return
         try:
             count = encode_count(history.count, history.version)
-            await self._commands.run(_PUT, self._keys(thread_id), (history.joined, count, ttl_ms))
+            await self._commands.run(_PUT, self._keys(key), (history.joined, count, ttl_ms))
         except _FAULTS as exc:
-            self._fault("put", thread_id, exc)
+            self._fault("put", key, exc)
 
     async def append(
-        self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+        self, key: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
     ) -> None:
         if ttl_ms <= 0:
-            await self.delete(thread_id)
+            await self.delete(key)
             return
         # The script appends only when the entry holds `expected_count` messages, so the separator
         # can be decided here: an entry of zero messages is b"" and takes no leading comma.
         tail = _tail(expected_count, added)
         count = expected_count + len(added) if new_count is None else new_count
-        keys = self._keys(thread_id)
+        keys = self._keys(key)
         try:
             await self._commands.run(_APPEND, keys, (encode_count(expected_count), encode_count(count), ttl_ms, tail))
         except _FAULTS as exc:
-            self._fault("append", thread_id, exc)
+            self._fault("append", key, exc)
             # The script is atomic, so the entry is either untouched (shorter, seen as stale) or fully
             # appended; after a timeout we cannot tell which, so drop it rather than rely on every
             # reader's count check. Not after a connection error: that DEL would fail the same way.
             if not isinstance(exc, (ConnectionError, RedisConnectionError)):
-                await self.delete(thread_id)
+                await self.delete(key)
 
-    async def move(self, old_id: str, new_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+    async def move(self, old: CacheKey, new: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
         if self._cluster or ttl_ms <= 0:
             return False
-        keys = (*self._keys(new_id), *self._keys(old_id))
+        keys = (*self._keys(new), *self._keys(old))
         args = (
             encode_count(expected_count),
             encode_count(expected_count + len(added)),
@@ -321,24 +353,24 @@ class RedisHistoryCache:
         try:
             moved = await self._commands.run(_MOVE, keys, args)
         except _FAULTS as exc:
-            self._fault("move", new_id, exc)
+            self._fault("move", new, exc)
             return False
         return bool(moved == 1)
 
-    async def delete(self, thread_id: str) -> bool:
+    async def delete(self, key: CacheKey) -> bool:
         try:
-            await self._commands.delete(self._keys(thread_id))
+            await self._commands.delete(self._keys(key))
         except _FAULTS as exc:
-            self._fault("delete", thread_id, exc)
+            self._fault("delete", key, exc)
             return False
         return True
 
-    async def delete_many(self, thread_ids: Sequence[str]) -> bool:
-        for start in range(0, len(thread_ids), _DELETE_BATCH):
-            # One DEL per thread keeps every command inside a single slot (Cluster cannot run one across slots).
-            batch = thread_ids[start : start + _DELETE_BATCH]
+    async def delete_many(self, keys: Sequence[CacheKey]) -> bool:
+        for start in range(0, len(keys), _DELETE_BATCH):
+            # One DEL per entry keeps every command inside a single slot (Cluster cannot run one across slots).
+            batch = keys[start : start + _DELETE_BATCH]
             try:
-                await self._commands.delete_each([self._keys(thread_id) for thread_id in batch])
+                await self._commands.delete_each([self._keys(key) for key in batch])
             except _FAULTS as exc:
                 # Stop at the first failed batch: Redis is likely down and the rest would fail slowly.
                 # Entries left behind expire with their TTL and the database no longer serves them.

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from statestore.store.cache import CachedHistory, appended
+from statestore.store.cache import CachedHistory, CacheKey, appended
 
 _MIB = 1024 * 1024
 
@@ -88,52 +88,54 @@ class MemoryHistoryCache:
         for thread_id in [key for key, entry in self._entries.items() if entry.expires_at_ms <= now]:
             self._remove(thread_id)
 
-    async def get(self, thread_id: str) -> CachedHistory | None:
-        entry = self._live(thread_id, self._clock())
+    async def get(self, key: CacheKey) -> CachedHistory | None:
+        name = key.name
+        entry = self._live(name, self._clock())
         if entry is None:
             return None
-        self._entries.move_to_end(thread_id)
+        self._entries.move_to_end(name)
         return CachedHistory(entry.messages, entry.joined, entry.version)
 
-    async def put(self, thread_id: str, history: CachedHistory, ttl_ms: int) -> None:
+    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int) -> None:
         if ttl_ms <= 0:
-            self._remove(thread_id)
+            self._remove(key.name)
             return
         now = self._clock()
-        self._store(thread_id, _Entry(history.count, history.joined, now + ttl_ms, history.version), now)
+        self._store(key.name, _Entry(history.count, history.joined, now + ttl_ms, history.version), now)
 
     async def append(
-        self, thread_id: str, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+        self, key: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
     ) -> None:
         now = self._clock()
-        entry = self._live(thread_id, now)
+        name = key.name
+        entry = self._live(name, now)
         if entry is None:
             return
         # As in Redis: only an entry of no version is appended to (nothing appends to a versioned one).
         if entry.messages != expected_count or entry.version is not None or ttl_ms <= 0:
-            self._remove(thread_id)
+            self._remove(name)
             return
         joined = appended(entry.joined, added)
         count = entry.messages + len(added) if new_count is None else new_count
-        self._store(thread_id, _Entry(count, joined, now + ttl_ms), now)
+        self._store(name, _Entry(count, joined, now + ttl_ms), now)
 
-    async def move(self, old_id: str, new_id: str, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+    async def move(self, old: CacheKey, new: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
         now = self._clock()
-        entry = self._live(old_id, now)
-        self._remove(old_id)
+        entry = self._live(old.name, now)
+        self._remove(old.name)
         if entry is None or entry.messages != expected_count or entry.version is not None or ttl_ms <= 0:
             return False
         joined = appended(entry.joined, added)
-        self._store(new_id, _Entry(entry.messages + len(added), joined, now + ttl_ms), now)
+        self._store(new.name, _Entry(entry.messages + len(added), joined, now + ttl_ms), now)
         return True
 
-    async def delete(self, thread_id: str) -> bool:
-        self._remove(thread_id)
+    async def delete(self, key: CacheKey) -> bool:
+        self._remove(key.name)
         return True
 
-    async def delete_many(self, thread_ids: Sequence[str]) -> bool:
-        for thread_id in thread_ids:
-            self._remove(thread_id)
+    async def delete_many(self, keys: Sequence[CacheKey]) -> bool:
+        for key in keys:
+            self._remove(key.name)
         return True
 
     async def ping(self) -> bool:

@@ -25,7 +25,7 @@ from statestore.errors import (
 )
 from statestore.metrics import Metrics
 from statestore.policy import Policy
-from statestore.store.cache import CachedHistory, HistoryCache
+from statestore.store.cache import CachedHistory, HistoryCache, thread_key
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_writes import LeasedThread, NewThread, TurnCommit
@@ -110,7 +110,7 @@ class ThreadService:
             if thread_id is None:
                 raise ThreadNotFound("no thread has a response with this id")
             # The cached history is read (in a task) while the lease is taken; its count is checked against the head.
-            reading = asyncio.ensure_future(self.cache.get(thread_id))
+            reading = asyncio.ensure_future(self.cache.get(thread_key(thread_id)))
             try:
                 leased = await self.repository.acquire_by_response(
                     owner=owner,
@@ -238,7 +238,7 @@ class ThreadService:
                 history = moved.joined
             else:
                 if not prefetched:
-                    cached = await self.cache.get(leased.id)
+                    cached = await self.cache.get(thread_key(leased.id))
                 history = await self._history(leased, cached, ttl_ms=ttl * 1000)
             body = assembly.build_body(
                 turn.fields, system=leased.system, tools=leased.tools, history=history, new_messages=new.forwarded
@@ -287,7 +287,7 @@ class ThreadService:
             )
             raise InternalError("the stored thread is inconsistent")
         joined = assembly.join_history([body for _, body in rows])
-        await self.cache.put(leased.id, CachedHistory(leased.head_position, joined), ttl_ms)
+        await self.cache.put(thread_key(leased.id), CachedHistory(leased.head_position, joined), ttl_ms)
         return joined
 
     # -- settling the turn -------------------------------------------------------------------------------------
@@ -343,13 +343,13 @@ class ThreadService:
         added = [body for body, _ in rows]
         head_position = prepared.start_position + len(added)
         if reply.compaction is not None:
-            await self.cache.put(prepared.thread_id, CachedHistory(head_position, reply.compaction), ttl_ms)
+            await self.cache.put(thread_key(prepared.thread_id), CachedHistory(head_position, reply.compaction), ttl_ms)
         elif prepared.creating or prepared.moved is not None:
             moved = [prepared.moved.joined] if prepared.moved is not None and prepared.moved.joined else []
             joined = assembly.join_history([*moved, *added])
-            await self.cache.put(prepared.thread_id, CachedHistory(head_position, joined), ttl_ms)
+            await self.cache.put(thread_key(prepared.thread_id), CachedHistory(head_position, joined), ttl_ms)
         else:
-            await self.cache.append(prepared.thread_id, prepared.history_count, added, ttl_ms)
+            await self.cache.append(thread_key(prepared.thread_id), prepared.history_count, added, ttl_ms)
 
     async def _settle_lost_commit(self, prepared: PreparedTurn, error: BaseException) -> bool:
         """A commit whose connection failed may have committed all the same (the database committed, the reply to

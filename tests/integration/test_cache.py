@@ -20,9 +20,11 @@ from redis.crc import key_slot
 
 from statestore.store.cache import (
     CachedHistory,
+    CacheKey,
     HistoryCache,
     RedisHistoryCache,
     create_cache,
+    thread_key,
 )
 from statestore.store.memory_cache import MemoryHistoryCache
 
@@ -46,10 +48,10 @@ class Harness:
     raw: Redis | None  # a plain client on the same Redis, to look behind the cache's back
     prefix: str
 
-    async def remaining_ttl_ms(self, thread_id: str) -> list[int]:
+    async def remaining_ttl_ms(self, thread_id: CacheKey) -> list[int]:
         if self.raw is None:
             assert isinstance(self.cache, MemoryHistoryCache)
-            entry = self.cache._entries[thread_id]
+            entry = self.cache._entries[thread_id.name]
             return [entry.expires_at_ms - self.clock()]
         return [await self.raw.pttl(f"{self.prefix}{{{thread_id}}}:{kind}") for kind in ("h", "n")]
 
@@ -85,8 +87,8 @@ async def harness(request: pytest.FixtureRequest, raw_redis: Redis, prefix: str)
     await cache.aclose()
 
 
-def thread() -> str:
-    return f"thr_{uuid.uuid4().hex}"
+def thread() -> CacheKey:
+    return thread_key(f"thr_{uuid.uuid4().hex}")
 
 
 async def test_put_get_round_trip(harness: Harness) -> None:
@@ -188,7 +190,7 @@ async def test_keys_of_one_thread_share_a_slot(raw_redis: Redis, prefix: str) ->
     await cache.put(tid, CachedHistory(1, M1), TTL_MS)
     keys = sorted([key async for key in raw_redis.scan_iter(match=f"{prefix}*")])
     assert keys == [f"{prefix}{{{tid}}}:h".encode(), f"{prefix}{{{tid}}}:n".encode()]
-    assert key_slot(keys[0]) == key_slot(keys[1]) == key_slot(tid.encode())
+    assert key_slot(keys[0]) == key_slot(keys[1]) == key_slot(tid.name.encode())
     await cache.aclose()
 
 
@@ -214,7 +216,7 @@ async def test_outage_logs_one_warning_per_burst_without_content(prefix: str, ca
             await cache.append(tid, 1, [M2], TTL_MS)
     assert cache.errors == 10
     assert len(caplog.records) == 1
-    assert tid in caplog.text
+    assert tid.name in caplog.text
     assert "content" not in caplog.text  # the message bytes (M1, M2) never reach the log
     await cache.aclose()
 

@@ -9,7 +9,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from statestore.store.cache import CachedHistory, RedisHistoryCache
+from statestore.store.cache import CachedHistory, RedisHistoryCache, thread_key
 
 TTL_MS = 60_000
 M1, M2 = b'{"role":"user","content":"a"}', b'{"role":"assistant","content":"b"}'
@@ -22,8 +22,8 @@ async def raw(redis_url: str) -> Redis:
 
 async def test_each_format_is_read_or_missed_as_it_should_be(raw: Redis, redis_url: str, redis_prefix: str) -> None:
     cache = RedisHistoryCache(redis_url, redis_prefix)
-    thread = f"thr_{uuid.uuid4().hex}"
-    joined, count = f"{redis_prefix}{{{thread}}}:h", f"{redis_prefix}{{{thread}}}:n"
+    thread = thread_key(f"thr_{uuid.uuid4().hex}")
+    joined, count = f"{redis_prefix}{{{thread.name}}}:h", f"{redis_prefix}{{{thread.name}}}:n"
     try:
         # As the release before formats wrote it.
         await raw.set(joined, M1, px=TTL_MS)
