@@ -441,7 +441,7 @@ def test_the_audit_log_shows_what_changed_with_the_whole_record_on_demand(
 def test_the_overview_counts_both_doors_and_a_purge_from_it_is_a_run(
     console: Chrome, console_server: StatestoreServer, admin: AdminApi
 ) -> None:
-    _, key = admin.tenant_with_key()
+    tenant, key = admin.tenant_with_key()
     with Api(console_server.url, key) as client:
         _, head = created(client.create("a thread"))
         created(client.continue_(head, "goes on"))
@@ -451,6 +451,11 @@ def test_the_overview_counts_both_doors_and_a_purge_from_it_is_a_run(
         conversation = responses.conversations.create()
         responses.responses.create(model="echo-1", input="c", conversation=conversation.id)
     stats, today = admin.stats(), admin.ok("GET", "/usage", days=1)["data"][-1]
+
+    # The tenant's page counts both doors too.
+    go(console, console_server, f"/tenants/{tenant['id']}")
+    assert text_of(console, "tenant-messages").startswith("Messages API: 1 live threads, 4 messages")
+    assert text_of(console, "tenant-responses").startswith("Responses API: 3 live responses, 1 live conversations;")
 
     go(console, console_server, "")
     for tile, name in (
