@@ -12,10 +12,11 @@ from typing import Any
 
 from statestore.auth import Authenticator, hash_key, new_api_key
 from statestore.clock import Clock
+from statestore.doors import DOORS, Door
 from statestore.errors import InvalidRequest, NotFound, StatestoreError
 from statestore.policy import Policy
 from statestore.policy_fields import FIELD_NAMES, PolicyValueError, validate_values
-from statestore.retention import Retention
+from statestore.retention import Purged, Retention
 from statestore.store.admin_repository import (
     DEFAULT_SCOPE,
     AdminRepository,
@@ -25,11 +26,13 @@ from statestore.store.admin_repository import (
     Tenant,
 )
 from statestore.store.retention_queries import Erasure
+from statestore.store.usage_rows import DAY_MS
 from statestore.threads.policy_store import PolicyStore
 
 # The policy's field names, in order (their definitions: statestore/policy_fields.py; their types: Policy).
 POLICY_FIELDS = FIELD_NAMES
 TENANT_ID_PREFIX = "ten_"
+MAX_USAGE_DAYS = 366
 
 
 class Conflict(StatestoreError):
@@ -94,10 +97,19 @@ class PolicyLayers:
 
 
 @dataclass(frozen=True, slots=True)
+class DoorUsage:
+    turns: int
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class DailyUsage:
+    """A day's stored turns and bytes, in all and by front door (statestore/doors.py)."""
+
     day: int  # days since the epoch, UTC
     turns: int
     bytes: int
+    doors: dict[Door, DoorUsage]
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,7 +276,7 @@ class AdminService:
         entries = await self.repository.audit_entries(limit=limit + 1, before_id=before_id, filters=filters)
         return entries[:limit], len(entries) > limit
 
-    async def purge(self, *, actor: str) -> int:
+    async def purge(self, *, actor: str) -> Purged:
         return await self.retention.purge(actor=actor)
 
     async def erase(self, *, actor: str, tenant: str | None, user_id: str | None) -> Erasure:
@@ -284,18 +296,33 @@ class AdminService:
         return await self.retention.queries.count_erasable(tenant_id=tenant_id, user_id=user_id)
 
     async def daily_usage(self, days: int) -> list[DailyUsage]:
-        """Turns and bytes stored on each of the last `days` UTC days, today last; days without a turn as zeros."""
-        today = self.clock() // 86_400_000
+        """Turns and bytes stored on each of the last `days` UTC days, today last, in all and by door; days and doors
+        without a turn as zeros."""
+        if not 1 <= days <= MAX_USAGE_DAYS:
+            raise InvalidRequest(f"days must be between 1 and {MAX_USAGE_DAYS}")
+        today = self.clock() // DAY_MS
         counted = await self.repository.daily_usage(since_day=today - days + 1)
         found = []
         for day in range(today - days + 1, today + 1):
-            turns, size = counted.get(day, (0, 0))
-            found.append(DailyUsage(day=day, turns=turns, bytes=size))
+            doors = {door: DoorUsage(*counted.get((day, door), (0, 0))) for door in DOORS}
+            found.append(
+                DailyUsage(
+                    day=day,
+                    turns=sum(d.turns for d in doors.values()),
+                    bytes=sum(d.bytes for d in doors.values()),
+                    doors=doors,
+                )
+            )
         return found
 
-    async def stats(self, tenant: str | None = None) -> dict[str, int]:
+    async def stats(self, tenant: str | None = None) -> dict[str, Any]:
+        """Live, awaiting purge, purged and erased counts of both doors, and the purger's last run: as a time
+        (`purger_last_run_at`, ISO 8601, None before the first run) and, deprecated, as epoch milliseconds (0 before
+        the first run), which clients from before the time was added read."""
         tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
-        return await self.repository.stats(now_ms=self.clock(), tenant_id=tenant_id)
+        values = await self.repository.stats(now_ms=self.clock(), tenant_id=tenant_id)
+        last_run = values.pop("purger_last_run_ms")
+        return {**values, "purger_last_run_at": iso_time(last_run), "purger_last_run_ms": last_run or 0}
 
 
 def erased_fields(erased: Erasure) -> dict[str, int]:
@@ -304,6 +331,22 @@ def erased_fields(erased: Erasure) -> dict[str, int]:
         "erased_threads": erased.threads,
         "erased_responses": erased.responses,
         "erased_conversations": erased.conversations,
+    }
+
+
+def iso_time(ms: int | None) -> str | None:
+    """Epoch milliseconds as an ISO 8601 UTC time to the millisecond (2026-12-02T06:15:00.123Z)."""
+    if ms is None:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def purged_fields(purged: Purged) -> dict[str, int]:
+    """A purge's result as the admin API and `statestore purge --json` report it."""
+    return {
+        "purged_threads": purged.threads,
+        "purged_responses": purged.responses,
+        "purged_conversations": purged.conversations,
     }
 
 

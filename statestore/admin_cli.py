@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
-from statestore.admin import AdminService, as_dict, day_label, erased_fields, passthrough_warning
+from statestore.admin import AdminService, as_dict, day_label, erased_fields, passthrough_warning, purged_fields
 from statestore.config import Settings
 from statestore.errors import StatestoreError
 from statestore.policy_fields import POLICY_FIELDS
@@ -143,20 +143,67 @@ async def erase(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str
     return erased_fields(erased), f"erased {said} (database rows and cache entries)"
 
 
+# The stats as people read them: each door's counts under its name, then the purger's last run.
+_STATS_SECTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "messages door (threads, sessions)",
+        (
+            "live_threads",
+            "live_messages",
+            "live_bytes",
+            "expired_awaiting_purge",
+            "purged_threads_total",
+            "erased_threads_total",
+        ),
+    ),
+    (
+        "responses door (responses, conversations)",
+        (
+            "live_responses",
+            "live_conversations",
+            "expired_responses_awaiting_purge",
+            "expired_conversations_awaiting_purge",
+            "purged_responses_total",
+            "erased_responses_total",
+            "purged_conversations_total",
+            "erased_conversations_total",
+        ),
+    ),
+)
+
+
+def _stats_text(values: dict[str, Any]) -> str:
+    lines: list[str] = []
+    for title, names in _STATS_SECTIONS:
+        lines.append(f"{title}:")
+        lines += [f"  {name}: {values[name]}" for name in names]
+    lines.append(f"purger last ran: {values['purger_last_run_at'] or 'never'}")
+    return "\n".join(lines)
+
+
 async def stats(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
     values = await admin.stats(args.tenant)
-    return values, "\n".join(f"{k}: {v}" for k, v in values.items())
+    return values, _stats_text(values)
 
 
 async def usage(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
-    days = [as_dict(d) for d in await admin.daily_usage(args.days)]
-    rows = [{**d, "day": day_label(d["day"])} for d in days]
-    return {"data": rows}, _table(rows, ["day", "turns", "bytes"])
+    days = [{**as_dict(d), "day": day_label(d.day)} for d in await admin.daily_usage(args.days)]
+    shown = [
+        {**d, **{f"{door} {what}": counts[what] for door, counts in d["doors"].items() for what in ("turns", "bytes")}}
+        for d in days
+    ]
+    columns = ["day", "turns", "bytes", "messages turns", "messages bytes", "responses turns", "responses bytes"]
+    note = "\n(messages: threads and sessions; responses: responses and conversations)"
+    return {"data": days}, _table(shown, columns) + note
 
 
 async def purge(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
-    count = await admin.purge(actor=_actor(args))
-    return {"purged_threads": count}, f"purged {count} expired threads"
+    purged = await admin.purge(actor=_actor(args))
+    text = (
+        f"purged {purged.threads} expired threads, {purged.responses} responses and "
+        f"{purged.conversations} conversations"
+    )
+    return purged_fields(purged), text
 
 
 async def _database_problem(settings: Settings, error: BaseException) -> str:
@@ -242,9 +289,9 @@ def add_commands(commands: Any) -> None:
     purge_cmd = commands.add_parser(
         "purge",
         parents=[common],
-        help="delete expired threads now",
-        description="Delete every expired thread's rows and cache entries now (the server also does this every "
-        "STATESTORE_PURGE_INTERVAL_SECONDS).",
+        help="delete expired threads, responses and conversations now",
+        description="Delete every expired thread's, response tree's and conversation's rows and cache entries now "
+        "(the server also does this every STATESTORE_PURGE_INTERVAL_SECONDS).",
     )
     purge_cmd.set_defaults(func=None, operation=purge)
 
@@ -318,11 +365,17 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--tenant", help="tenant id or name")
     p.add_argument("--user-id", help="the metadata.user_id the threads, responses or conversations were created with")
     p.set_defaults(operation=erase)
-    p = groups.add_parser("stats", parents=[common], help="live threads, bytes, purged and erased totals")
+    p = groups.add_parser(
+        "stats", parents=[common], help="live, expired, purged and erased counts of both doors; the purger's last run"
+    )
     p.add_argument("--tenant", help="tenant id or name")
     p.set_defaults(operation=stats)
-    p = groups.add_parser("usage", parents=[common], help="turns and bytes stored per UTC day, counted at commit")
+    p = groups.add_parser(
+        "usage", parents=[common], help="turns and bytes stored per UTC day, in all and by door, counted at commit"
+    )
     p.add_argument("--days", type=int, default=30)
     p.set_defaults(operation=usage)
-    p = groups.add_parser("purge", parents=[common], help="delete expired threads now (same as `statestore purge`)")
+    p = groups.add_parser(
+        "purge", parents=[common], help="delete expired threads, responses and conversations now (`statestore purge`)"
+    )
     p.set_defaults(operation=purge)

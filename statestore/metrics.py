@@ -23,6 +23,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 ThreadTurnKind = Literal["create", "continue"]
 ThreadTurnOutcome = Literal["stored", "not_stored", "rejected"]
+# A Responses turn starts a chain, continues one (previous_response_id), or is made on a conversation.
+ResponseTurnKind = Literal["create", "continue", "conversation"]
 CacheLookupResult = Literal["hit", "miss", "stale", "error"]
 UpstreamErrorKind = Literal["unreachable", "timeout"]
 # Time to the backend's response headers, by what came back: a 2xx/3xx, a 4xx, a 5xx, or no headers at all.
@@ -37,6 +39,7 @@ DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 _THREAD_TURN_KINDS: tuple[ThreadTurnKind, ...] = ("create", "continue")
 _THREAD_TURN_OUTCOMES: tuple[ThreadTurnOutcome, ...] = ("stored", "not_stored", "rejected")
+_RESPONSE_TURN_KINDS: tuple[ResponseTurnKind, ...] = ("create", "continue", "conversation")
 _CACHE_RESULTS: tuple[CacheLookupResult, ...] = ("hit", "miss", "stale", "error")
 _UPSTREAM_ERROR_KINDS: tuple[UpstreamErrorKind, ...] = ("unreachable", "timeout")
 
@@ -84,9 +87,18 @@ class Metrics:
             ["kind"],
             registry=self.registry,
         )
+        self.turns_total = Counter(
+            "turns",
+            "Turns asking to be stored, by front door (messages: threads and sessions; responses: responses and "
+            "conversations), kind, and whether the turn was stored, returned but not stored, or rejected.",
+            ["door", "kind", "outcome"],
+            registry=self.registry,
+        )
+        # Deprecated, to be removed in the next release: turns_total{door="messages"} counts the same.
         self.thread_turns_total = Counter(
             "thread_turns",
-            "Threaded turns by kind, and whether the turn was stored, returned but not stored, or rejected.",
+            'Deprecated: turns_total{door="messages"}. Threaded turns by kind, and whether the turn was stored, '
+            "returned but not stored, or rejected.",
             ["kind", "outcome"],
             registry=self.registry,
         )
@@ -109,9 +121,12 @@ class Metrics:
 
     def _initialise_fixed_series(self) -> None:
         # Series with fixed label sets exist from the start at 0, so rate() and alerts see the first event.
-        for kind in _THREAD_TURN_KINDS:
-            for outcome in _THREAD_TURN_OUTCOMES:
+        for outcome in _THREAD_TURN_OUTCOMES:
+            for kind in _THREAD_TURN_KINDS:
                 self.thread_turns_total.labels(kind=kind, outcome=outcome)
+                self.turns_total.labels(door="messages", kind=kind, outcome=outcome)
+            for response_kind in _RESPONSE_TURN_KINDS:
+                self.turns_total.labels(door="responses", kind=response_kind, outcome=outcome)
         for result in _CACHE_RESULTS:
             self.cache_lookups_total.labels(result=result)
         for error_kind in _UPSTREAM_ERROR_KINDS:
@@ -129,7 +144,11 @@ class Metrics:
         self._child(self.upstream_errors_total, kind).inc()
 
     def count_thread_turn(self, kind: ThreadTurnKind, outcome: ThreadTurnOutcome) -> None:
+        self._child(self.turns_total, "messages", kind, outcome).inc()
         self._child(self.thread_turns_total, kind, outcome).inc()
+
+    def count_response_turn(self, kind: ResponseTurnKind, outcome: ThreadTurnOutcome) -> None:
+        self._child(self.turns_total, "responses", kind, outcome).inc()
 
     def count_cache_lookup(self, result: CacheLookupResult) -> None:
         self._child(self.cache_lookups_total, result).inc()

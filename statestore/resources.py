@@ -179,6 +179,7 @@ async def build_resources(
                 policies=policies,
                 clock=clock,
                 lease_seconds=settings.lease_seconds,
+                metrics=metrics,
             )
             if settings.chat_upstream_url
             else None,

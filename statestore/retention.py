@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from statestore.clock import Clock
 from statestore.store.admin_repository import AdminRepository
@@ -18,6 +19,16 @@ from statestore.store.engine import DATABASE_ERRORS
 from statestore.store.retention_queries import Erasure, RetentionQueries
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Purged:
+    """What one purge deleted, by kind: the Messages door's threads, the Responses door's responses and
+    conversations."""
+
+    threads: int
+    responses: int
+    conversations: int
 
 
 class Retention:
@@ -56,9 +67,9 @@ class Retention:
             if await self.cache.delete_many(owed):
                 self.cache_debt.difference_update(owed)
 
-    async def purge(self, *, actor: str | None = None) -> int:
-        """Delete every thread expired by now, batch by batch. With an actor (an admin's "purge now") the run is
-        audited; the background purger's runs are only counted."""
+    async def purge(self, *, actor: str | None = None) -> Purged:
+        """Delete every thread, response tree and conversation expired by now, batch by batch. Every run, the
+        background purger's or an admin's ("purge now"), is the purger's last run; an admin's is audited too."""
         await self.settle_cache_debt()
         total = 0
         while True:
@@ -70,14 +81,13 @@ class Retention:
             if len(ids) < self.batch_size:
                 break
         responses, conversations = await self._purge_responses()
-        if actor is None:
-            await self.admin.set_counter("purger_last_run_ms", self.clock())
-        else:
+        await self.admin.set_counter("purger_last_run_ms", self.clock())
+        if actor is not None:
             after = {"threads": total, "responses": responses, "conversations": conversations}
             await self.admin.record(actor=actor, action="purge", target=None, after=after, now_ms=self.clock())
-        if total:
-            log.info("purged expired threads", extra={"threads": total})
-        return total
+        if total or responses or conversations:
+            log.info("purged expired", extra={"threads": total, "responses": responses, "conversations": conversations})
+        return Purged(threads=total, responses=responses, conversations=conversations)
 
     async def erase(self, *, actor: str, tenant_id: str | None = None, user_id: str | None = None) -> Erasure:
         """Delete every thread, response tree and conversation of a tenant, of one `metadata.user_id`, or of both

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from statestore.admin import AdminService, as_dict, day_label, erased_fields, passthrough_warning
+from statestore.admin import AdminService, as_dict, day_label, erased_fields, passthrough_warning, purged_fields
 from statestore.api import schemas
 from statestore.api.deps import ResourcesDep
 from statestore.errors import AuthenticationFailed, PermissionDenied
@@ -171,7 +171,7 @@ async def audit(
 
 @router.post("/purge", response_model=schemas.Purged)
 async def purge(actor: Actor, admin: Admin) -> dict[str, int]:
-    return {"purged_threads": await admin.purge(actor=actor)}
+    return purged_fields(await admin.purge(actor=actor))
 
 
 @router.post("/erase", response_model=schemas.Erased)
@@ -183,10 +183,11 @@ async def erase(body: EraseIn, actor: Actor, admin: Admin) -> dict[str, int]:
 async def usage(
     actor: Actor, admin: Admin, days: Annotated[int, Query(ge=1, le=366)] = 30
 ) -> dict[str, list[dict[str, Any]]]:
-    """Turns and bytes stored on each of the last `days` UTC days, oldest first, counted as each turn commits."""
+    """Turns and bytes stored on each of the last `days` UTC days, oldest first, in all and by front door, counted
+    as each turn commits."""
     return {"data": [{**as_dict(d), "day": day_label(d.day)} for d in await admin.daily_usage(days)]}
 
 
 @router.get("/stats", response_model=schemas.Stats)
-async def stats(actor: Actor, admin: Admin, tenant: str | None = None) -> dict[str, int]:
+async def stats(actor: Actor, admin: Admin, tenant: str | None = None) -> dict[str, Any]:
     return await admin.stats(tenant)

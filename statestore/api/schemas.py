@@ -202,7 +202,12 @@ class AuditPage(BaseModel):
 
 
 class Purged(BaseModel):
+    """What the purge deleted, by kind: the Messages door's threads, the Responses door's responses and
+    conversations."""
+
     purged_threads: int
+    purged_responses: int
+    purged_conversations: int
 
 
 class Erased(BaseModel):
@@ -216,10 +221,21 @@ class Erased(BaseModel):
     erased_conversations: int
 
 
-class UsageDay(BaseModel):
-    day: str = Field(description="YYYY-MM-DD, UTC")
+class DoorUsage(BaseModel):
     turns: int
     bytes: int
+
+
+class UsageDoors(BaseModel):
+    messages: DoorUsage = Field(description="the Messages API's threads and sessions")
+    responses: DoorUsage = Field(description="the Responses API's responses and conversations")
+
+
+class UsageDay(BaseModel):
+    day: str = Field(description="YYYY-MM-DD, UTC")
+    turns: int = Field(description="turns stored that day, through both doors")
+    bytes: int = Field(description="bytes those turns stored")
+    doors: UsageDoors
 
 
 class UsagePage(BaseModel):
@@ -229,17 +245,30 @@ class UsagePage(BaseModel):
 
 
 class Stats(BaseModel):
+    # The Messages door's threads and sessions.
     live_threads: int
     live_messages: int
     live_bytes: int
-    expired_awaiting_purge: int
+    expired_awaiting_purge: int = Field(description="expired threads")
     purged_threads_total: int
     erased_threads_total: int
-    purger_last_run_ms: int = Field(description="0 until the background purger has run once on this database")
-    # The Responses front door's share (live responses and conversations, and those purged and erased).
+    # The Responses door's responses and conversations.
     live_responses: int
     live_conversations: int
+    expired_responses_awaiting_purge: int = Field(
+        description="responses of trees whose every response has expired (a tree is kept while one is live)"
+    )
+    expired_conversations_awaiting_purge: int
     purged_responses_total: int
     erased_responses_total: int
     purged_conversations_total: int
     erased_conversations_total: int
+    purger_last_run_at: str | None = Field(
+        description="when a purge last ran on this database, the background purger's or an admin's (ISO 8601, "
+        "UTC); null before the first"
+    )
+    purger_last_run_ms: int = Field(
+        deprecated=True,
+        description="deprecated, to be removed in the next release: purger_last_run_at as epoch milliseconds (0 "
+        "before the first run)",
+    )

@@ -1,11 +1,14 @@
-"""Sign-in, sign-out, the stylesheet, and the overview: live threads, stored bytes, daily turns and bytes, purge and
-erasure totals, the purger's last run."""
+"""Sign-in, sign-out, the stylesheet, and the overview: both doors' live, expired, purged and erased counts, daily
+turns and bytes by door, the purger's last run (a purge from the console is one too), purge now."""
 
 from __future__ import annotations
+
+from urllib.parse import urlencode
 
 from fastapi import Request
 from fastapi.responses import Response
 
+from statestore.admin import DailyUsage
 from statestore.console.charts import bar_chart
 from statestore.console.sessions import COOKIE, SESSION_SECONDS, new_session
 from statestore.console.web import (
@@ -24,12 +27,11 @@ from statestore.console.web import (
     signed_in,
     size,
 )
+from statestore.doors import Door
 
 CHART_DAYS = 30
-NOTICES = {
-    "purged": "Expired threads purged.",
-    "signed-out": "Signed out.",
-}
+NOTICES = {"signed-out": "Signed out."}
+PURGED_KINDS = ("threads", "responses", "conversations")
 
 
 @router.get("/static/console.css")
@@ -70,19 +72,44 @@ async def sign_out(request: Request) -> Response:
 @router.get("")
 async def overview(request: Request) -> Response:
     session = signed_in(request)
-    admin = resources_of(request).admin
+    resources = resources_of(request)
+    admin = resources.admin
     stats = await admin.stats()
     usage = await admin.daily_usage(CHART_DAYS)
     charts = [
-        bar_chart("Turns per day", [(d.day, d.turns) for d in usage], lambda n: f"{n} turns"),
-        bar_chart("Bytes stored per day", [(d.day, d.bytes) for d in usage], size),
+        bar_chart("Turns per day", [(d.day, _by_door(d, "turns")) for d in usage], lambda n: f"{n} turns"),
+        bar_chart("Bytes stored per day", [(d.day, _by_door(d, "bytes")) for d in usage], size),
     ]
-    notice = NOTICES.get(request.query_params.get("notice", ""))
-    return page("overview.html", session=session, stats=stats, charts=charts, notice=notice, section="overview")
+    notice = _purge_notice(request) or NOTICES.get(request.query_params.get("notice", ""))
+    return page(
+        "overview.html",
+        session=session,
+        stats=stats,
+        charts=charts,
+        notice=notice,
+        purge_interval=f"{resources.settings.purge_interval_seconds:g}",
+        section="overview",
+    )
+
+
+def _by_door(day: DailyUsage, what: str) -> dict[Door, int]:
+    return {door: getattr(usage, what) for door, usage in day.doors.items()}
+
+
+def _purge_notice(request: Request) -> str | None:
+    """What the purge just done deleted, as its redirect carried it; None for anything else (a page marker a person
+    edited is not worth an error)."""
+    query = request.query_params
+    counts = [query.get(kind, "") for kind in PURGED_KINDS]
+    if query.get("notice") != "purged" or not all(c.isdigit() and len(c) <= 12 for c in counts):
+        return None
+    threads, responses, conversations = (int(c) for c in counts)
+    return f"Purged {threads} expired threads, {responses} responses and {conversations} conversations."
 
 
 @router.post("/purge")
 async def purge(request: Request) -> Response:
     session, _ = await checked_post(request)
-    await resources_of(request).admin.purge(actor=session.actor)
-    return redirect("?notice=purged")
+    purged = await resources_of(request).admin.purge(actor=session.actor)
+    counts = {"threads": purged.threads, "responses": purged.responses, "conversations": purged.conversations}
+    return redirect("?" + urlencode({"notice": "purged", **counts}))

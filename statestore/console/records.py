@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import orjson
 from fastapi import Request
 from fastapi.responses import Response
 
+from statestore.console.audit_changes import changes, full_record
 from statestore.console.web import checked_post, page, query_of, resources_of, router, signed_in
 from statestore.errors import InvalidRequest, StatestoreError
 
 AUDIT_PAGE = 50
-
-
-def _compact(value: object) -> str:
-    return "" if value is None else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
 
 
 @router.get("/audit")
@@ -32,7 +28,15 @@ async def audit_page(request: Request) -> Response:
         action=filters["action"] or None,
         tenant=filters["tenant"] or None,
     )
-    rows = [{"entry": entry, "before": _compact(entry.before), "after": _compact(entry.after)} for entry in entries]
+    rows = [
+        {
+            "entry": entry,
+            "changes": changes(entry.before, entry.after),
+            "before": full_record(entry.before),
+            "after": full_record(entry.after),
+        }
+        for entry in entries
+    ]
     return page(
         "audit.html",
         session=session,

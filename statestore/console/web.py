@@ -50,6 +50,13 @@ def when(ms: int | None) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def when_iso(at: str | None) -> str:
+    """An ISO 8601 time (as the admin API gives it) the way `when` shows one."""
+    if not at:
+        return "never"
+    return datetime.fromisoformat(at).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def size(count: int) -> str:
     value = float(count)
     for unit in ("B", "KB", "MB", "GB", "TB"):
@@ -67,6 +74,7 @@ def shown(value: object) -> str:
 
 
 templates.filters["when"] = when
+templates.filters["when_iso"] = when_iso
 templates.filters["shown"] = shown
 templates.filters["size"] = size
 

@@ -26,6 +26,9 @@ LEFT JOIN conversations c ON c.id = root.conversation_id
 WHERE r.id = $1 AND r.owner = $2 AND r.expires_ms > $3
 """
 
+# The day's usage row ($17 day, $18 shard, $19 bytes; store/usage_rows.py) moves in each commit's own statement, as a
+# threaded turn's does: counted exactly when the turn is stored, with no other round trip.
+
 # A chained turn: the response, then its items (inputs first: position < $12 is an input).
 INSERT_RESPONSE = """
 WITH added AS (
@@ -33,6 +36,11 @@ WITH added AS (
         chain_bytes, body, created_ms, expires_ms)
     VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8, $9, $10, $11)
     RETURNING id
+), counted AS (
+    INSERT INTO daily_usage (day, shard, door, turns, bytes)
+    SELECT $17, $18, 'responses', 1, $19 FROM added
+    ON CONFLICT (day, shard) DO UPDATE
+    SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
 )
 INSERT INTO response_items (response_id, position, is_output, item_id, body, kind, rendered)
 SELECT added.id, (m.ord - 1)::integer, m.ord > $12, m.item_id, m.body, m.kind, m.rendered
@@ -57,6 +65,11 @@ WITH claimed AS (
     SELECT $5, claimed.start + (m.ord - 1)::integer, m.item_id, m.body, m.kind, m.rendered
     FROM claimed, unnest($13::varchar[], $14::bytea[], $15::varchar[], $16::bytea[])
         WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
+), counted AS (
+    INSERT INTO daily_usage (day, shard, door, turns, bytes)
+    SELECT $17, $18, 'responses', 1, $19 FROM claimed
+    ON CONFLICT (day, shard) DO UPDATE
+    SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
 )
 SELECT start FROM claimed
 """
@@ -116,17 +129,22 @@ class PgResponseStatements:
         async with self._pg.durable_connection() as conn:
             return await conn.fetchrow(GET_RESPONSE, response_id, owner, now_ms)
 
-    async def insert_response(self, *args: Any, inputs: int, items: Sequence[StoredItem]) -> None:
-        """(id, owner, tenant, user id, parent id, root id, depth, chain bytes, body, created, expires)."""
+    async def insert_response(
+        self, *args: Any, inputs: int, items: Sequence[StoredItem], usage: tuple[int, int, int]
+    ) -> None:
+        """(id, owner, tenant, user id, parent id, root id, depth, chain bytes, body, created, expires); `usage`: the
+        daily_usage row's day and shard, and the bytes stored."""
         async with self._pg.durable_connection() as conn:
-            await conn.execute(INSERT_RESPONSE, *args, inputs, *item_arrays(items))
+            await conn.execute(INSERT_RESPONSE, *args, inputs, *item_arrays(items), *usage)
 
-    async def commit_conversation_turn(self, *args: Any, inputs: int, items: Sequence[StoredItem]) -> int | None:
+    async def commit_conversation_turn(
+        self, *args: Any, inputs: int, items: Sequence[StoredItem], usage: tuple[int, int, int]
+    ) -> int | None:
         """(id, owner, tenant, user id, conversation, lease token, chain bytes, body, created, expires) → the turn's
-        first position in the conversation, or None when the lease was lost (nothing stored)."""
+        first position in the conversation, or None when the lease was lost (nothing stored, nothing counted)."""
         async with self._pg.durable_connection() as conn:
             start: int | None = await conn.fetchval(
-                COMMIT_CONVERSATION_TURN, *args, len(items), inputs, *item_arrays(items)
+                COMMIT_CONVERSATION_TURN, *args, len(items), inputs, *item_arrays(items), *usage
             )
         return start
 

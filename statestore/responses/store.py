@@ -12,10 +12,12 @@ from typing import Any
 
 from sqlalchemy import and_, case, delete, func, insert, literal, null, select, union_all, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.dml import Insert
 
 from statestore.responses.items import StoredItem, join_rendered, join_segments
 from statestore.responses.pg_statements import PgResponseStatements
 from statestore.store.schema import conversation_items, conversations, response_items, responses
+from statestore.store.usage_rows import count_usage, usage_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +175,22 @@ class ResponseStore:
             values["input_count"], values["output_count"] = len(new.inputs), len(new.outputs)
         return values
 
+    @staticmethod
+    def _usage_row(new: NewResponse) -> tuple[int, int, int]:
+        """The daily_usage row the turn adds to (day, shard) and what it adds: the bytes this commit stores."""
+        stored = len(new.body) + sum(len(i.body) + len(i.rendered) for i in (*new.inputs, *new.outputs))
+        return (*usage_key("responses", new.created_ms, new.conversation_id or new.id), stored)
+
+    def _count_usage(self, new: NewResponse) -> Insert:
+        *_, stored = self._usage_row(new)
+        return count_usage(
+            is_postgres=self.engine.dialect.name == "postgresql",
+            door="responses",
+            now_ms=new.created_ms,
+            spread_by=new.conversation_id or new.id,
+            added_bytes=stored,
+        )
+
     async def insert(self, new: NewResponse, conn: AsyncConnection) -> None:
         """A turn not on a conversation: the response and its own items."""
         await conn.execute(insert(responses).values(**self._response_values(new)))
@@ -189,6 +207,7 @@ class ResponseStore:
         async with self.engine.begin() as conn:
             if new.conversation_id is None:
                 await self.insert(new, conn)
+                await conn.execute(self._count_usage(new))
                 return 0
             count = len(new.inputs) + len(new.outputs)
             claimed = await conn.execute(
@@ -213,6 +232,7 @@ class ResponseStore:
             await conn.execute(
                 insert(conversation_items), [{**row, "conversation_id": new.conversation_id} for row in rows]
             )
+            await conn.execute(self._count_usage(new))
         return int(end)
 
     @staticmethod
@@ -225,6 +245,7 @@ class ResponseStore:
                 *(values[k] for k in ("depth", "chain_bytes", "body", "created_ms", "expires_ms")),
                 inputs=len(new.inputs),
                 items=items,
+                usage=ResponseStore._usage_row(new),
             )
             return 0
         start = await pg.commit_conversation_turn(
@@ -240,6 +261,7 @@ class ResponseStore:
             new.expires_ms,
             inputs=len(new.inputs),
             items=items,
+            usage=ResponseStore._usage_row(new),
         )
         return None if start is None else start + len(items)
 

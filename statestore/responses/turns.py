@@ -12,6 +12,7 @@ import orjson
 
 from statestore.auth import Principal
 from statestore.clock import Clock
+from statestore.metrics import Metrics, ResponseTurnKind, ThreadTurnOutcome
 from statestore.policy import Policy
 from statestore.responses.context import (
     Window,
@@ -42,6 +43,12 @@ from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
 
 
+def turn_kind(turn: TurnRequest) -> ResponseTurnKind:
+    if turn.previous_response_id is not None:
+        return "continue"
+    return "conversation" if turn.conversation_id is not None else "create"
+
+
 @dataclass(slots=True)
 class PreparedResponse:
     turn: TurnRequest
@@ -59,6 +66,7 @@ class PreparedResponse:
     keeper: LeaseKeeper | None = None
     done: bool = field(default=False)
     context_moved: bool = False  # truncation: "auto" dropped the oldest messages for this request
+    outcome: ThreadTurnOutcome | None = None  # as counted in the metrics, once
 
     def backend_body(self) -> bytes:
         instructions = self.turn.instructions
@@ -82,7 +90,9 @@ class ResponseTurns:
         policies: PolicyStore,
         clock: Clock,
         lease_seconds: int,
+        metrics: Metrics,
     ) -> None:
+        self.metrics = metrics
         self.responses = responses
         self.conversations = conversations
         self.cache = cache
@@ -101,6 +111,19 @@ class ResponseTurns:
         return policy
 
     async def prepare(self, turn: TurnRequest, principal: Principal, ttl_header: bytes | None) -> PreparedResponse:
+        try:
+            return await self._prepare(turn, principal, ttl_header)
+        except Exception:
+            if turn.store:
+                self.metrics.count_response_turn(turn_kind(turn), "rejected")
+            raise
+
+    async def _refuse(self, prepared: PreparedResponse) -> None:
+        """Give back what `prepare` took before it refused the turn (counted as rejected, not as not stored)."""
+        prepared.outcome = "rejected"
+        await self.give_back(prepared)
+
+    async def _prepare(self, turn: TurnRequest, principal: Principal, ttl_header: bytes | None) -> PreparedResponse:
         policy = await self.policy(principal, storing=turn.store)
         now = self.clock()
         prepared = PreparedResponse(
@@ -167,12 +190,12 @@ class ResponseTurns:
                     self.conversations, conversation, position=position, cached=cached
                 )
             except BaseException:
-                await self.give_back(prepared)
+                await self._refuse(prepared)
                 raise
         segment = sum(len(i.rendered) for i in prepared.inputs)
         chain = prepared.parent.chain_bytes if prepared.parent else len(prepared.context)
         if turn.store and chain + segment > policy.max_thread_bytes:
-            await self.give_back(prepared)
+            await self._refuse(prepared)
             raise BadRequest(
                 f"The conversation would exceed this deployment's limit of {policy.max_thread_bytes} bytes.",
                 param="input",
@@ -226,6 +249,7 @@ class ResponseTurns:
         self._stop_keeper(prepared)
         position = await self.responses.commit(new, conversation_lease=prepared.lease)
         prepared.done = True
+        self._count(prepared, "not_stored" if position is None else "stored")
         if position is None:
             return False
         if turn.conversation_id is not None:
@@ -261,9 +285,16 @@ class ResponseTurns:
             prepared.keeper.stop()
             prepared.keeper = None
 
+    def _count(self, prepared: PreparedResponse, outcome: ThreadTurnOutcome) -> None:
+        """Count a turn that asked to be stored (store: false is a relay, as a request without a thread is), once."""
+        if prepared.turn.store and prepared.outcome is None:
+            prepared.outcome = outcome
+            self.metrics.count_response_turn(turn_kind(prepared.turn), outcome)
+
     async def give_back(self, prepared: PreparedResponse) -> None:
-        """The turn ends without a commit: its conversation is free again."""
+        """The turn ends without a commit: its conversation is free again. Safe to call after a commit."""
         self._stop_keeper(prepared)
+        self._count(prepared, "not_stored")
         if prepared.lease is not None and not prepared.done and prepared.turn.conversation_id is not None:
             prepared.done = True
             await self.conversations.release(prepared.turn.conversation_id, prepared.lease)

@@ -315,15 +315,15 @@ class AdminRepository:
             if changed.rowcount == 0:
                 await conn.execute(insert(counters).values(name=name, value=value))
 
-    async def daily_usage(self, *, since_day: int) -> dict[int, tuple[int, int]]:
-        """Day (since the epoch) → (turns, bytes stored), for the days from `since_day` that saw a turn."""
+    async def daily_usage(self, *, since_day: int) -> dict[tuple[int, str], tuple[int, int]]:
+        """(day since the epoch, door) → (turns, bytes stored), for the days from `since_day` that saw a turn."""
         stmt = (
-            select(daily_usage.c.day, func.sum(daily_usage.c.turns), func.sum(daily_usage.c.bytes))
+            select(daily_usage.c.day, daily_usage.c.door, func.sum(daily_usage.c.turns), func.sum(daily_usage.c.bytes))
             .where(daily_usage.c.day >= since_day)
-            .group_by(daily_usage.c.day)
+            .group_by(daily_usage.c.day, daily_usage.c.door)
         )
         async with self.engine.connect() as conn:
-            return {int(day): (int(turns), int(size)) for day, turns, size in await conn.execute(stmt)}
+            return {(int(day), door): (int(turns), int(size)) for day, door, turns, size in await conn.execute(stmt)}
 
     async def add_to_counter(self, name: str, amount: int) -> None:
         if amount == 0:
@@ -335,7 +335,7 @@ class AdminRepository:
             if changed.rowcount == 0:
                 await conn.execute(insert(counters).values(name=name, value=amount))
 
-    async def stats(self, *, now_ms: int, tenant_id: str | None = None) -> dict[str, int]:
+    async def stats(self, *, now_ms: int, tenant_id: str | None = None) -> dict[str, int | None]:
         live = and_(threads.c.expires_ms > now_ms, threads.c.head_message_id.is_not(None))
         expired = threads.c.expires_ms <= now_ms
         if tenant_id is not None:
@@ -361,7 +361,7 @@ class AdminRepository:
             "expired_awaiting_purge": int(awaiting_purge),
             "purged_threads_total": int(totals.get("purged_threads", 0)),
             "erased_threads_total": int(totals.get("erased_threads", 0)),
-            # 0 until the background purger has run once against this database.
-            "purger_last_run_ms": int(totals.get("purger_last_run_ms", 0)),
+            # None until a purge (the background purger's or an admin's) has run against this database.
+            "purger_last_run_ms": totals.get("purger_last_run_ms"),
             **front_door,
         }

@@ -61,8 +61,8 @@ WITH moved AS (
     WHERE id = $1 AND lease_token = $2
     RETURNING id
 ), counted AS (
-    INSERT INTO daily_usage (day, shard, turns, bytes)
-    SELECT $17, $18, 1, $4 FROM moved
+    INSERT INTO daily_usage (day, shard, door, turns, bytes)
+    SELECT $17, $18, 'messages', 1, $4 FROM moved
     ON CONFLICT (day, shard) DO UPDATE
     SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
 )

@@ -180,8 +180,10 @@ counters = Table(
     Column("value", BigInteger, nullable=False),
 )
 
-# Turns and stored bytes per UTC day, added to by each turn's commit (never counted from history): the console's
-# charts. A day's count is spread over a few shard rows so concurrent commits do not queue on one row lock.
+# Turns and stored bytes per UTC day and front door, added to by each turn's commit (never counted from history): the
+# console's charts. A day's count is spread over a few shard rows so concurrent commits do not queue on one row lock;
+# each door has shards of its own (store/turn_rows.py), so the key stays (day, shard), which code from before
+# revision 0009 upserts on.
 daily_usage = Table(
     "daily_usage",
     metadata,
@@ -189,6 +191,8 @@ daily_usage = Table(
     Column("shard", Integer, primary_key=True, autoincrement=False),
     Column("turns", BigInteger, nullable=False),
     Column("bytes", BigInteger, nullable=False),
+    # "messages" (threads and sessions) or "responses" (responses and conversations); older code leaves the default.
+    Column("door", String(16), nullable=False, server_default="messages"),
 )
 
 # -- the Responses front door (RESPONSES.md) ------------------------------------------------------------------------

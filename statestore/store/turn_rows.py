@@ -1,10 +1,8 @@
-"""How a turn's records meet the threads table: the columns a lease returns and the record made of them, the
-values a commit sets for the context, and the daily_usage row a commit adds to (shared by the Core statements in
-turn_writes and their callers)."""
+"""How a turn's records meet the threads table: the columns a lease returns and the record made of them, and the
+values a commit sets for the context (shared by the Core statements in turn_writes and their callers)."""
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -12,17 +10,6 @@ from sqlalchemy import func
 
 from statestore.store.schema import threads
 from statestore.store.turn_records import LeasedThread, TurnCommit
-
-DAY_MS = 86_400_000
-# Rows a day's usage is spread over: concurrent commits on PostgreSQL would otherwise all wait on one row's lock.
-USAGE_SHARDS = 16
-
-
-def usage_key(commit: TurnCommit) -> tuple[int, int]:
-    """The daily_usage row a commit adds to: its UTC day, and a shard chosen by thread so one thread's turns, which
-    never run concurrently, share a row."""
-    return commit.now_ms // DAY_MS, zlib.crc32(commit.thread_id.encode()) % USAGE_SHARDS
-
 
 LEASED_COLUMNS = (
     threads.c.id,

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.store.pg_turns import PgTurnStatements, context_params
-from statestore.store.schema import daily_usage, sessions, thread_messages, threads
+from statestore.store.schema import sessions, thread_messages, threads
 from statestore.store.turn_records import (
     ContextMove,
     ContinueRefusal,
@@ -23,7 +23,8 @@ from statestore.store.turn_records import (
     TurnCommit,
     TurnUsage,
 )
-from statestore.store.turn_rows import LEASED_COLUMNS, context_values, leased_thread, usage_key
+from statestore.store.turn_rows import LEASED_COLUMNS, context_values, leased_thread
+from statestore.store.usage_rows import count_usage, usage_key
 
 __all__ = ["ContextMove", "ContinueRefusal", "LeasedThread", "NewThread", "ThreadRepository", "TurnCommit", "TurnUsage"]
 
@@ -256,13 +257,13 @@ class ThreadRepository:
 
     async def _count_usage(self, conn: AsyncConnection, commit: TurnCommit, added_bytes: int) -> None:
         """The day's counters, in the commit's transaction (PostgreSQL's one-statement commit does this in a CTE)."""
-        day, shard = usage_key(commit)
-        dialect_insert = postgresql.insert if self._is_postgres else sqlite.insert
-        stmt = dialect_insert(daily_usage).values(day=day, shard=shard, turns=1, bytes=added_bytes)
         await conn.execute(
-            stmt.on_conflict_do_update(
-                index_elements=[daily_usage.c.day, daily_usage.c.shard],
-                set_={"turns": daily_usage.c.turns + 1, "bytes": daily_usage.c.bytes + stmt.excluded.bytes},
+            count_usage(
+                is_postgres=self._is_postgres,
+                door="messages",
+                now_ms=commit.now_ms,
+                spread_by=commit.thread_id,
+                added_bytes=added_bytes,
             )
         )
 
@@ -287,7 +288,7 @@ class ThreadRepository:
             commit.usage.output_tokens,
             commit.usage.cache_creation_input_tokens,
             commit.usage.cache_read_input_tokens,
-            *usage_key(commit),
+            *usage_key("messages", commit.now_ms, commit.thread_id),
             *context_params(commit),
             commit.model,
             commit.max_tokens,

@@ -704,8 +704,12 @@ def test_cli_policy_audit_stats_erase_purge_round_trip(
         }
         assert "(from default)" in cli_ok(show_text) and "max_messages: 5000" in show_text.stdout
         assert cli_json(stats_json)["live_threads"] == 2
-        assert re.search(r"^live_threads: \d+$", cli_ok(stats_text), re.M)
-        assert re.search(r"^purged_threads_total: \d+$", stats_text.stdout, re.M)
+        # Each door's counts under its name, the purger's last run after them.
+        shown = cli_ok(stats_text)
+        messages, responses = shown.index("messages door (threads, sessions):\n"), shown.index("responses door")
+        assert messages < shown.index("\n  live_threads: ") < shown.index("\n  purged_threads_total: ") < responses
+        assert responses < shown.index("\n  live_conversations: ") < shown.index("\n  purged_responses_total: ")
+        assert re.search(r"^purger last ran: (never|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)$", shown, re.M)
 
         erased_json, erased_text = cli_many(
             env,
@@ -735,8 +739,8 @@ def test_cli_policy_audit_stats_erase_purge_round_trip(
     )
     assert cli_json(deleted_json) == {"scope": name, "deleted": True}
     assert "default now follows the default policy" in cli_ok(deleted_text)
-    assert cli_json(purge_json)["purged_threads"] >= 0
-    assert re.fullmatch(r"purged \d+ expired threads\n", cli_ok(purge_text))
+    assert set(cli_json(purge_json)) == {"purged_threads", "purged_responses", "purged_conversations"}
+    assert re.fullmatch(r"purged \d+ expired threads, \d+ responses and \d+ conversations\n", cli_ok(purge_text))
 
     audit_json, audit_text = cli_many(env, [["admin", "audit", "--json", "--limit", "30"], ["admin", "audit"]])
     entries = cli_json(audit_json)["data"]

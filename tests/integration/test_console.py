@@ -10,7 +10,9 @@ ones the README shows: `make console-screenshots`)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from datetime import datetime
 
 import httpx
 import openai
@@ -35,9 +37,11 @@ from tests.support.browser import headless_chromium, missing_browser
 from tests.support.console_pages import (
     CONSOLE,
     AttackerSite,
+    audit_changes,
     audit_rows,
     click_and_wait,
     go,
+    lines_of,
     present,
     press,
     screenshot,
@@ -66,6 +70,8 @@ def console_server(module_db: str, redis_url: str, fake_backend_process: FakeBac
                 "STATESTORE_KEY_CACHE_SECONDS": "0",
                 "STATESTORE_POLICY_CACHE_SECONDS": "0",
                 "STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url,
+                # Purges only when asked: a purge from the console is then the only run its page can show.
+                "STATESTORE_PURGE_INTERVAL_SECONDS": "3600",
             },
         )
         yield server
@@ -268,7 +274,9 @@ def test_a_policy_changed_in_the_console_governs_the_next_turn_and_is_audited(
     go(console, console_server, f"/audit?action=policy&tenant={tenant['id']}")
     [entry] = audit_rows(console)
     assert (entry["actor"], entry["action"], entry["target"]) == ("ops", "policy.put", tenant["id"])
-    assert '"threads_enabled":false' in entry["after"] and '"default_ttl_seconds":600' in entry["after"]
+    # The tenant had no policy of its own before: every field is new.
+    changes = audit_changes(console.find_element(By.CSS_SELECTOR, "#audit tr.entry"))
+    assert ("threads_enabled", "—", "false") in changes and ("default_ttl_seconds", "—", "600") in changes
 
 
 # -- erasure ---------------------------------------------------------------------------------------------------------
@@ -387,6 +395,105 @@ def test_the_audit_log_pages_through_a_filter(console: Chrome, console_server: S
     assert audit_rows(console) == first
 
 
+def test_the_audit_log_shows_what_changed_with_the_whole_record_on_demand(
+    console: Chrome, console_server: StatestoreServer, admin: AdminApi
+) -> None:
+    tenant = admin.create_tenant()
+    admin.put_policy(tenant["id"], default_ttl_seconds=600)
+    admin.put_policy(tenant["id"], default_ttl_seconds=600, threads_enabled=False)
+    key = admin.create_key(tenant["id"], label="audited")
+    admin.ok("DELETE", f"/keys/{key['id']}")
+    newest = admin.audit(limit=10)
+    console.set_window_size(900, 1000)  # narrow enough that a long time would wrap
+    try:
+        go(console, console_server, f"/audit?tenant={tenant['id']}")
+        rows = console.find_elements(By.CSS_SELECTOR, "#audit tr.entry")
+        actions = [r["action"] for r in audit_rows(console)]
+        assert actions == ["key.revoke", "key.create", "policy.put", "policy.put", "tenant.create"]
+        revoked, _, second, _, _ = rows
+        # Only the fields that differ, old → new.
+        assert audit_changes(second) == [("threads_enabled", "true", "false")]
+        [(field, old, new)] = audit_changes(revoked)
+        assert (field, old) == ("revoked_ms", "—") and new.isdigit()
+        for row in rows:
+            when = row.find_element(By.CSS_SELECTOR, "td.when time")
+            assert lines_of(console, when) == 1, when.text
+        # The whole record, on demand.
+        record = second.find_element(By.CSS_SELECTOR, "details.record")
+        assert record.get_attribute("open") is None
+        after = record.find_element(By.CSS_SELECTOR, "pre.after")
+        assert not after.is_displayed()
+        record.find_element(By.TAG_NAME, "summary").click()
+        assert after.is_displayed()
+        [api_entry] = [e for e in newest if e["action"] == "policy.put" and not e["after"]["threads_enabled"]]
+        assert json.loads(after.text) == api_entry["after"]
+        assert json.loads(record.find_element(By.CSS_SELECTOR, "pre.before").text) == api_entry["before"]
+    finally:
+        console.set_window_size(1280, 1000)
+    go(console, console_server, f"/audit?tenant={tenant['id']}")
+    console.find_elements(By.CSS_SELECTOR, "#audit details.record summary")[2].click()
+    screenshot(console, "audit")
+
+
+# -- the overview ----------------------------------------------------------------------------------------------------
+
+
+def test_the_overview_counts_both_doors_and_a_purge_from_it_is_a_run(
+    console: Chrome, console_server: StatestoreServer, admin: AdminApi
+) -> None:
+    tenant, key = admin.tenant_with_key()
+    with Api(console_server.url, key) as client:
+        _, head = created(client.create("a thread"))
+        created(client.continue_(head, "goes on"))
+    with openai.OpenAI(base_url=console_server.url + "/v1", api_key=key, max_retries=0) as responses:
+        first = responses.responses.create(model="echo-1", input="a")
+        responses.responses.create(model="echo-1", input="b", previous_response_id=first.id)
+        conversation = responses.conversations.create()
+        responses.responses.create(model="echo-1", input="c", conversation=conversation.id)
+    stats, today = admin.stats(), admin.ok("GET", "/usage", days=1)["data"][-1]
+
+    # The tenant's page counts both doors too.
+    go(console, console_server, f"/tenants/{tenant['id']}")
+    assert text_of(console, "tenant-messages").startswith("Messages API: 1 live threads, 4 messages")
+    assert text_of(console, "tenant-responses").startswith("Responses API: 3 live responses, 1 live conversations;")
+
+    go(console, console_server, "")
+    for tile, name in (
+        ("live-threads", "live_threads"),
+        ("live-responses", "live_responses"),
+        ("live-conversations", "live_conversations"),
+    ):
+        assert int(text_of(console, tile)) == stats[name], tile
+    # Today's bar of each chart: the Messages door's part at the bottom, the Responses door's on top of it.
+    for chart, what in enumerate(("turns", "bytes")):
+        bars = console.find_elements(By.CSS_SELECTOR, "figure.chart svg")[chart].find_elements(By.TAG_NAME, "rect")
+        messages, on_top = bars[-2:]
+        assert (messages.get_attribute("class"), on_top.get_attribute("class")) == ("door-messages", "door-responses")
+        y, height = (float(messages.get_attribute(a) or 0) for a in ("y", "height"))
+        top_y, top_height = (float(on_top.get_attribute(a) or 0) for a in ("y", "height"))
+        assert abs(top_y + top_height - y) < 0.02 and height > 0 and top_height > 0
+        ratio = today["doors"]["responses"][what] / today["doors"]["messages"][what]
+        assert abs(top_height / height - ratio) < 0.05 * ratio
+        if what == "turns":
+            title = on_top.find_element(By.TAG_NAME, "title").get_attribute("textContent")
+            turns = today["doors"]["responses"]["turns"]
+            assert title == f"{today['day']}, Responses API (responses, conversations): {turns} turns"
+
+    press(console, "purge")
+    [purge] = [e for e in admin.audit(limit=5) if e["action"] == "purge"][:1]
+    done = purge["after"]
+    assert text_of(console, "notice") == (
+        f"Purged {done['threads']} expired threads, {done['responses']} responses and "
+        f"{done['conversations']} conversations."
+    )
+    # The purge just done is the last run (this server's background purger waits an hour).
+    last_run = admin.stats()["purger_last_run_at"]
+    assert last_run is not None
+    shown = datetime.fromisoformat(last_run).strftime("%Y-%m-%d %H:%M:%S UTC")
+    assert text_of(console, "purger-last-run") == shown
+    assert abs(datetime.fromisoformat(last_run).timestamp() * 1000 - purge["at_ms"]) < 5_000
+
+
 # -- every page ------------------------------------------------------------------------------------------------------
 
 
@@ -394,12 +501,14 @@ def test_every_page_renders_signed_in(console: Chrome, console_server: Statestor
     """Last in the module, so the overview has the turns of the tests above to chart."""
     go(console, console_server, "")
     assert int(text_of(console, "live-threads")) == admin.stats()["live_threads"]
+    assert int(text_of(console, "live-responses")) == admin.stats()["live_responses"]
+    # Two charts of 30 days, each day's bar in two parts (one a door).
     bars = console.find_elements(By.CSS_SELECTOR, "figure.chart rect")
-    assert len(bars) == 60 and any(float(bar.get_attribute("height") or 0) > 0 for bar in bars)
+    assert len(bars) == 2 * 30 * 2 and any(float(bar.get_attribute("height") or 0) > 0 for bar in bars)
     press(console, "purge")
-    assert "purged" in text_of(console, "notice")
+    assert text_of(console, "notice").startswith("Purged ")
     screenshot(console, "overview")
-    for path, shot in (("/tenants", "tenants"), ("/audit", "audit"), ("/erasure", "erasure")):
+    for path, shot in (("/tenants", "tenants"), ("/erasure", "erasure")):
         go(console, console_server, path)
         assert console.find_element(By.TAG_NAME, "h1").text
         screenshot(console, shot)

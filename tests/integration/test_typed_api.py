@@ -117,6 +117,9 @@ def test_every_operation_documents_its_success_response() -> None:
 
 def test_live_responses_match_the_published_schema(keys_server: StatestoreServer) -> None:
     spec = httpx.get(keys_server.url + "/openapi.json").json()
+    stats_fields = spec["components"]["schemas"]["Stats"]["properties"]
+    assert stats_fields["purger_last_run_ms"]["deprecated"] is True
+    assert "deprecated" not in stats_fields["purger_last_run_at"]
     checked = Checked(keys_server.url, spec)
     admin = {"authorization": f"Bearer {ADMIN_TOKENS.split(',')[0].split(':')[1]}"}
 
@@ -135,8 +138,15 @@ def test_live_responses_match_the_published_schema(keys_server: StatestoreServer
     checked.call("GET", "/admin/v1/policies/{scope}", admin, scope=tenant["id"])
     checked.call("DELETE", "/admin/v1/policies/{scope}", admin, scope=tenant["id"])
     checked.call("GET", "/admin/v1/audit", admin)
-    checked.call("GET", "/admin/v1/stats", admin)
-    checked.call("POST", "/admin/v1/purge", admin)
+    stats = checked.call("GET", "/admin/v1/stats", admin).json()
+    assert {"purger_last_run_at", "expired_responses_awaiting_purge"} <= stats.keys()
+    purged = checked.call("POST", "/admin/v1/purge", admin).json()
+    assert purged.keys() == {"purged_threads", "purged_responses", "purged_conversations"}
+    # A purge an admin runs is the purger's last run: given as a time, and (deprecated) as epoch milliseconds.
+    last_run = checked.call("GET", "/admin/v1/stats", admin).json()
+    assert last_run["purger_last_run_at"] is not None and last_run["purger_last_run_ms"] > 0
+    usage = checked.call("GET", "/admin/v1/usage", admin).json()["data"]
+    assert usage[-1]["doors"].keys() == {"messages", "responses"}
     checked.call("POST", "/admin/v1/erase", admin, json={"user_id": unique("nobody")})
     checked.call("GET", "/admin/v1/stats", {})
 

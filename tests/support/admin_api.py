@@ -281,8 +281,8 @@ class AdminApi:
         view: dict[str, Any] = self.ok("PUT", f"/policies/{scope}", policy(**values))
         return view
 
-    def stats(self, tenant: str | None = None) -> dict[str, int]:
-        values: dict[str, int] = (
+    def stats(self, tenant: str | None = None) -> dict[str, Any]:
+        values: dict[str, Any] = (
             self.ok("GET", "/stats", tenant=tenant) if tenant is not None else self.ok("GET", "/stats")
         )
         return values

@@ -69,9 +69,25 @@ def screenshot(driver: Chrome, name: str) -> None:
 def audit_rows(driver: Chrome) -> list[dict[str, str]]:
     rows = []
     for row in driver.find_elements(By.CSS_SELECTOR, "#audit tr.entry"):
-        cell = {name: row.find_element(By.CLASS_NAME, name).text for name in ("actor", "action", "target", "after")}
+        cell = {name: row.find_element(By.CLASS_NAME, name).text for name in ("actor", "action", "target", "change")}
         rows.append(cell)
     return rows
+
+
+def audit_changes(row: WebElement) -> list[tuple[str, str, str]]:
+    """An audit row's changes as (field, old, new), as its Change cell lists them."""
+    found = []
+    for item in row.find_elements(By.CSS_SELECTOR, "li.changed"):
+        fields = item.find_elements(By.CSS_SELECTOR, "code.changed-field")
+        old, new = (item.find_element(By.CLASS_NAME, part).text for part in ("old", "new"))
+        found.append((fields[0].text if fields else "", old, new))
+    return found
+
+
+def lines_of(driver: Chrome, element: WebElement) -> int:
+    """How many lines the browser laid an element's text out on."""
+    script = "const r = document.createRange(); r.selectNodeContents(arguments[0]); return r.getClientRects().length"
+    return int(driver.execute_script(script, element))
 
 
 def tenant_names(admin: AdminApi) -> list[str]:

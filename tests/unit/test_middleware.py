@@ -395,10 +395,19 @@ def test_domain_counters_start_at_zero_and_count() -> None:
     metrics.observe_upstream("/v1/messages", "ok", 0.2)
     metrics.observe_request("/v1/messages", "BREW", 200, 0.01)
 
+    metrics.count_response_turn("conversation", "not_stored")
+
     turns = samples(metrics, "thread_turns_total")
     assert len(turns) == 6
     assert turns[(("kind", "continue"), ("outcome", "stored"))] == 1
     assert turns[(("kind", "create"), ("outcome", "rejected"))] == 0
+    # By front door: the Messages door's two kinds and the Responses door's three, each with every outcome.
+    by_door = samples(metrics, "turns_total")
+    assert len(by_door) == (2 + 3) * 3
+    assert by_door[(("door", "messages"), ("kind", "continue"), ("outcome", "stored"))] == 1
+    assert by_door[(("door", "responses"), ("kind", "conversation"), ("outcome", "not_stored"))] == 1
+    assert sum(by_door.values()) == 2
+    assert (("door", "messages"), ("kind", "conversation"), ("outcome", "stored")) not in by_door
     assert samples(metrics, "cache_lookups_total")[(("result", "stale"),)] == 1
     assert samples(metrics, "upstream_errors_total")[(("kind", "timeout"),)] == 1
     assert samples(metrics, "upstream_request_duration_seconds_count")[(("outcome", "ok"), ("route", "/v1/messages"))]

@@ -226,6 +226,7 @@ async def test_a_deletion_after_the_lease_ran_out_takes_the_conversation_over(
     client = async_openai_client
     conversation = await client.conversations.create(items=[{"role": "user", "content": "secret"}])
     secret = (await client.conversations.items.list(conversation.id)).data[0]
+    counted = await _responses_turns_counted(responses_pg_url)
     backend.script(SLOW)
     late = asyncio.create_task(client.responses.create(model="echo-1", input="late", conversation=conversation.id))
     await asyncio.wait_for(_backend_received(backend, 1), 10)
@@ -242,8 +243,21 @@ async def test_a_deletion_after_the_lease_ran_out_takes_the_conversation_over(
         await late
     assert lost.value.code == "conversation_locked"
     assert (await client.conversations.items.list(conversation.id)).data == []
+    assert await _responses_turns_counted(responses_pg_url) == counted, "a turn not stored is not counted"
     await client.responses.create(model="echo-1", input="after", conversation=conversation.id)
     assert [m["content"] for m in chat_requests(backend)[-1]["messages"]] == ["after"]
+    assert await _responses_turns_counted(responses_pg_url) == counted + 1
+
+
+async def _responses_turns_counted(database_url: str) -> int:
+    """Every Responses turn the daily usage has counted (the console's charts, GET /admin/v1/usage)."""
+    engine = create_async_engine(database_url, poolclass=NullPool)
+    try:
+        async with engine.connect() as conn:
+            query = text("SELECT coalesce(sum(turns), 0) FROM daily_usage WHERE door = 'responses'")
+            return int((await conn.execute(query)).scalar_one())
+    finally:
+        await engine.dispose()
 
 
 async def test_an_item_deleted_while_a_chain_begun_on_its_conversation_waits_is_not_sent_again(

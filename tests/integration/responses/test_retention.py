@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from datetime import datetime
 
 import openai
 import pytest
@@ -17,9 +18,14 @@ from tests.support.admin_api import (
     ADMIN_TOKENS,
     UPSTREAM_KEY,
     AdminApi,
+    Api,
     ClockFile,
     Database,
     RedisKeys,
+    cli,
+    cli_env,
+    cli_ok,
+    created,
     run_async,
     start_server,
 )
@@ -200,6 +206,51 @@ def test_ttl_purge_and_a_tree_kept_while_any_response_lives(
         assert database.value("SELECT count(*) FROM responses WHERE root_id = $1", old.id) == 0
         assert database.value("SELECT count(*) FROM conversations WHERE id = $1", conversation.id) == 0
         assert not cache.keys_of(f"resp:{newer.id}")
+
+
+def test_purge_and_stats_count_both_doors(
+    server: StatestoreServer, admin: AdminApi, clock: ClockFile, module_db: str, redis_url: str, module_prefix: str
+) -> None:
+    """What the stats say awaits purge, by kind, is what `statestore purge` then deletes and reports; a purge that an
+    admin runs is the purger's last run, given as a time."""
+    admin.ok("POST", "/purge")  # what earlier tests left expired
+    _, key = admin.tenant_with_key()
+    with Api(server.url, key) as api:
+        created(api.create("a thread", ttl=30))
+    with _client(server, key) as client:
+        first = client.responses.create(model="echo-1", input="a")
+        client.responses.create(model="echo-1", input="b", previous_response_id=first.id)
+        client.conversations.create()
+    clock.advance(301)  # past the longest TTL: everything stored so far has expired
+    waiting = admin.stats()
+    expected = (
+        waiting["expired_awaiting_purge"],
+        waiting["expired_responses_awaiting_purge"],
+        waiting["expired_conversations_awaiting_purge"],
+    )
+    assert expected[0] >= 1 and expected[1] >= 2 and expected[2] >= 1
+
+    env = cli_env(module_db, redis_url=redis_url, redis_prefix=module_prefix, clock_offset_file=str(clock.path))
+    ran_at = clock.now()
+    threads, responses, conversations = expected
+    assert cli_ok(cli(env, "purge", "--actor", "cli:both-doors")) == (
+        f"purged {threads} expired threads, {responses} responses and {conversations} conversations\n"
+    )
+    after = admin.stats()
+    assert (
+        after["expired_awaiting_purge"],
+        after["expired_responses_awaiting_purge"],
+        after["expired_conversations_awaiting_purge"],
+    ) == (0, 0, 0)
+    totals = ("purged_threads_total", "purged_responses_total", "purged_conversations_total")
+    assert tuple(after[name] - waiting[name] for name in totals) == expected
+    last_run = datetime.fromisoformat(after["purger_last_run_at"])
+    assert after["purger_last_run_at"].endswith("Z") and last_run.utcoffset() is not None
+    assert ran_at - 0.01 <= last_run.timestamp() <= clock.now()
+    # Deprecated, kept for one release: the same time in epoch milliseconds.
+    assert after["purger_last_run_ms"] == round(last_run.timestamp() * 1000)
+    [entry] = [e for e in admin.audit(limit=20) if e["actor"] == "cli:both-doors"]
+    assert entry["after"] == {"threads": threads, "responses": responses, "conversations": conversations}
 
 
 def test_a_policy_without_storage_refuses_stored_turns(server: StatestoreServer, admin: AdminApi) -> None:
