@@ -24,10 +24,11 @@ from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache, create_cache
 from statestore.store.engine import create_engine
-from statestore.store.pg_turns import PgTurnStatements
+from statestore.store.leased_log import LeasedLog
+from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.retention_queries import RetentionQueries
 from statestore.store.thread_reads import ThreadQueries
-from statestore.store.turn_writes import ThreadRepository
+from statestore.store.thread_repository import ThreadRepository
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.service import ThreadService
 from statestore.upstream.client import UpstreamClient
@@ -90,7 +91,7 @@ async def build_resources(
         engine = create_engine(settings, pool_size=pool_size)
         stack.push_async_callback(engine.dispose)
         postgres = settings.database_url.startswith("postgresql")
-        # On PostgreSQL the hot single statements run on asyncpg (store/pg_turns.py): this engine keeps the cold ones.
+        # On PostgreSQL the hot statements run on asyncpg (store/pg_hot_path.py): this engine keeps the cold ones.
         single_size = max(2, (pool_size or settings.database_pool_size) // 4) if postgres else pool_size
         single_statements = create_engine(settings, autocommit=True, pool_size=single_size)
         stack.push_async_callback(single_statements.dispose)
@@ -113,12 +114,13 @@ async def build_resources(
             metrics=metrics,
         )
         stack.push_async_callback(chat_upstream.aclose)
-        pg_statements = await PgTurnStatements.open(settings) if serving else None
-        if pg_statements is not None:
-            stack.push_async_callback(pg_statements.aclose)
-        repository = ThreadRepository(engine, single_statements, pg=pg_statements)
-        # The Responses front door's hot statements share the threads' pools (responses/pg_statements.py).
-        pg_responses = PgResponseStatements(pg_statements) if pg_statements is not None else None
+        pg_hot_path = await PgHotPath.open(settings) if serving else None
+        if pg_hot_path is not None:
+            stack.push_async_callback(pg_hot_path.aclose)
+        repository = ThreadRepository(engine, single_statements, pg=pg_hot_path)
+        # Both doors' turns take, renew, release and commit through one leased log, on the same pools.
+        leased_log = LeasedLog(engine, single_statements, pg_hot_path)
+        pg_responses = PgResponseStatements(pg_hot_path) if pg_hot_path is not None else None
         thread_cache: HistoryCache = cache
         if tracer is not None:
             # Only when tracing is on: the same objects, each call inside a span (statestore/traced.py).
@@ -171,7 +173,7 @@ async def build_resources(
             chat_upstream=chat_upstream,
             responses=ResponseTurns(
                 responses=ResponseStore(engine, pg_responses),
-                conversations=ConversationStore(engine, pg_responses),
+                conversations=ConversationStore(engine, leased_log, pg_responses),
                 cache=cache,
                 policies=policies,
                 clock=clock,

@@ -1,6 +1,7 @@
 """The Responses front door's hot path on PostgreSQL, below SQLAlchemy: the statements every turn runs, as asyncpg
-prepared statements on the pools of `pg_turns` (the same two: the conversation lease commits asynchronously, the turn
-waits for its flush). SQLAlchemy Core keeps SQLite and every cold path (responses/store.py, conversation_store.py).
+prepared statements on store/pg_hot_path.py's pools, each bound from its typed parameter object
+(store/statement.py). The conversation's lease is the leased log's (store/leased_log.py). SQLAlchemy Core keeps
+SQLite and every cold path (responses/store.py, conversation_store.py).
 
 A turn's commit is one statement, one round trip, one durable flush: the response and its items; on a conversation,
 the conditional move of its position (the lease's check), the response and the items, which are stored once, in
@@ -10,73 +11,147 @@ conversation_items, with the response pointing at them.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Final
+
+import asyncpg
 
 from statestore.responses.items import StoredItem
-from statestore.store.pg_turns import PgTurnStatements
+from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.statement import PgStatement
+
+
+@dataclass(slots=True, kw_only=True)
+class GetResponse:
+    response_id: str
+    owner: str
+    now_ms: int
+
+
+@dataclass(slots=True, kw_only=True)
+class InsertResponse:
+    """A chained turn's response and its items, the items as parallel arrays (one unnest inserts them all)."""
+
+    id: str
+    owner: str
+    tenant_id: str | None
+    metadata_user_id: str | None
+    parent_id: str | None
+    root_id: str
+    depth: int
+    chain_bytes: int
+    body: bytes
+    created_ms: int
+    expires_ms: int
+    inputs: int  # the first `inputs` items are the input, the rest the output
+    item_ids: list[str]
+    bodies: list[bytes]
+    kinds: list[str]
+    rendered: list[bytes]
+
+
+@dataclass(slots=True, kw_only=True)
+class CommitConversationTurn:
+    id: str
+    owner: str
+    tenant_id: str | None
+    metadata_user_id: str | None
+    conversation_id: str
+    token: str | None
+    chain_bytes: int
+    body: bytes
+    created_ms: int
+    expires_ms: int
+    count: int  # items, inputs first
+    inputs: int
+    item_ids: list[str]
+    bodies: list[bytes]
+    kinds: list[str]
+    rendered: list[bytes]
+
+
+@dataclass(slots=True, kw_only=True)
+class OfResponse:
+    response_id: str
+
+
+@dataclass(slots=True, kw_only=True)
+class OfConversation:
+    conversation_id: str
+
 
 # With the version of the conversation its chain began on, if it did (-1: that conversation is gone): see
 # responses/context.py chain_count.
-GET_RESPONSE = """
+GET_RESPONSE: Final = PgStatement(
+    GetResponse,
+    """
 SELECT r.id, r.root_id, r.depth, r.chain_bytes, r.body,
     CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END
 FROM responses r
 LEFT JOIN responses root ON root.id = r.root_id
 LEFT JOIN conversations c ON c.id = root.conversation_id
-WHERE r.id = $1 AND r.owner = $2 AND r.expires_ms > $3
-"""
+WHERE r.id = :response_id AND r.owner = :owner AND r.expires_ms > :now_ms
+""",
+    durable=True,
+)
 
-# A chained turn: the response, then its items (inputs first: position < $12 is an input).
-INSERT_RESPONSE = """
+# A chained turn: the response, then its items (inputs first: an ordinal past :inputs is an output).
+INSERT_RESPONSE: Final = PgStatement(
+    InsertResponse,
+    """
 WITH added AS (
     INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id, depth,
         chain_bytes, body, created_ms, expires_ms)
-    VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8, $9, $10, $11)
+    VALUES (:id, :owner, :tenant_id, :metadata_user_id, :parent_id, :root_id, NULL, :depth, :chain_bytes, :body,
+        :created_ms, :expires_ms)
     RETURNING id
 )
 INSERT INTO response_items (response_id, position, is_output, item_id, body, kind, rendered)
-SELECT added.id, (m.ord - 1)::integer, m.ord > $12, m.item_id, m.body, m.kind, m.rendered
-FROM added, unnest($13::varchar[], $14::bytea[], $15::varchar[], $16::bytea[])
+SELECT added.id, (m.ord - 1)::integer, m.ord > :inputs, m.item_id, m.body, m.kind, m.rendered
+FROM added, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
     WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
-"""
+""",
+    durable=True,
+)
 
-# A turn on a conversation: nothing happens unless the turn still holds the lease ($6); then its items take the next
-# positions and the response points at the first of them. Returns that position, or no row (the lease was lost).
-COMMIT_CONVERSATION_TURN = """
+# A turn on a conversation: nothing happens unless the turn still holds the lease (:token); then its items take the
+# next positions and the response points at the first of them. Returns that position, or no row (the lease was lost).
+COMMIT_CONVERSATION_TURN: Final = PgStatement(
+    CommitConversationTurn,
+    """
 WITH claimed AS (
-    UPDATE conversations SET next_position = next_position + $11, lease_token = NULL, lease_expires_ms = NULL,
-        expires_ms = $10
-    WHERE id = $5 AND lease_token = $6
-    RETURNING next_position - $11 AS start
+    UPDATE conversations SET next_position = next_position + :count, lease_token = NULL, lease_expires_ms = NULL,
+        expires_ms = :expires_ms
+    WHERE id = :conversation_id AND lease_token = :token
+    RETURNING next_position - :count AS start
 ), added AS (
     INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id,
         conversation_position, input_count, output_count, depth, chain_bytes, body, created_ms, expires_ms)
-    SELECT $1, $2, $3, $4, NULL, $1, $5, claimed.start, $12, $11 - $12, 0, $7, $8, $9, $10 FROM claimed
+    SELECT :id, :owner, :tenant_id, :metadata_user_id, NULL, :id, :conversation_id, claimed.start, :inputs,
+        :count - :inputs, 0, :chain_bytes, :body, :created_ms, :expires_ms FROM claimed
 ), items AS (
     INSERT INTO conversation_items (conversation_id, position, item_id, body, kind, rendered)
-    SELECT $5, claimed.start + (m.ord - 1)::integer, m.item_id, m.body, m.kind, m.rendered
-    FROM claimed, unnest($13::varchar[], $14::bytea[], $15::varchar[], $16::bytea[])
+    SELECT :conversation_id, claimed.start + (m.ord - 1)::integer, m.item_id, m.body, m.kind, m.rendered
+    FROM claimed, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
         WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
 )
 SELECT start FROM claimed
-"""
-
-LEASE_CONVERSATION = """
-UPDATE conversations SET lease_token = $4, lease_expires_ms = $5
-WHERE id = $1 AND owner = $2 AND expires_ms > $3 AND (lease_token IS NULL OR lease_expires_ms <= $3)
-RETURNING next_position
-"""
-RENEW_CONVERSATION = "UPDATE conversations SET lease_expires_ms = $3 WHERE id = $1 AND lease_token = $2"
-RELEASE_CONVERSATION = (
-    "UPDATE conversations SET lease_token = NULL, lease_expires_ms = NULL WHERE id = $1 AND lease_token = $2"
+""",
+    durable=True,
 )
-LOAD_CONVERSATION = "SELECT kind, rendered FROM conversation_items WHERE conversation_id = $1 ORDER BY position"
 
+LOAD_CONVERSATION: Final = PgStatement(
+    OfConversation,
+    "SELECT kind, rendered FROM conversation_items WHERE conversation_id = :conversation_id ORDER BY position",
+    durable=True,
+)
 # A chain rebuilt from the database (responses/store.py chain_context says how it is read): every member once, ahead
 # of its items, marked 'pointed' when its items are in its conversation.
-CHAIN_CONTEXT = """
+CHAIN_CONTEXT: Final = PgStatement(
+    OfResponse,
+    """
 WITH RECURSIVE chain AS (
-    SELECT id, parent_id, depth, conversation_position FROM responses WHERE id = $1
+    SELECT id, parent_id, depth, conversation_position FROM responses WHERE id = :response_id
     UNION ALL
     SELECT r.id, r.parent_id, r.depth, r.conversation_position FROM responses r JOIN chain ON r.id = chain.parent_id
 )
@@ -88,15 +163,21 @@ SELECT depth, kind, rendered FROM (
     SELECT chain.depth, i.position, i.kind, i.rendered FROM chain JOIN response_items i ON i.response_id = chain.id
 ) AS members
 ORDER BY depth, position
-"""
+""",
+    durable=True,
+)
 # The items a response made on a conversation points at there.
-POINTED_ITEMS = """
+POINTED_ITEMS: Final = PgStatement(
+    OfResponse,
+    """
 SELECT i.kind, i.rendered FROM responses r JOIN conversation_items i
     ON i.conversation_id = r.conversation_id AND i.position >= r.conversation_position
     AND i.position < r.conversation_position + r.input_count + r.output_count
-WHERE r.id = $1
+WHERE r.id = :response_id
 ORDER BY i.position
-"""
+""",
+    durable=True,
+)
 
 
 def item_arrays(items: Sequence[StoredItem]) -> tuple[list[str], list[bytes], list[str], list[bytes]]:
@@ -109,55 +190,28 @@ def item_arrays(items: Sequence[StoredItem]) -> tuple[list[str], list[bytes], li
 
 
 class PgResponseStatements:
-    def __init__(self, pg: PgTurnStatements) -> None:
+    def __init__(self, pg: PgHotPath) -> None:
         self._pg = pg
 
-    async def get(self, owner: str, response_id: str, now_ms: int) -> Any:
-        async with self._pg.durable_connection() as conn:
-            return await conn.fetchrow(GET_RESPONSE, response_id, owner, now_ms)
+    async def get(self, get: GetResponse) -> asyncpg.Record | None:
+        return await self._pg.fetchrow(GET_RESPONSE, get)
 
-    async def insert_response(self, *args: Any, inputs: int, items: Sequence[StoredItem]) -> None:
-        """(id, owner, tenant, user id, parent id, root id, depth, chain bytes, body, created, expires)."""
-        async with self._pg.durable_connection() as conn:
-            await conn.execute(INSERT_RESPONSE, *args, inputs, *item_arrays(items))
+    async def insert_response(self, insert: InsertResponse) -> None:
+        await self._pg.execute(INSERT_RESPONSE, insert)
 
-    async def commit_conversation_turn(self, *args: Any, inputs: int, items: Sequence[StoredItem]) -> int | None:
-        """(id, owner, tenant, user id, conversation, lease token, chain bytes, body, created, expires) → the turn's
-        first position in the conversation, or None when the lease was lost (nothing stored)."""
-        async with self._pg.durable_connection() as conn:
-            start: int | None = await conn.fetchval(
-                COMMIT_CONVERSATION_TURN, *args, len(items), inputs, *item_arrays(items)
-            )
+    async def commit_conversation_turn(self, commit: CommitConversationTurn) -> int | None:
+        """The turn's first position in the conversation, or None when the lease was lost (nothing stored)."""
+        start: int | None = await self._pg.fetchval(COMMIT_CONVERSATION_TURN, commit)
         return start
 
-    async def lease(self, owner: str, conversation_id: str, token: str, now_ms: int, until_ms: int) -> int | None:
-        """The conversation's next position, taken for one turn; None when it is not free (or not there)."""
-        async with self._pg.lease_connection() as conn:
-            position: int | None = await conn.fetchval(
-                LEASE_CONVERSATION, conversation_id, owner, now_ms, token, until_ms
-            )
-        return position
-
-    async def renew(self, conversation_id: str, token: str, until_ms: int) -> bool:
-        async with self._pg.lease_connection() as conn:
-            status: str = await conn.execute(RENEW_CONVERSATION, conversation_id, token, until_ms)
-        return status == "UPDATE 1"
-
-    async def release(self, conversation_id: str, token: str) -> None:
-        async with self._pg.lease_connection() as conn:
-            await conn.execute(RELEASE_CONVERSATION, conversation_id, token)
-
-    async def chain_rows(self, head_id: str) -> list[Any]:
+    async def chain_rows(self, head_id: str) -> list[asyncpg.Record]:
         """(depth, kind, rendered) of the chain ending at `head_id`, as CHAIN_CONTEXT orders them."""
-        async with self._pg.durable_connection() as conn:
-            return list(await conn.fetch(CHAIN_CONTEXT, head_id))
+        return await self._pg.fetch(CHAIN_CONTEXT, OfResponse(response_id=head_id))
 
     async def pointed_items(self, response_id: str) -> list[tuple[str, bytes]]:
-        async with self._pg.durable_connection() as conn:
-            rows = await conn.fetch(POINTED_ITEMS, response_id)
+        rows = await self._pg.fetch(POINTED_ITEMS, OfResponse(response_id=response_id))
         return [(row[0], row[1]) for row in rows]
 
     async def conversation_items(self, conversation_id: str) -> list[tuple[str, bytes]]:
-        async with self._pg.durable_connection() as conn:
-            rows = await conn.fetch(LOAD_CONVERSATION, conversation_id)
+        rows = await self._pg.fetch(LOAD_CONVERSATION, OfConversation(conversation_id=conversation_id))
         return [(row[0], row[1]) for row in rows]

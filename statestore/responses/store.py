@@ -14,7 +14,13 @@ from sqlalchemy import and_, case, delete, func, insert, literal, null, select, 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.responses.items import StoredItem, join_rendered, join_segments
-from statestore.responses.pg_statements import PgResponseStatements
+from statestore.responses.pg_statements import (
+    CommitConversationTurn,
+    GetResponse,
+    InsertResponse,
+    PgResponseStatements,
+    item_arrays,
+)
 from statestore.store.schema import conversation_items, conversations, response_items, responses
 
 
@@ -78,7 +84,7 @@ class ResponseStore:
 
     async def get(self, owner: str, response_id: str, *, now_ms: int) -> ResponseRow | None:
         if self._pg is not None:
-            record = await self._pg.get(owner, response_id, now_ms)
+            record = await self._pg.get(GetResponse(response_id=response_id, owner=owner, now_ms=now_ms))
             return ResponseRow(*record) if record is not None else None
         root = responses.alias("root")
         version = case(
@@ -218,28 +224,49 @@ class ResponseStore:
     @staticmethod
     async def _pg_commit(pg: PgResponseStatements, new: NewResponse, lease: str | None) -> int | None:
         items = [*new.inputs, *new.outputs]
+        item_ids, bodies, kinds, rendered = item_arrays(items)
         if new.conversation_id is None:
-            values = ResponseStore._response_values(new)
+            parent = new.parent
             await pg.insert_response(
-                *(values[k] for k in ("id", "owner", "tenant_id", "metadata_user_id", "parent_id", "root_id")),
-                *(values[k] for k in ("depth", "chain_bytes", "body", "created_ms", "expires_ms")),
-                inputs=len(new.inputs),
-                items=items,
+                InsertResponse(
+                    id=new.id,
+                    owner=new.owner,
+                    tenant_id=new.tenant_id,
+                    metadata_user_id=new.metadata_user_id,
+                    parent_id=parent.id if parent else None,
+                    root_id=parent.root_id if parent else new.id,
+                    depth=parent.depth + 1 if parent else 0,
+                    chain_bytes=(parent.chain_bytes if parent else 0) + new.segment_bytes,
+                    body=new.body,
+                    created_ms=new.created_ms,
+                    expires_ms=new.expires_ms,
+                    inputs=len(new.inputs),
+                    item_ids=item_ids,
+                    bodies=bodies,
+                    kinds=kinds,
+                    rendered=rendered,
+                )
             )
             return 0
         start = await pg.commit_conversation_turn(
-            new.id,
-            new.owner,
-            new.tenant_id,
-            new.metadata_user_id,
-            new.conversation_id,
-            lease,
-            new.segment_bytes,
-            new.body,
-            new.created_ms,
-            new.expires_ms,
-            inputs=len(new.inputs),
-            items=items,
+            CommitConversationTurn(
+                id=new.id,
+                owner=new.owner,
+                tenant_id=new.tenant_id,
+                metadata_user_id=new.metadata_user_id,
+                conversation_id=new.conversation_id,
+                token=lease,
+                chain_bytes=new.segment_bytes,
+                body=new.body,
+                created_ms=new.created_ms,
+                expires_ms=new.expires_ms,
+                count=len(items),
+                inputs=len(new.inputs),
+                item_ids=item_ids,
+                bodies=bodies,
+                kinds=kinds,
+                rendered=rendered,
+            )
         )
         return None if start is None else start + len(items)
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from statestore.errors import InternalError
 from statestore.policy import Policy
+from statestore.store.thread_repository import ThreadRepository
 from statestore.store.turn_records import ContextAction, ContextMove, LeasedThread, TurnUsage
-from statestore.store.turn_writes import ThreadRepository
 from statestore.threads import assembly, context
 from statestore.threads.turn import ThreadTurn
 

@@ -1,20 +1,33 @@
 """Statements bound by name (statestore/store/statement.py): every `$n` of a prepared statement is bound from exactly
 one field of its parameter object, in the order asyncpg passes them; a statement whose SQL and parameter object
-disagree fails where it is defined, at import; a Core statement is checked the same way."""
+disagree fails where it is defined, at import; a Core statement is checked the same way. Then every statement the
+store defines, found by walking its modules, is checked, so a new one is covered without being listed here."""
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import pkgutil
+import re
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import update
 
+import statestore.store
 from statestore.store.schema import threads
 from statestore.store.statement import (
     CoreStatement,
     PgStatement,
+    bind_names,
     core_param,
     core_values,
+    field_names,
 )
 
 
@@ -95,3 +108,67 @@ def test_a_core_statement_binds_by_name_and_is_checked() -> None:
 
 def test_core_values_names_every_field() -> None:
     assert core_values(_Take(thread_id="a", now_ms=1, token="t")) == {"p_thread_id": "a", "p_now_ms": 1, "p_token": "t"}
+
+
+def _defined_statements() -> list[tuple[str, PgStatement[Any] | CoreStatement[Any]]]:
+    found: list[tuple[str, PgStatement[Any] | CoreStatement[Any]]] = []
+    for module_info in pkgutil.iter_modules(statestore.store.__path__, "statestore.store."):
+        module = importlib.import_module(module_info.name)
+        for name, value in vars(module).items():
+            if isinstance(value, (PgStatement, CoreStatement)):
+                found.append((f"{module_info.name}.{name}", value))
+            elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+                # A bundle of statements (the leased log's tables).
+                for field in dataclasses.fields(value):
+                    inner = getattr(value, field.name)
+                    if isinstance(inner, (PgStatement, CoreStatement)):
+                        found.append((f"{module_info.name}.{name}.{field.name}", inner))
+    return found
+
+
+def test_every_prepared_statement_binds_each_placeholder_from_exactly_one_field() -> None:
+    statements = [(name, s) for name, s in _defined_statements() if isinstance(s, PgStatement)]
+    assert len(statements) >= 6, "the store's prepared statements were not found"
+    for name, statement in statements:
+        numbers = {int(n) for n in re.findall(r"\$(\d+)", statement.sql)}
+        assert numbers == set(range(1, len(statement.names) + 1)), name
+        assert sorted(statement.names) == sorted(field_names(statement.params)), name
+        assert len(set(statement.names)) == len(statement.names), name
+        assert not re.search(r"(?<![:\w]):[a-z_]", statement.sql), f"{name}: a name was left unbound"
+
+
+def test_every_core_statement_binds_every_field() -> None:
+    statements = [(name, s) for name, s in _defined_statements() if isinstance(s, CoreStatement)]
+    assert statements, "the store's Core statements were not found"
+    for name, statement in statements:
+        binds = {b for b in bind_names(statement.statement) if b.startswith("p_")}
+        assert binds == {f"p_{field}" for field in field_names(statement.params)}, name
+
+
+def test_mypy_refuses_a_parameter_object_missing_a_field(tmp_path: Path) -> None:
+    """The parameter objects are what makes a wrong, missing or merely positional value a type error: check that mypy
+    sees each."""
+    source = tmp_path / "wrong.py"
+    source.write_text(
+        textwrap.dedent(
+            """
+            from statestore.store.leased_log import Renew
+
+            Renew(log_id="thr_1", token="t")
+            Renew(log_id="thr_1", token="t", until_ms="soon")
+            Renew("thr_1", "t", 5)
+            """
+        )
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--strict", "--no-error-summary", "--follow-imports=silent", str(source)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert 'wrong.py:4: error: Missing named argument "until_ms"' in done.stdout, done.stdout + done.stderr
+    assert 'wrong.py:5: error: Argument "until_ms" to "Renew" has incompatible type "str"' in done.stdout, done.stdout
+    assert "wrong.py:6: error: Too many positional arguments" in done.stdout, done.stdout  # keyword-only: by name

@@ -1,0 +1,250 @@
+"""A thread turn's commit: append its messages, move the head, add to the day's usage, give the lease back, all at
+once and only if the turn still holds the lease (store/leased_log.py). On PostgreSQL one prepared statement, one
+round trip, one durable flush; on SQLite (and for a commit that rebinds a session name) a transaction of Core
+statements.
+
+The (thread_id, position) primary key of thread_messages is the last line of defence against a double append.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import func, insert, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from statestore.store.pg_hot_path import PgHotPath, affected
+from statestore.store.schema import daily_usage, sessions, thread_messages, threads
+from statestore.store.statement import PgStatement
+from statestore.store.turn_records import TurnCommit
+
+DAY_MS = 86_400_000
+# Rows a day's usage is spread over: concurrent commits on PostgreSQL would otherwise all wait on one row's lock.
+USAGE_SHARDS = 16
+
+
+def usage_key(commit: TurnCommit) -> tuple[int, int]:
+    """The daily_usage row a commit adds to: its UTC day, and a shard chosen by thread so one thread's turns, which
+    never run concurrently, share a row."""
+    return commit.now_ms // DAY_MS, zlib.crc32(commit.thread_id.encode()) % USAGE_SHARDS
+
+
+@dataclass(slots=True, kw_only=True)
+class CommitThreadTurn:
+    """PG_COMMIT_THREAD_TURN's parameters: the messages as parallel arrays (one unnest inserts them all)."""
+
+    thread_id: str
+    token: str
+    head_message_id: str
+    added_bytes: int
+    ttl_seconds: int
+    now_ms: int
+    expires_ms: int
+    metadata_user_id: str | None
+    positions: list[int]
+    bodies: list[bytes]
+    response_ids: list[str | None]
+    backend_ids: list[str | None]
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    day: int
+    shard: int
+    # The context after the turn and the move of its base (PROTOCOL §9); `moved` False leaves the base alone.
+    context_tokens: int
+    moved: bool
+    base_position: int
+    base_bytes: int
+    context_head: bytes | None
+    compacted: int
+    truncated: int
+    summarized: int
+    model: str | None
+    max_tokens: int | None
+
+    @classmethod
+    def of(cls, commit: TurnCommit) -> CommitThreadTurn:
+        rows = commit.rows
+        day, shard = usage_key(commit)
+        move = commit.move
+        usage = commit.usage
+        return cls(
+            thread_id=commit.thread_id,
+            token=commit.lease_token,
+            head_message_id=commit.head_message_id,
+            added_bytes=sum(len(body) for body, _ in rows),
+            ttl_seconds=commit.ttl_seconds,
+            now_ms=commit.now_ms,
+            expires_ms=commit.expires_ms,
+            metadata_user_id=commit.metadata_user_id,
+            positions=[commit.start_position + offset for offset in range(len(rows))],
+            bodies=[body for body, _ in rows],
+            response_ids=[response_id for _, response_id in rows],
+            backend_ids=[commit.reply_backend_id if response_id is not None else None for _, response_id in rows],
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens,
+            cache_read_input_tokens=usage.cache_read_input_tokens,
+            day=day,
+            shard=shard,
+            context_tokens=commit.context_tokens,
+            moved=move is not None,
+            base_position=move.base_position if move is not None else 0,
+            base_bytes=move.base_bytes if move is not None else 0,
+            context_head=move.head if move is not None else None,
+            compacted=move.count("compacted") if move is not None else 0,
+            truncated=move.count("truncated") if move is not None else 0,
+            summarized=move.count("summarized") if move is not None else 0,
+            model=commit.model,
+            max_tokens=commit.max_tokens,
+        )
+
+
+# The day's usage counters (the console's charts) move in the same statement as the head: counted exactly when the
+# turn is stored, without a scan of history or another round trip.
+PG_COMMIT_THREAD_TURN: Final = PgStatement(
+    CommitThreadTurn,
+    """
+WITH moved AS (
+    UPDATE threads SET
+        head_message_id = :head_message_id,
+        head_position = head_position + cardinality(:positions::integer[]),
+        byte_count = byte_count + :added_bytes,
+        turn_count = turn_count + 1,
+        usage_input_tokens = usage_input_tokens + :input_tokens,
+        usage_output_tokens = usage_output_tokens + :output_tokens,
+        usage_cache_creation_input_tokens = usage_cache_creation_input_tokens + :cache_creation_input_tokens,
+        usage_cache_read_input_tokens = usage_cache_read_input_tokens + :cache_read_input_tokens,
+        lease_token = NULL,
+        lease_expires_ms = NULL,
+        ttl_seconds = :ttl_seconds,
+        updated_ms = :now_ms,
+        expires_ms = :expires_ms,
+        metadata_user_id = COALESCE(metadata_user_id, :metadata_user_id::varchar),
+        context_tokens = :context_tokens,
+        base_position = CASE WHEN :moved::boolean THEN :base_position::integer ELSE base_position END,
+        base_bytes = CASE WHEN :moved::boolean THEN :base_bytes::bigint ELSE base_bytes END,
+        context_head = CASE WHEN :moved::boolean THEN :context_head::bytea ELSE context_head END,
+        context_compacted = context_compacted + :compacted,
+        context_truncated = context_truncated + :truncated,
+        context_summarized = context_summarized + :summarized,
+        last_model = :model::varchar,
+        last_max_tokens = :max_tokens::integer
+    WHERE id = :thread_id AND lease_token = :token
+    RETURNING id
+), counted AS (
+    INSERT INTO daily_usage (day, shard, turns, bytes)
+    SELECT :day, :shard, 1, :added_bytes FROM moved
+    ON CONFLICT (day, shard) DO UPDATE
+    SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
+)
+INSERT INTO thread_messages (thread_id, position, body, response_id, backend_id)
+SELECT moved.id, m.position, m.body, m.response_id, m.backend_id
+FROM moved, unnest(:positions::integer[], :bodies::bytea[], :response_ids::varchar[], :backend_ids::varchar[])
+    AS m(position, body, response_id, backend_id)
+""",
+    durable=True,
+)
+
+
+async def commit_thread_turn(engine: AsyncEngine, pg: PgHotPath | None, commit: TurnCommit) -> bool:
+    """True when stored; False when the turn no longer held the lease (nothing changed)."""
+    if pg is not None and commit.rebind_session is None:
+        # No row inserted means the lease was lost and nothing changed.
+        return affected(await pg.execute(PG_COMMIT_THREAD_TURN, CommitThreadTurn.of(commit))) == len(commit.rows)
+    postgres = engine.dialect.name == "postgresql"
+    added_bytes = sum(len(body) for body, _ in commit.rows)
+    async with engine.begin() as conn:
+        moved = await conn.execute(
+            update(threads)
+            .where(threads.c.id == commit.thread_id, threads.c.lease_token == commit.lease_token)
+            .values(
+                head_message_id=commit.head_message_id,
+                head_position=threads.c.head_position + len(commit.rows),
+                byte_count=threads.c.byte_count + added_bytes,
+                turn_count=threads.c.turn_count + 1,
+                usage_input_tokens=threads.c.usage_input_tokens + commit.usage.input_tokens,
+                usage_output_tokens=threads.c.usage_output_tokens + commit.usage.output_tokens,
+                usage_cache_creation_input_tokens=threads.c.usage_cache_creation_input_tokens
+                + commit.usage.cache_creation_input_tokens,
+                usage_cache_read_input_tokens=threads.c.usage_cache_read_input_tokens
+                + commit.usage.cache_read_input_tokens,
+                lease_token=None,
+                lease_expires_ms=None,
+                ttl_seconds=commit.ttl_seconds,
+                updated_ms=commit.now_ms,
+                expires_ms=commit.expires_ms,
+                metadata_user_id=func.coalesce(threads.c.metadata_user_id, commit.metadata_user_id),
+                **_context_values(commit),
+                last_model=commit.model,
+                last_max_tokens=commit.max_tokens,
+            )
+        )
+        if moved.rowcount != 1:
+            await conn.rollback()
+            return False
+        await conn.execute(
+            insert(thread_messages),
+            [
+                {
+                    "thread_id": commit.thread_id,
+                    "position": commit.start_position + offset,
+                    "body": body,
+                    "response_id": response_id,
+                    "backend_id": commit.reply_backend_id if response_id is not None else None,
+                }
+                for offset, (body, response_id) in enumerate(commit.rows)
+            ],
+        )
+        await _count_usage(conn, commit, added_bytes, postgres=postgres)
+        if commit.rebind_session is not None:
+            await _rebind_session(conn, commit.rebind_session, commit.thread_id, commit.now_ms, postgres=postgres)
+    return True
+
+
+def _context_values(commit: TurnCommit) -> dict[str, Any]:
+    move = commit.move
+    values: dict[str, Any] = {"context_tokens": commit.context_tokens}
+    if move is not None:
+        values |= {
+            "base_position": move.base_position,
+            "base_bytes": move.base_bytes,
+            "context_head": move.head,
+            "context_compacted": threads.c.context_compacted + move.count("compacted"),
+            "context_truncated": threads.c.context_truncated + move.count("truncated"),
+            "context_summarized": threads.c.context_summarized + move.count("summarized"),
+        }
+    return values
+
+
+async def _count_usage(conn: AsyncConnection, commit: TurnCommit, added_bytes: int, *, postgres: bool) -> None:
+    """The day's counters, in the commit's transaction (PostgreSQL's one-statement commit does this in a CTE)."""
+    day, shard = usage_key(commit)
+    dialect_insert = postgresql.insert if postgres else sqlite.insert
+    stmt = dialect_insert(daily_usage).values(day=day, shard=shard, turns=1, bytes=added_bytes)
+    await conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[daily_usage.c.day, daily_usage.c.shard],
+            set_={"turns": daily_usage.c.turns + 1, "bytes": daily_usage.c.bytes + stmt.excluded.bytes},
+        )
+    )
+
+
+async def _rebind_session(
+    conn: AsyncConnection, session: tuple[str, str], thread_id: str, now_ms: int, *, postgres: bool
+) -> None:
+    """Bind the name to this thread, whatever thread holds it now: an explicit create with a session header
+    (PROTOCOL §6)."""
+    owner, name = session
+    dialect_insert = postgresql.insert if postgres else sqlite.insert
+    stmt = dialect_insert(sessions).values(owner=owner, name=name, thread_id=thread_id, updated_ms=now_ms)
+    await conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=[sessions.c.owner, sessions.c.name],
+            set_={"thread_id": stmt.excluded.thread_id, "updated_ms": stmt.excluded.updated_ms},
+        )
+    )
