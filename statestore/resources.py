@@ -16,16 +16,16 @@ from statestore.clock import Clock, clock_from
 from statestore.config import Settings
 from statestore.metrics import Metrics
 from statestore.policy import Policy
-from statestore.responses.conversation_store import ConversationStore
-from statestore.responses.pg_statements import PgResponseStatements
-from statestore.responses.store import ResponseStore
 from statestore.responses.turns import ResponseTurns
 from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache, create_cache
+from statestore.store.conversation_store import ConversationStore
 from statestore.store.engine import create_engine
 from statestore.store.leased_log import LeasedLog
 from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.response_statements import PgResponseStatements
+from statestore.store.response_store import ResponseStore
 from statestore.store.retention_queries import RetentionQueries
 from statestore.store.thread_reads import ThreadQueries
 from statestore.store.thread_repository import ThreadRepository
@@ -172,7 +172,7 @@ async def build_resources(
             metrics=metrics,
             chat_upstream=chat_upstream,
             responses=ResponseTurns(
-                responses=ResponseStore(engine, pg_responses),
+                responses=ResponseStore(engine, leased_log, pg_responses),
                 conversations=ConversationStore(engine, leased_log, pg_responses),
                 cache=cache,
                 policies=policies,

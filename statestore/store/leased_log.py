@@ -1,6 +1,6 @@
 """The leased log: one conversation's turns, appended by one request at a time. Every kind of conversation is one
 (a thread, with or without a session name; a Responses conversation); a response chain has no lease, since a
-response may be continued any number of times, and its commit is an insert (store/response_writes.py).
+response may be continued any number of times, and its commit is an insert (store/response_commit.py).
 
 A turn takes the log's lease with one conditional update (no live lease, the log not expired, for a thread also
 the expected head), renews it while a long reply runs, and either commits (the commit checks the token, so a turn
@@ -23,6 +23,8 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.response_commit import commit_response
+from statestore.store.response_records import NewResponse
 from statestore.store.schema import conversations, sessions, threads
 from statestore.store.statement import CoreStatement, P, PgStatement, core_param
 from statestore.store.thread_commit import commit_thread_turn
@@ -275,6 +277,11 @@ class LeasedLog:
         """Append the turn's messages and move the head, atomically, if the turn still holds the lease; False (nothing
         changed) when it was lost."""
         return await commit_thread_turn(self._engine, self._pg, commit)
+
+    async def commit_response(self, new: NewResponse, token: str | None) -> bool:
+        """Store a Responses turn: on a conversation only if the turn still holds the lease `token`, else False
+        (nothing changed); a chained turn has no lease and is always stored."""
+        return await commit_response(self._engine, self._pg, new, token)
 
     async def _single_row(self, statement: CoreStatement[P], params: P) -> RowMapping | None:
         async with self._single.connect() as conn:

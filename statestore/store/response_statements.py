@@ -1,7 +1,7 @@
 """The Responses front door's hot path on PostgreSQL, below SQLAlchemy: the statements every turn runs, as asyncpg
 prepared statements on store/pg_hot_path.py's pools, each bound from its typed parameter object
 (store/statement.py). The conversation's lease is the leased log's (store/leased_log.py). SQLAlchemy Core keeps
-SQLite and every cold path (responses/store.py, conversation_store.py).
+SQLite and every cold path (store/response_store.py, conversation_store.py, response_commit.py).
 
 A turn's commit is one statement, one round trip, one durable flush: the response and its items; on a conversation,
 the conditional move of its position (the lease's check), the response and the items, which are stored once, in
@@ -16,8 +16,8 @@ from typing import Final
 
 import asyncpg
 
-from statestore.responses.items import StoredItem
 from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.response_records import StoredItem
 from statestore.store.statement import PgStatement
 
 
@@ -145,8 +145,8 @@ LOAD_CONVERSATION: Final = PgStatement(
     "SELECT kind, rendered FROM conversation_items WHERE conversation_id = :conversation_id ORDER BY position",
     durable=True,
 )
-# A chain rebuilt from the database (responses/store.py chain_context says how it is read): every member once, ahead
-# of its items, marked 'pointed' when its items are in its conversation.
+# A chain rebuilt from the database (store/response_store.py chain_segments says how it is read): every member
+# once, ahead of its items, marked 'pointed' when its items are in its conversation.
 CHAIN_CONTEXT: Final = PgStatement(
     OfResponse,
     """
@@ -195,14 +195,6 @@ class PgResponseStatements:
 
     async def get(self, get: GetResponse) -> asyncpg.Record | None:
         return await self._pg.fetchrow(GET_RESPONSE, get)
-
-    async def insert_response(self, insert: InsertResponse) -> None:
-        await self._pg.execute(INSERT_RESPONSE, insert)
-
-    async def commit_conversation_turn(self, commit: CommitConversationTurn) -> int | None:
-        """The turn's first position in the conversation, or None when the lease was lost (nothing stored)."""
-        start: int | None = await self._pg.fetchval(COMMIT_CONVERSATION_TURN, commit)
-        return start
 
     async def chain_rows(self, head_id: str) -> list[asyncpg.Record]:
         """(depth, kind, rendered) of the chain ending at `head_id`, as CHAIN_CONTEXT orders them."""

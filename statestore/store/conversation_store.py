@@ -3,29 +3,22 @@
 `next_position` is also the conversation's version: every change of its items moves it (a turn, an append, a
 deletion), so a cached context that records the position it was made at is current exactly when the position matches
 (responses/context.py). The lease, its renewal and release are the leased log's (store/leased_log.py); SQLAlchemy
-Core here, and on PostgreSQL the context read runs as an asyncpg prepared statement (responses/pg_statements.py)."""
+Core here, and on PostgreSQL the context read runs as an asyncpg prepared statement (store/response_statements.py).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NoReturn
 
 from sqlalchemy import ColumnElement, and_, delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statestore.responses.items import StoredItem, join_rendered
-from statestore.responses.pg_statements import PgResponseStatements
-from statestore.responses.store import item_rows
 from statestore.store.leased_log import CONVERSATIONS, LeasedLog, Release, Renew, TakeConversation
+from statestore.store.response_commit import item_rows
+from statestore.store.response_records import ConversationRow, StoredItem
+from statestore.store.response_statements import PgResponseStatements
 from statestore.store.schema import conversation_items, conversations
-
-
-@dataclass(frozen=True, slots=True)
-class ConversationRow:
-    id: str
-    metadata: bytes
-    created_ms: int
 
 
 class Locked(Exception):
@@ -130,16 +123,17 @@ class ConversationStore:
     async def release(self, conversation_id: str, token: str) -> None:
         await self.log.release(CONVERSATIONS, Release(log_id=conversation_id, token=token))
 
-    async def context(self, conversation_id: str) -> bytes:
+    async def context_items(self, conversation_id: str) -> list[tuple[str, bytes]]:
+        """The (kind, rendering) of every item, in order (responses/context.py joins them)."""
         if self._pg is not None:
-            return join_rendered(await self._pg.conversation_items(conversation_id))
+            return await self._pg.conversation_items(conversation_id)
         query = (
             select(conversation_items.c.kind, conversation_items.c.rendered)
             .where(conversation_items.c.conversation_id == conversation_id)
             .order_by(conversation_items.c.position)
         )
         async with self.engine.connect() as conn:
-            return join_rendered((row[0], row[1]) for row in (await conn.execute(query)).all())
+            return [(row[0], row[1]) for row in (await conn.execute(query)).all()]
 
     async def append(self, owner: str, conversation_id: str, items: Sequence[StoredItem], *, now_ms: int) -> None:
         """Append items unless a turn holds the conversation (Locked) or it does not exist (LookupError)."""
