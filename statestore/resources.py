@@ -117,9 +117,9 @@ async def build_resources(
         pg_hot_path = await PgHotPath.open(settings) if serving else None
         if pg_hot_path is not None:
             stack.push_async_callback(pg_hot_path.aclose)
-        repository = ThreadRepository(engine, single_statements, pg=pg_hot_path)
         # Both doors' turns take, renew, release and commit through one leased log, on the same pools.
         leased_log = LeasedLog(engine, single_statements, pg_hot_path)
+        repository = ThreadRepository(engine, single_statements, pg=pg_hot_path, log=leased_log)
         pg_responses = PgResponseStatements(pg_hot_path) if pg_hot_path is not None else None
         thread_cache: HistoryCache = cache
         if tracer is not None:

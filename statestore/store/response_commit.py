@@ -40,45 +40,77 @@ def item_rows(items: Sequence[StoredItem], first_position: int = 0) -> list[dict
     ]
 
 
-def _response_values(new: NewResponse) -> dict[str, Any]:
+def _chained(new: NewResponse) -> InsertResponse:
     parent = new.parent
-    values: dict[str, Any] = {
-        "id": new.id,
-        "owner": new.owner,
-        "tenant_id": new.tenant_id,
-        "metadata_user_id": new.metadata_user_id,
-        "parent_id": parent.id if parent else None,
-        "root_id": parent.root_id if parent else new.id,
-        "conversation_id": new.conversation_id,
-        "depth": parent.depth + 1 if parent else 0,
-        "chain_bytes": (parent.chain_bytes if parent else 0) + new.segment_bytes,
-        "body": new.body,
-        "created_ms": new.created_ms,
-        "expires_ms": new.expires_ms,
-    }
-    if new.conversation_id is not None:
-        values["input_count"], values["output_count"] = len(new.inputs), len(new.outputs)
-    return values
+    item_ids, bodies, kinds, rendered = item_arrays([*new.inputs, *new.outputs])
+    return InsertResponse(
+        id=new.id,
+        owner=new.owner,
+        tenant_id=new.tenant_id,
+        metadata_user_id=new.metadata_user_id,
+        parent_id=parent.id if parent else None,
+        root_id=parent.root_id if parent else new.id,
+        depth=parent.depth + 1 if parent else 0,
+        chain_bytes=(parent.chain_bytes if parent else 0) + new.segment_bytes,
+        body=new.body,
+        created_ms=new.created_ms,
+        expires_ms=new.expires_ms,
+        inputs=len(new.inputs),
+        item_ids=item_ids,
+        bodies=bodies,
+        kinds=kinds,
+        rendered=rendered,
+    )
+
+
+def _on_conversation(new: NewResponse, conversation_id: str, token: str | None) -> CommitConversationTurn:
+    """A conversation's turn is a chain's root (a turn has a conversation or a previous response, not both)."""
+    item_ids, bodies, kinds, rendered = item_arrays([*new.inputs, *new.outputs])
+    return CommitConversationTurn(
+        id=new.id,
+        owner=new.owner,
+        tenant_id=new.tenant_id,
+        metadata_user_id=new.metadata_user_id,
+        conversation_id=conversation_id,
+        token=token,
+        chain_bytes=new.segment_bytes,
+        body=new.body,
+        created_ms=new.created_ms,
+        expires_ms=new.expires_ms,
+        count=len(item_ids),
+        inputs=len(new.inputs),
+        item_ids=item_ids,
+        bodies=bodies,
+        kinds=kinds,
+        rendered=rendered,
+    )
 
 
 async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewResponse, token: str | None) -> bool:
     """Store a completed turn at once. On a conversation its items are appended there (only there) and the lease
-    `token` released with them; False when the lease was lost (nothing stored)."""
-    if pg is not None:
-        return await _pg_commit(pg, new, token)
-    async with engine.begin() as conn:
-        if new.conversation_id is None:
-            await _insert_chained(conn, new)
+    `token` released with them; False when the lease was lost (nothing stored). Both dialects bind from the one
+    parameter object of the statement."""
+    if new.conversation_id is None:
+        chained = _chained(new)
+        if pg is not None:
+            await pg.execute(INSERT_RESPONSE, chained)
             return True
-        count = len(new.inputs) + len(new.outputs)
+        async with engine.begin() as conn:
+            await _insert_chained(conn, chained)
+        return True
+    turn = _on_conversation(new, new.conversation_id, token)
+    if pg is not None:
+        # The turn's first position in the conversation, or no row when the lease was lost.
+        return await pg.fetchval(COMMIT_CONVERSATION_TURN, turn) is not None
+    async with engine.begin() as conn:
         claimed = await conn.execute(
             update(conversations)
-            .where(conversations.c.id == new.conversation_id, conversations.c.lease_token == token)
+            .where(conversations.c.id == turn.conversation_id, conversations.c.lease_token == turn.token)
             .values(
-                next_position=conversations.c.next_position + count,
+                next_position=conversations.c.next_position + turn.count,
                 lease_token=None,
                 lease_expires_ms=None,
-                expires_ms=new.expires_ms,
+                expires_ms=turn.expires_ms,
             )
             .returning(conversations.c.next_position)
         )
@@ -86,69 +118,77 @@ async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewRes
         if end is None:
             await conn.rollback()
             return False
-        await conn.execute(insert(responses).values(**_response_values(new), conversation_position=end - count))
-        rows = item_rows([*new.inputs, *new.outputs], end - count)
+        start = end - turn.count
         await conn.execute(
-            insert(conversation_items), [{**row, "conversation_id": new.conversation_id} for row in rows]
+            insert(responses).values(
+                id=turn.id,
+                owner=turn.owner,
+                tenant_id=turn.tenant_id,
+                metadata_user_id=turn.metadata_user_id,
+                parent_id=None,
+                root_id=turn.id,
+                conversation_id=turn.conversation_id,
+                conversation_position=start,
+                input_count=turn.inputs,
+                output_count=turn.count - turn.inputs,
+                depth=0,
+                chain_bytes=turn.chain_bytes,
+                body=turn.body,
+                created_ms=turn.created_ms,
+                expires_ms=turn.expires_ms,
+            )
+        )
+        await conn.execute(
+            insert(conversation_items),
+            [
+                {
+                    "conversation_id": turn.conversation_id,
+                    "position": start + i,
+                    "item_id": item_id,
+                    "body": body,
+                    "kind": kind,
+                    "rendered": rendered,
+                }
+                for i, (item_id, body, kind, rendered) in enumerate(
+                    zip(turn.item_ids, turn.bodies, turn.kinds, turn.rendered, strict=True)
+                )
+            ],
         )
     return True
 
 
-async def _insert_chained(conn: AsyncConnection, new: NewResponse) -> None:
-    """A turn not on a conversation: the response and its own items."""
-    await conn.execute(insert(responses).values(**_response_values(new)))
-    rows = [{**row, "is_output": False} for row in item_rows(new.inputs)]
-    rows += [{**row, "is_output": True} for row in item_rows(new.outputs, len(new.inputs))]
-    await conn.execute(insert(response_items), [{**row, "response_id": new.id} for row in rows])
-
-
-async def _pg_commit(pg: PgHotPath, new: NewResponse, token: str | None) -> bool:
-    items = [*new.inputs, *new.outputs]
-    item_ids, bodies, kinds, rendered = item_arrays(items)
-    if new.conversation_id is None:
-        parent = new.parent
-        await pg.execute(
-            INSERT_RESPONSE,
-            InsertResponse(
-                id=new.id,
-                owner=new.owner,
-                tenant_id=new.tenant_id,
-                metadata_user_id=new.metadata_user_id,
-                parent_id=parent.id if parent else None,
-                root_id=parent.root_id if parent else new.id,
-                depth=parent.depth + 1 if parent else 0,
-                chain_bytes=(parent.chain_bytes if parent else 0) + new.segment_bytes,
-                body=new.body,
-                created_ms=new.created_ms,
-                expires_ms=new.expires_ms,
-                inputs=len(new.inputs),
-                item_ids=item_ids,
-                bodies=bodies,
-                kinds=kinds,
-                rendered=rendered,
-            ),
+async def _insert_chained(conn: AsyncConnection, chained: InsertResponse) -> None:
+    """A turn not on a conversation: the response and its own items, inputs first."""
+    await conn.execute(
+        insert(responses).values(
+            id=chained.id,
+            owner=chained.owner,
+            tenant_id=chained.tenant_id,
+            metadata_user_id=chained.metadata_user_id,
+            parent_id=chained.parent_id,
+            root_id=chained.root_id,
+            conversation_id=None,
+            depth=chained.depth,
+            chain_bytes=chained.chain_bytes,
+            body=chained.body,
+            created_ms=chained.created_ms,
+            expires_ms=chained.expires_ms,
         )
-        return True
-    # The turn's first position in the conversation, or no row when the lease was lost.
-    start = await pg.fetchval(
-        COMMIT_CONVERSATION_TURN,
-        CommitConversationTurn(
-            id=new.id,
-            owner=new.owner,
-            tenant_id=new.tenant_id,
-            metadata_user_id=new.metadata_user_id,
-            conversation_id=new.conversation_id,
-            token=token,
-            chain_bytes=new.segment_bytes,
-            body=new.body,
-            created_ms=new.created_ms,
-            expires_ms=new.expires_ms,
-            count=len(items),
-            inputs=len(new.inputs),
-            item_ids=item_ids,
-            bodies=bodies,
-            kinds=kinds,
-            rendered=rendered,
-        ),
     )
-    return start is not None
+    await conn.execute(
+        insert(response_items),
+        [
+            {
+                "response_id": chained.id,
+                "position": i,
+                "is_output": i >= chained.inputs,
+                "item_id": item_id,
+                "body": body,
+                "kind": kind,
+                "rendered": rendered,
+            }
+            for i, (item_id, body, kind, rendered) in enumerate(
+                zip(chained.item_ids, chained.bodies, chained.kinds, chained.rendered, strict=True)
+            )
+        ],
+    )

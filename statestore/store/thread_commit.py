@@ -72,6 +72,12 @@ class CommitThreadTurn:
         day, shard = usage_key(commit)
         move = commit.move
         usage = commit.usage
+        if move is None:
+            moved, base_position, base_bytes, head, compacted, truncated, summarized = False, 0, 0, None, 0, 0, 0
+        else:
+            moved, base_position, base_bytes, head = True, move.base_position, move.base_bytes, move.head
+            compacted, truncated = move.count("compacted"), move.count("truncated")
+            summarized = move.count("summarized")
         return cls(
             thread_id=commit.thread_id,
             token=commit.lease_token,
@@ -92,13 +98,13 @@ class CommitThreadTurn:
             day=day,
             shard=shard,
             context_tokens=commit.context_tokens,
-            moved=move is not None,
-            base_position=move.base_position if move is not None else 0,
-            base_bytes=move.base_bytes if move is not None else 0,
-            context_head=move.head if move is not None else None,
-            compacted=move.count("compacted") if move is not None else 0,
-            truncated=move.count("truncated") if move is not None else 0,
-            summarized=move.count("summarized") if move is not None else 0,
+            moved=moved,
+            base_position=base_position,
+            base_bytes=base_bytes,
+            context_head=head,
+            compacted=compacted,
+            truncated=truncated,
+            summarized=summarized,
             model=commit.model,
             max_tokens=commit.max_tokens,
         )
@@ -152,36 +158,36 @@ FROM moved, unnest(:positions::integer[], :bodies::bytea[], :response_ids::varch
 
 
 async def commit_thread_turn(engine: AsyncEngine, pg: PgHotPath | None, commit: TurnCommit) -> bool:
-    """True when stored; False when the turn no longer held the lease (nothing changed)."""
+    """True when stored; False when the turn no longer held the lease (nothing changed). Both dialects bind from
+    the one CommitThreadTurn."""
+    params = CommitThreadTurn.of(commit)
     if pg is not None and commit.rebind_session is None:
         # No row inserted means the lease was lost and nothing changed.
-        return affected(await pg.execute(PG_COMMIT_THREAD_TURN, CommitThreadTurn.of(commit))) == len(commit.rows)
+        return affected(await pg.execute(PG_COMMIT_THREAD_TURN, params)) == len(params.positions)
     postgres = engine.dialect.name == "postgresql"
-    added_bytes = sum(len(body) for body, _ in commit.rows)
     async with engine.begin() as conn:
         moved = await conn.execute(
             update(threads)
-            .where(threads.c.id == commit.thread_id, threads.c.lease_token == commit.lease_token)
+            .where(threads.c.id == params.thread_id, threads.c.lease_token == params.token)
             .values(
-                head_message_id=commit.head_message_id,
-                head_position=threads.c.head_position + len(commit.rows),
-                byte_count=threads.c.byte_count + added_bytes,
+                head_message_id=params.head_message_id,
+                head_position=threads.c.head_position + len(params.positions),
+                byte_count=threads.c.byte_count + params.added_bytes,
                 turn_count=threads.c.turn_count + 1,
-                usage_input_tokens=threads.c.usage_input_tokens + commit.usage.input_tokens,
-                usage_output_tokens=threads.c.usage_output_tokens + commit.usage.output_tokens,
+                usage_input_tokens=threads.c.usage_input_tokens + params.input_tokens,
+                usage_output_tokens=threads.c.usage_output_tokens + params.output_tokens,
                 usage_cache_creation_input_tokens=threads.c.usage_cache_creation_input_tokens
-                + commit.usage.cache_creation_input_tokens,
-                usage_cache_read_input_tokens=threads.c.usage_cache_read_input_tokens
-                + commit.usage.cache_read_input_tokens,
+                + params.cache_creation_input_tokens,
+                usage_cache_read_input_tokens=threads.c.usage_cache_read_input_tokens + params.cache_read_input_tokens,
                 lease_token=None,
                 lease_expires_ms=None,
-                ttl_seconds=commit.ttl_seconds,
-                updated_ms=commit.now_ms,
-                expires_ms=commit.expires_ms,
-                metadata_user_id=func.coalesce(threads.c.metadata_user_id, commit.metadata_user_id),
-                **_context_values(commit),
-                last_model=commit.model,
-                last_max_tokens=commit.max_tokens,
+                ttl_seconds=params.ttl_seconds,
+                updated_ms=params.now_ms,
+                expires_ms=params.expires_ms,
+                metadata_user_id=func.coalesce(threads.c.metadata_user_id, params.metadata_user_id),
+                **_context_values(params),
+                last_model=params.model,
+                last_max_tokens=params.max_tokens,
             )
         )
         if moved.rowcount != 1:
@@ -191,41 +197,41 @@ async def commit_thread_turn(engine: AsyncEngine, pg: PgHotPath | None, commit: 
             insert(thread_messages),
             [
                 {
-                    "thread_id": commit.thread_id,
-                    "position": commit.start_position + offset,
+                    "thread_id": params.thread_id,
+                    "position": position,
                     "body": body,
                     "response_id": response_id,
-                    "backend_id": commit.reply_backend_id if response_id is not None else None,
+                    "backend_id": backend_id,
                 }
-                for offset, (body, response_id) in enumerate(commit.rows)
+                for position, body, response_id, backend_id in zip(
+                    params.positions, params.bodies, params.response_ids, params.backend_ids, strict=True
+                )
             ],
         )
-        await _count_usage(conn, commit, added_bytes, postgres=postgres)
+        await _count_usage(conn, params, postgres=postgres)
         if commit.rebind_session is not None:
-            await _rebind_session(conn, commit.rebind_session, commit.thread_id, commit.now_ms, postgres=postgres)
+            await _rebind_session(conn, commit.rebind_session, params.thread_id, params.now_ms, postgres=postgres)
     return True
 
 
-def _context_values(commit: TurnCommit) -> dict[str, Any]:
-    move = commit.move
-    values: dict[str, Any] = {"context_tokens": commit.context_tokens}
-    if move is not None:
+def _context_values(params: CommitThreadTurn) -> dict[str, Any]:
+    values: dict[str, Any] = {"context_tokens": params.context_tokens}
+    if params.moved:
         values |= {
-            "base_position": move.base_position,
-            "base_bytes": move.base_bytes,
-            "context_head": move.head,
-            "context_compacted": threads.c.context_compacted + move.count("compacted"),
-            "context_truncated": threads.c.context_truncated + move.count("truncated"),
-            "context_summarized": threads.c.context_summarized + move.count("summarized"),
+            "base_position": params.base_position,
+            "base_bytes": params.base_bytes,
+            "context_head": params.context_head,
+            "context_compacted": threads.c.context_compacted + params.compacted,
+            "context_truncated": threads.c.context_truncated + params.truncated,
+            "context_summarized": threads.c.context_summarized + params.summarized,
         }
     return values
 
 
-async def _count_usage(conn: AsyncConnection, commit: TurnCommit, added_bytes: int, *, postgres: bool) -> None:
+async def _count_usage(conn: AsyncConnection, params: CommitThreadTurn, *, postgres: bool) -> None:
     """The day's counters, in the commit's transaction (PostgreSQL's one-statement commit does this in a CTE)."""
-    day, shard = usage_key(commit)
     dialect_insert = postgresql.insert if postgres else sqlite.insert
-    stmt = dialect_insert(daily_usage).values(day=day, shard=shard, turns=1, bytes=added_bytes)
+    stmt = dialect_insert(daily_usage).values(day=params.day, shard=params.shard, turns=1, bytes=params.added_bytes)
     await conn.execute(
         stmt.on_conflict_do_update(
             index_elements=[daily_usage.c.day, daily_usage.c.shard],

@@ -55,16 +55,22 @@ ORDER BY 1
 
 class ThreadRepository:
     def __init__(
-        self, engine: AsyncEngine, single_statements: AsyncEngine | None = None, *, pg: PgHotPath | None = None
+        self,
+        engine: AsyncEngine,
+        single_statements: AsyncEngine | None = None,
+        *,
+        pg: PgHotPath | None = None,
+        log: LeasedLog | None = None,
     ) -> None:
         """`single_statements`: an engine in AUTOCOMMIT for the statements that are atomic by themselves, so they run
         without BEGIN/COMMIT round trips (its own pool: switching a pooled connection's isolation level on every
-        checkout costs more than the statement). `pg`: PostgreSQL's hot statements on asyncpg."""
+        checkout costs more than the statement). `pg`: PostgreSQL's hot statements on asyncpg. `log`: the leased log
+        the Responses door shares, else one on the same engines."""
         self.engine = engine
         self._is_postgres = engine.dialect.name == "postgresql"
         self._single = single_statements or engine.execution_options(isolation_level="AUTOCOMMIT")
         self._pg = pg
-        self.log = LeasedLog(engine, self._single, pg)
+        self.log = log or LeasedLog(engine, self._single, pg)
 
     async def acquire_by_response(
         self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
