@@ -16,19 +16,20 @@ from statestore.clock import Clock, clock_from
 from statestore.config import Settings
 from statestore.metrics import Metrics
 from statestore.policy import Policy
-from statestore.responses.conversation_store import ConversationStore
-from statestore.responses.pg_statements import PgResponseStatements
-from statestore.responses.store import ResponseStore
 from statestore.responses.turns import ResponseTurns
 from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache, create_cache
+from statestore.store.conversation_store import ConversationStore
 from statestore.store.engine import create_engine
-from statestore.store.pg_turns import PgTurnStatements
+from statestore.store.leased_log import LeasedLog
+from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.response_statements import PgResponseStatements
+from statestore.store.response_store import ResponseStore
 from statestore.store.retention_queries import RetentionQueries
 from statestore.store.thread_reads import ThreadQueries
+from statestore.store.thread_repository import ThreadRepository
 from statestore.store.thread_store import ThreadStore
-from statestore.store.turn_writes import ThreadRepository
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.service import ThreadService
 from statestore.threads.summary import BackendSummaries
@@ -92,7 +93,7 @@ async def build_resources(
         engine = create_engine(settings, pool_size=pool_size)
         stack.push_async_callback(engine.dispose)
         postgres = settings.database_url.startswith("postgresql")
-        # On PostgreSQL the hot single statements run on asyncpg (store/pg_turns.py): this engine keeps the cold ones.
+        # On PostgreSQL the hot statements run on asyncpg (store/pg_hot_path.py): this engine keeps the cold ones.
         single_size = max(2, (pool_size or settings.database_pool_size) // 4) if postgres else pool_size
         single_statements = create_engine(settings, autocommit=True, pool_size=single_size)
         stack.push_async_callback(single_statements.dispose)
@@ -115,12 +116,13 @@ async def build_resources(
             metrics=metrics,
         )
         stack.push_async_callback(chat_upstream.aclose)
-        pg_statements = await PgTurnStatements.open(settings) if serving else None
-        if pg_statements is not None:
-            stack.push_async_callback(pg_statements.aclose)
-        repository: ThreadStore = ThreadRepository(engine, single_statements, pg=pg_statements)
-        # The Responses front door's hot statements share the threads' pools (responses/pg_statements.py).
-        pg_responses = PgResponseStatements(pg_statements) if pg_statements is not None else None
+        pg_hot_path = await PgHotPath.open(settings) if serving else None
+        if pg_hot_path is not None:
+            stack.push_async_callback(pg_hot_path.aclose)
+        # Both doors' turns take, renew, release and commit through one leased log, on the same pools.
+        leased_log = LeasedLog(engine, single_statements, pg_hot_path)
+        repository: ThreadStore = ThreadRepository(engine, single_statements, pg=pg_hot_path, log=leased_log)
+        pg_responses = PgResponseStatements(pg_hot_path) if pg_hot_path is not None else None
         thread_cache: HistoryCache = cache
         if tracer is not None:
             # Only when tracing is on: the same objects, each call inside a span (statestore/traced.py).
@@ -173,8 +175,8 @@ async def build_resources(
             metrics=metrics,
             chat_upstream=chat_upstream,
             responses=ResponseTurns(
-                responses=ResponseStore(engine, pg_responses),
-                conversations=ConversationStore(engine, pg_responses),
+                responses=ResponseStore(engine, leased_log, pg_responses),
+                conversations=ConversationStore(engine, leased_log, pg_responses),
                 cache=cache,
                 policies=policies,
                 clock=clock,

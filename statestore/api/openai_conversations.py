@@ -15,11 +15,12 @@ from statestore.api.responses import bytes_response
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
 from statestore.responses.context import conversation_cache_key
-from statestore.responses.conversation_store import ConversationRow, Locked
 from statestore.responses.errors import BadRequest, NotFound, conversation_locked, conversation_not_found
 from statestore.responses.ids import looks_like, new_id
 from statestore.responses.items import normalise_input, stored
 from statestore.responses.request import read_metadata
+from statestore.store.conversation_store import Locked
+from statestore.store.response_records import ConversationRow
 
 router = APIRouter(tags=["conversations"], responses=schemas.ERRORS)
 MAX_ITEMS_PER_REQUEST = 20

@@ -9,11 +9,12 @@ from dataclasses import dataclass
 import orjson
 
 from statestore.policy import Policy
-from statestore.responses.conversation_store import ConversationStore
 from statestore.responses.errors import previous_response_not_found
-from statestore.responses.items import StoredItem, join_segments
-from statestore.responses.store import ResponseRow, ResponseStore
+from statestore.responses.items import join_rendered, join_segments
 from statestore.store.cache import CachedHistory, CacheKey, HistoryCache, conversation_key, response_key
+from statestore.store.conversation_store import ConversationStore
+from statestore.store.response_records import ResponseRow, StoredItem
+from statestore.store.response_store import ResponseStore
 
 
 def cache_key(response_id: str) -> CacheKey:
@@ -42,10 +43,10 @@ async def chain_context(store: ResponseStore, head: ResponseRow, cached: CachedH
     stored bytes."""
     if cached is not None:
         return cached.joined
-    joined = await store.chain_context(head)
-    if joined is None:
+    segments = await store.chain_segments(head)
+    if segments is None:
         raise previous_response_not_found(head.id)
-    return joined
+    return join_segments(join_rendered(segment) for segment in segments)
 
 
 async def remember_head(
@@ -84,7 +85,7 @@ async def conversation_context(
     the position), else a join from the database. A miss is not written back: the turn's commit writes the entry."""
     if cached is not None and cached.count == position and cached.version is None:
         return cached.joined
-    return await store.context(conversation_id)
+    return join_rendered(await store.context_items(conversation_id))
 
 
 async def remember_conversation(

@@ -9,27 +9,17 @@ nothing (reasoning is stored and returned, never sent).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from statestore.responses.errors import BadRequest
 from statestore.responses.ids import new_id
-
-Kind = Literal["message", "call", "none"]
+from statestore.store.response_records import Kind, StoredItem
 
 _ROLES = frozenset({"user", "system", "developer", "assistant"})
 _ITEM_STATUSES = frozenset({"in_progress", "completed", "incomplete"})
 MAX_TEXT_CHARS = 10 * 1024 * 1024
-
-
-@dataclass(frozen=True, slots=True)
-class StoredItem:
-    item_id: str
-    body: bytes  # the item's Responses JSON
-    kind: Kind
-    rendered: bytes  # Chat Completions bytes (see the module docstring)
 
 
 def _bad(message: str, param: str) -> BadRequest:

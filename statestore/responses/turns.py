@@ -25,7 +25,6 @@ from statestore.responses.context import (
     remember_head,
     truncated,
 )
-from statestore.responses.conversation_store import ConversationStore, Locked
 from statestore.responses.errors import (
     BadRequest,
     conversation_locked,
@@ -33,11 +32,13 @@ from statestore.responses.errors import (
     previous_response_not_found,
 )
 from statestore.responses.ids import looks_like, new_id
-from statestore.responses.items import StoredItem, join_rendered, stored
+from statestore.responses.items import join_rendered, stored
 from statestore.responses.reply import response_object
 from statestore.responses.request import TurnRequest, chat_body
-from statestore.responses.store import NewResponse, ResponseRow, ResponseStore
 from statestore.store.cache import HistoryCache
+from statestore.store.conversation_store import ConversationStore, Locked
+from statestore.store.response_records import NewResponse, ResponseRow, StoredItem
+from statestore.store.response_store import ResponseStore
 from statestore.threads.ids import new_lease_token
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
@@ -247,17 +248,19 @@ class ResponseTurns:
             outputs=outputs,
         )
         self._stop_keeper(prepared)
-        position = await self.responses.commit(new, conversation_lease=prepared.lease)
+        committed = await self.responses.commit(new, conversation_lease=prepared.lease)
         prepared.done = True
-        self._count(prepared, "not_stored" if position is None else "stored")
-        if position is None:
+        self._count(prepared, "stored" if committed else "not_stored")
+        if not committed:
             return False
         if turn.conversation_id is not None:
             await remember_conversation(
                 self.cache,
                 turn.conversation_id,
                 leased_at=prepared.position,
-                position=position,
+                # Exactly where the commit left it: while the lease was held nothing else could move the position
+                # (an append or a deletion takes only a free lease over, and clears it, so the commit then fails).
+                position=prepared.position + len(new.inputs) + len(new.outputs),
                 hit=prepared.cache_hit,
                 context=prepared.context,
                 added=[*prepared.inputs, *outputs],

@@ -1,4 +1,4 @@
-"""The connections of PostgreSQL's hot statements (statestore/store/pg_turns.py): a pool that only lends and takes back.
+"""The connections of PostgreSQL's hot statements (store/pg_hot_path.py): a pool that only lends and takes back.
 
 asyncpg's own pool spends 30-40 us of CPU per acquire and release (a task per release, its bookkeeping), more than
 a prepared statement's execution costs the client; a turn takes two. These statements keep no session state (no

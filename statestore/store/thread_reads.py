@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.store.schema import sessions, thread_messages, threads
-from statestore.store.turn_writes import TurnUsage
+from statestore.store.turn_records import TurnUsage
 
 
 @dataclass(frozen=True, slots=True)

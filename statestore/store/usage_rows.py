@@ -1,7 +1,7 @@
 """The daily_usage row each stored turn adds to, in the turn's own transaction (the console's charts, GET
 /admin/v1/usage): its key, and the Core statement for SQLite and PostgreSQL's cold paths. PostgreSQL's one-statement
-commits (store/pg_turns.py, responses/pg_statements.py) embed the same upsert as a CTE; it conflicts on (day, shard)
-alone, since a shard belongs to one door."""
+commits (store/thread_commit.py, store/response_statements.py) embed the same upsert as a CTE; it conflicts on
+(day, shard) alone, since a shard belongs to one door."""
 
 from __future__ import annotations
 
@@ -26,9 +26,8 @@ def usage_key(door: Door, now_ms: int, spread_by: str) -> tuple[int, int]:
     return now_ms // DAY_MS, DOORS.index(door) * USAGE_SHARDS + zlib.crc32(spread_by.encode()) % USAGE_SHARDS
 
 
-def count_usage(*, is_postgres: bool, door: Door, now_ms: int, spread_by: str, added_bytes: int) -> Insert:
-    """The upsert of one stored turn into its day's row, for a Core transaction."""
-    day, shard = usage_key(door, now_ms, spread_by)
+def count_usage(*, is_postgres: bool, door: Door, day: int, shard: int, added_bytes: int) -> Insert:
+    """The upsert of one stored turn into its day's row (`usage_key`), for a Core transaction."""
     dialect_insert = postgresql.insert if is_postgres else sqlite.insert
     stmt = dialect_insert(daily_usage).values(day=day, shard=shard, door=door, turns=1, bytes=added_bytes)
     return stmt.on_conflict_do_update(

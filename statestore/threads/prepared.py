@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from statestore.store.turn_writes import TurnUsage
+from statestore.store.turn_records import TurnUsage
 from statestore.threads.context_step import ContextStep
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.turn import ThreadTurn

@@ -16,7 +16,7 @@ from statestore.errors import (
     ThreadUnsupportedRequest,
 )
 from statestore.policy import Policy
-from statestore.store.turn_writes import ContinueRefusal, LeasedThread
+from statestore.store.turn_records import ContinueRefusal, LeasedThread
 from statestore.threads import assembly
 from statestore.threads.turn import ThreadTurn
 

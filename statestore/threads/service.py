@@ -28,7 +28,7 @@ from statestore.policy import Policy
 from statestore.store.cache import CachedHistory, HistoryCache, thread_key
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 from statestore.store.thread_store import ThreadStore
-from statestore.store.turn_writes import LeasedThread, NewThread, TurnCommit
+from statestore.store.turn_records import LeasedThread, NewThread, TurnCommit
 from statestore.threads import assembly, context_step, rules
 from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response

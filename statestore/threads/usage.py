@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from statestore.store.turn_writes import TurnUsage
+from statestore.store.turn_records import TurnUsage
 
 
 def _count(usage: dict[str, Any], key: str) -> int:

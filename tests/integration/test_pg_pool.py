@@ -9,8 +9,8 @@ import asyncio
 import asyncpg
 import pytest
 
+from statestore.store.pg_hot_path import asyncpg_dsn
 from statestore.store.pg_pool import LeanPool
-from statestore.store.pg_turns import asyncpg_dsn
 
 
 @pytest.fixture

@@ -27,8 +27,9 @@ from statestore.metrics import Metrics
 from statestore.policy import Policy
 from statestore.store.engine import create_engine
 from statestore.store.memory_cache import MemoryHistoryCache
-from statestore.store.pg_turns import PgTurnStatements
-from statestore.store.turn_writes import ThreadRepository, TurnUsage
+from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.thread_repository import ThreadRepository
+from statestore.store.turn_records import TurnUsage
 from statestore.threads import assembly
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.prepared import CompletedReply, PreparedTurn
@@ -97,7 +98,7 @@ async def service(database_url: str) -> AsyncIterator[ThreadService]:
     settings = Settings(database_url=database_url)
     engine = create_engine(settings)
     single = create_engine(settings, autocommit=True)
-    pg = await PgTurnStatements.open(settings)
+    pg = await PgHotPath.open(settings)
     try:
         yield ThreadService(
             repository=ThreadRepository(engine, single, pg=pg),

@@ -5,8 +5,8 @@ chain's conversation is never served."""
 from __future__ import annotations
 
 from statestore.responses.context import cached_chain
-from statestore.responses.store import ResponseRow
 from statestore.store.cache import CachedHistory
+from statestore.store.response_records import ResponseRow
 
 
 def row(depth: int, version: int | None) -> ResponseRow:

@@ -2,29 +2,23 @@
 
 `next_position` is also the conversation's version: every change of its items moves it (a turn, an append, a
 deletion), so a cached context that records the position it was made at is current exactly when the position matches
-(responses/context.py). SQLAlchemy Core here; on PostgreSQL the lease, its renewal and release, and the context read
-run as asyncpg prepared statements (responses/pg_statements.py)."""
+(responses/context.py). The lease, its renewal and release are the leased log's (store/leased_log.py); SQLAlchemy
+Core here, and on PostgreSQL the context read runs as an asyncpg prepared statement (store/response_statements.py).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import NoReturn
 
 from sqlalchemy import ColumnElement, and_, delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statestore.responses.items import StoredItem, join_rendered
-from statestore.responses.pg_statements import PgResponseStatements
-from statestore.responses.store import item_rows
+from statestore.store.leased_log import CONVERSATIONS, LeasedLog, Release, Renew, TakeConversation
+from statestore.store.response_commit import item_rows
+from statestore.store.response_records import ConversationRow, StoredItem
+from statestore.store.response_statements import PgResponseStatements
 from statestore.store.schema import conversation_items, conversations
-
-
-@dataclass(frozen=True, slots=True)
-class ConversationRow:
-    id: str
-    metadata: bytes
-    created_ms: int
 
 
 class Locked(Exception):
@@ -32,8 +26,9 @@ class Locked(Exception):
 
 
 class ConversationStore:
-    def __init__(self, engine: AsyncEngine, pg: PgResponseStatements | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, log: LeasedLog, pg: PgResponseStatements | None = None) -> None:
         self.engine = engine
+        self.log = log
         self._pg = pg
 
     @staticmethod
@@ -104,22 +99,14 @@ class ConversationStore:
     async def lease(self, owner: str, conversation_id: str, *, token: str, now_ms: int, until_ms: int) -> int:
         """Take the conversation for one turn and return its next position; raises Locked, or LookupError when there
         is no such conversation."""
-        if self._pg is not None:
-            position = await self._pg.lease(owner, conversation_id, token, now_ms, until_ms)
-            if position is not None:
-                return position
-            await self._refuse(owner, conversation_id, now_ms)
-        async with self.engine.begin() as conn:
-            taken = await conn.execute(
-                update(conversations)
-                .where(*self._mine(owner, conversation_id, now_ms), self._free(now_ms))
-                .values(lease_token=token, lease_expires_ms=until_ms)
-                .returning(conversations.c.next_position)
+        position = await self.log.take_conversation(
+            TakeConversation(
+                conversation_id=conversation_id, owner=owner, now_ms=now_ms, token=token, until_ms=until_ms
             )
-            position = taken.scalar_one_or_none()
+        )
         if position is None:
             await self._refuse(owner, conversation_id, now_ms)
-        return int(position)
+        return position
 
     async def _refuse(self, owner: str, conversation_id: str, now_ms: int) -> NoReturn:
         """Why the conversation could not be taken: Locked, or LookupError. Only on the refusal path."""
@@ -131,37 +118,22 @@ class ConversationStore:
 
     async def renew(self, conversation_id: str, token: str, *, until_ms: int) -> bool:
         """Extend a turn's lease; False when it was lost."""
-        if self._pg is not None:
-            return await self._pg.renew(conversation_id, token, until_ms)
-        async with self.engine.begin() as conn:
-            renewed = await conn.execute(
-                update(conversations)
-                .where(conversations.c.id == conversation_id, conversations.c.lease_token == token)
-                .values(lease_expires_ms=until_ms)
-            )
-        return renewed.rowcount > 0
+        return await self.log.renew(CONVERSATIONS, Renew(log_id=conversation_id, token=token, until_ms=until_ms))
 
     async def release(self, conversation_id: str, token: str) -> None:
-        if self._pg is not None:
-            await self._pg.release(conversation_id, token)
-            return
-        async with self.engine.begin() as conn:
-            await conn.execute(
-                update(conversations)
-                .where(conversations.c.id == conversation_id, conversations.c.lease_token == token)
-                .values(lease_token=None, lease_expires_ms=None)
-            )
+        await self.log.release(CONVERSATIONS, Release(log_id=conversation_id, token=token))
 
-    async def context(self, conversation_id: str) -> bytes:
+    async def context_items(self, conversation_id: str) -> list[tuple[str, bytes]]:
+        """The (kind, rendering) of every item, in order (responses/context.py joins them)."""
         if self._pg is not None:
-            return join_rendered(await self._pg.conversation_items(conversation_id))
+            return await self._pg.conversation_items(conversation_id)
         query = (
             select(conversation_items.c.kind, conversation_items.c.rendered)
             .where(conversation_items.c.conversation_id == conversation_id)
             .order_by(conversation_items.c.position)
         )
         async with self.engine.connect() as conn:
-            return join_rendered((row[0], row[1]) for row in (await conn.execute(query)).all())
+            return [(row[0], row[1]) for row in (await conn.execute(query)).all()]
 
     async def append(self, owner: str, conversation_id: str, items: Sequence[StoredItem], *, now_ms: int) -> None:
         """Append items unless a turn holds the conversation (Locked) or it does not exist (LookupError)."""

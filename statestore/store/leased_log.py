@@ -1,0 +1,289 @@
+"""The leased log: one conversation's turns, appended by one request at a time. Every kind of conversation is one
+(a thread, with or without a session name; a Responses conversation); a response chain has no lease, since a
+response may be continued any number of times, and its commit is an insert (store/response_commit.py).
+
+A turn takes the log's lease with one conditional update (no live lease, the log not expired, for a thread also
+the expected head), renews it while a long reply runs, and either commits (the commit checks the token, so a turn
+whose lease ran out and was taken over stores nothing) or releases it. A lost lease is the same in every log:
+`renew` and `commit` return False, having changed nothing. A log that cannot be taken is None from `take_*`; why is
+asked apart, on the refusal path only.
+
+SQLAlchemy Core for SQLite; on PostgreSQL the same statements as asyncpg prepared statements (store/pg_hot_path.py),
+each bound from the same typed parameter object (store/statement.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from sqlalchemy import Table, func, or_, select, update
+from sqlalchemy.engine import RowMapping
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.response_commit import commit_response
+from statestore.store.response_records import NewResponse
+from statestore.store.schema import conversations, sessions, threads
+from statestore.store.statement import CoreStatement, P, PgStatement, core_param
+from statestore.store.thread_commit import commit_thread_turn
+from statestore.store.turn_records import LeasedThread, TurnCommit
+
+# -- the parameters of each lease statement ------------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class TakeThreadByResponse:
+    thread_id: str
+    owner: str
+    head_message_id: str
+    now_ms: int
+    token: str
+    until_ms: int
+
+
+@dataclass(slots=True, kw_only=True)
+class TakeThreadBySession:
+    owner: str
+    session: str
+    now_ms: int
+    token: str
+    until_ms: int
+
+
+@dataclass(slots=True, kw_only=True)
+class TakeConversation:
+    conversation_id: str
+    owner: str
+    now_ms: int
+    token: str
+    until_ms: int
+
+
+@dataclass(slots=True, kw_only=True)
+class Renew:
+    log_id: str
+    token: str
+    until_ms: int
+
+
+@dataclass(slots=True, kw_only=True)
+class Release:
+    log_id: str
+    token: str
+
+
+# -- the statements ------------------------------------------------------------------------------------------------
+
+PG_TAKE_THREAD_BY_RESPONSE: Final = PgStatement(
+    TakeThreadByResponse,
+    """
+UPDATE threads SET lease_token = :token, lease_expires_ms = :until_ms
+WHERE id = :thread_id AND owner = :owner AND head_message_id = :head_message_id AND expires_ms > :now_ms
+  AND (lease_token IS NULL OR lease_expires_ms <= :now_ms)
+RETURNING id, session_id, system, tools, system_fp, tools_fp, output_config_fp, fixed_markers, head_position,
+  byte_count, ttl_seconds, base_position, base_bytes, COALESCE(octet_length(context_head), 0) AS head_bytes,
+  context_tokens
+""",
+    durable=False,
+)
+PG_TAKE_CONVERSATION: Final = PgStatement(
+    TakeConversation,
+    """
+UPDATE conversations SET lease_token = :token, lease_expires_ms = :until_ms
+WHERE id = :conversation_id AND owner = :owner AND expires_ms > :now_ms
+  AND (lease_token IS NULL OR lease_expires_ms <= :now_ms)
+RETURNING next_position
+""",
+    durable=False,
+)
+
+LEASED_COLUMNS = (
+    threads.c.id,
+    threads.c.session_id,
+    threads.c.system,
+    threads.c.tools,
+    threads.c.system_fp,
+    threads.c.tools_fp,
+    threads.c.output_config_fp,
+    threads.c.fixed_markers,
+    threads.c.head_position,
+    threads.c.byte_count,
+    threads.c.ttl_seconds,
+    threads.c.base_position,
+    threads.c.base_bytes,
+    func.coalesce(func.length(threads.c.context_head), 0).label("head_bytes"),
+    threads.c.context_tokens,
+)
+
+
+def _free(table: Table) -> Any:
+    return or_(table.c.lease_token.is_(None), table.c.lease_expires_ms <= core_param("now_ms"))
+
+
+# Built once: SQLAlchemy would otherwise rebuild and re-hash each expression on every call before finding its
+# compiled form.
+CORE_TAKE_THREAD_BY_RESPONSE: Final = CoreStatement(
+    TakeThreadByResponse,
+    update(threads)
+    .where(
+        threads.c.id == core_param("thread_id"),
+        threads.c.owner == core_param("owner"),
+        threads.c.head_message_id == core_param("head_message_id"),
+        threads.c.expires_ms > core_param("now_ms"),
+        _free(threads),
+    )
+    .values(lease_token=core_param("token"), lease_expires_ms=core_param("until_ms"))
+    .returning(*LEASED_COLUMNS),
+)
+CORE_TAKE_THREAD_BY_SESSION: Final = CoreStatement(
+    TakeThreadBySession,
+    update(threads)
+    .where(
+        threads.c.id
+        == select(sessions.c.thread_id)
+        .where(sessions.c.owner == core_param("owner"), sessions.c.name == core_param("session"))
+        .scalar_subquery(),
+        threads.c.owner == core_param("owner"),
+        threads.c.head_message_id.is_not(None),
+        threads.c.expires_ms > core_param("now_ms"),
+        _free(threads),
+    )
+    .values(lease_token=core_param("token"), lease_expires_ms=core_param("until_ms"))
+    .returning(*LEASED_COLUMNS),
+)
+CORE_TAKE_CONVERSATION: Final = CoreStatement(
+    TakeConversation,
+    update(conversations)
+    .where(
+        conversations.c.id == core_param("conversation_id"),
+        conversations.c.owner == core_param("owner"),
+        conversations.c.expires_ms > core_param("now_ms"),
+        _free(conversations),
+    )
+    .values(lease_token=core_param("token"), lease_expires_ms=core_param("until_ms"))
+    .returning(conversations.c.next_position),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LogTable:
+    """A table of leased logs (each row one log, with `id`, `lease_token` and `lease_expires_ms`) and the statements
+    that renew and release a lease on one of its rows."""
+
+    name: str
+    pg_renew: PgStatement[Renew]
+    pg_release: PgStatement[Release]
+    core_renew: CoreStatement[Renew]
+    core_release: CoreStatement[Release]
+
+    @classmethod
+    def of(cls, table: Table) -> LogTable:
+        held = (table.c.id == core_param("log_id"), table.c.lease_token == core_param("token"))
+        # The table's name is the schema's, never a value from a request.
+        return cls(
+            name=table.name,
+            pg_renew=PgStatement(
+                Renew,
+                f"UPDATE {table.name} SET lease_expires_ms = :until_ms WHERE id = :log_id AND lease_token = :token",  # noqa: S608
+                durable=False,
+            ),
+            pg_release=PgStatement(
+                Release,
+                f"UPDATE {table.name} SET lease_token = NULL, lease_expires_ms = NULL "  # noqa: S608
+                "WHERE id = :log_id AND lease_token = :token",
+                durable=False,
+            ),
+            core_renew=CoreStatement(Renew, update(table).where(*held).values(lease_expires_ms=core_param("until_ms"))),
+            core_release=CoreStatement(
+                Release, update(table).where(*held).values(lease_token=None, lease_expires_ms=None)
+            ),
+        )
+
+
+THREADS: Final = LogTable.of(threads)
+CONVERSATIONS: Final = LogTable.of(conversations)
+
+
+def leased_thread(m: Mapping[Any, Any]) -> LeasedThread:
+    return LeasedThread(
+        id=m["id"],
+        session_id=m["session_id"],
+        system=m["system"],
+        tools=m["tools"],
+        system_fp=m["system_fp"],
+        tools_fp=m["tools_fp"],
+        output_config_fp=m["output_config_fp"],
+        fixed_markers=m["fixed_markers"],
+        head_position=m["head_position"],
+        byte_count=m["byte_count"],
+        ttl_seconds=m["ttl_seconds"],
+        base_position=m["base_position"],
+        base_bytes=m["base_bytes"],
+        head_bytes=m["head_bytes"],
+        context_tokens=m["context_tokens"],
+    )
+
+
+class LeasedLog:
+    """Take, renew, release and commit, for every kind of log.
+
+    `engine`: transactions (a commit of several statements on SQLite). `single`: an engine in AUTOCOMMIT for the
+    statements that are atomic by themselves, so they run without BEGIN/COMMIT round trips. `pg`: PostgreSQL's
+    prepared statements, used for every statement here when given."""
+
+    def __init__(self, engine: AsyncEngine, single: AsyncEngine, pg: PgHotPath | None) -> None:
+        self._engine = engine
+        self._single = single
+        self._pg = pg
+
+    async def take_thread(self, take: TakeThreadByResponse | TakeThreadBySession) -> LeasedThread | None:
+        """The thread, leased; None when it is not free (or not there: the caller asks why apart)."""
+        if self._pg is not None and isinstance(take, TakeThreadByResponse):
+            record = await self._pg.fetchrow(PG_TAKE_THREAD_BY_RESPONSE, take)
+            return leased_thread(record) if record is not None else None
+        if isinstance(take, TakeThreadByResponse):
+            row = await self._single_row(CORE_TAKE_THREAD_BY_RESPONSE, take)
+        else:
+            row = await self._single_row(CORE_TAKE_THREAD_BY_SESSION, take)
+        return leased_thread(row) if row is not None else None
+
+    async def take_conversation(self, take: TakeConversation) -> int | None:
+        """The conversation's next position, leased; None when it is not free (or not there)."""
+        if self._pg is not None:
+            position: int | None = await self._pg.fetchval(PG_TAKE_CONVERSATION, take)
+            return position
+        row = await self._single_row(CORE_TAKE_CONVERSATION, take)
+        return int(row["next_position"]) if row is not None else None
+
+    async def renew(self, log: LogTable, renew: Renew) -> bool:
+        """Extend a lease this turn still holds (a long reply); False when it was lost."""
+        if self._pg is not None:
+            return await self._pg.execute(log.pg_renew, renew) == "UPDATE 1"
+        async with self._single.connect() as conn:
+            renewed = await conn.execute(log.core_renew.statement, log.core_renew.values(renew))
+        return renewed.rowcount == 1
+
+    async def release(self, log: LogTable, release: Release) -> None:
+        """Give the lease back after a turn that stored nothing, so the log can be continued from where it was."""
+        if self._pg is not None:
+            await self._pg.execute(log.pg_release, release)
+            return
+        async with self._single.connect() as conn:
+            await conn.execute(log.core_release.statement, log.core_release.values(release))
+
+    async def commit_thread_turn(self, commit: TurnCommit) -> bool:
+        """Append the turn's messages and move the head, atomically, if the turn still holds the lease; False (nothing
+        changed) when it was lost."""
+        return await commit_thread_turn(self._engine, self._pg, commit)
+
+    async def commit_response(self, new: NewResponse, token: str | None) -> bool:
+        """Store a Responses turn: on a conversation only if the turn still holds the lease `token`, else False
+        (nothing changed); a chained turn has no lease and is always stored."""
+        return await commit_response(self._engine, self._pg, new, token)
+
+    async def _single_row(self, statement: CoreStatement[P], params: P) -> RowMapping | None:
+        async with self._single.connect() as conn:
+            row = (await conn.execute(statement.statement, statement.values(params))).first()
+        return row._mapping if row is not None else None

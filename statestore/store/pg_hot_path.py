@@ -1,0 +1,90 @@
+"""PostgreSQL's hot path below SQLAlchemy: the statements every turn runs (store/leased_log.py and its family), as
+asyncpg prepared statements, each bound from its typed parameter object (store/statement.py).
+
+SQLAlchemy Core keeps the schema, the migrations, SQLite and every cold path; these few statements are the ones a
+turn cannot avoid, and SQLAlchemy's execution layers cost more CPU than the statements themselves (bench/README.md).
+
+Two pools, told apart by durability. Taking, renewing and giving back a lease commit asynchronously
+(`synchronous_commit = off`): a lease lost in a crash is harmless, because the turn's commit checks the lease token,
+and a lease the database forgets only frees the log sooner. The turn's commit waits for its WAL flush as usual,
+so a turn the client has seen the end of is durable (invariant 1): one durable flush per turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+from statestore.config import Settings
+from statestore.store.pg_pool import LeanPool
+from statestore.store.statement import P, PgStatement
+
+
+def asyncpg_dsn(sqlalchemy_url: str) -> str:
+    return make_url(sqlalchemy_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class PgHotPath:
+    """The two pools and the four ways of running a statement on them; asyncpg prepares each statement once per
+    connection and reuses it (its statement cache)."""
+
+    def __init__(self, leases: LeanPool, durable: LeanPool) -> None:
+        self._leases = leases
+        self._durable = durable
+
+    @classmethod
+    async def open(cls, settings: Settings) -> PgHotPath | None:
+        """The pools, or None when the database is not PostgreSQL. Connections are made on first use."""
+        if not settings.database_url.startswith("postgresql"):
+            return None
+        dsn = asyncpg_dsn(settings.database_url)
+        # The bounds mirror the engine's: a hung database fails a turn within the timeout (503), it never holds it.
+        timeout = settings.database_timeout_seconds
+        # Lease statements are short and never wait for a flush: half the connections serve them.
+        leases = LeanPool(
+            dsn,
+            max_size=max(2, settings.database_pool_size // 2),
+            timeout=timeout,
+            server_settings={"application_name": "statestore", "synchronous_commit": "off"},
+        )
+        durable = LeanPool(
+            dsn,
+            max_size=settings.database_pool_size,
+            timeout=timeout,
+            server_settings={"application_name": "statestore"},
+        )
+        return cls(leases, durable)
+
+    async def aclose(self) -> None:
+        await self._leases.close()
+        await self._durable.close()
+
+    def _pool(self, statement: PgStatement[Any]) -> LeanPool:
+        return self._durable if statement.durable else self._leases
+
+    async def execute(self, statement: PgStatement[P], params: P) -> str:
+        """The command's status (`UPDATE 1`)."""
+        async with self._pool(statement).acquire() as conn:
+            status: str = await conn.execute(statement.sql, *statement.bind(params))
+        return status
+
+    async def fetchval(self, statement: PgStatement[P], params: P) -> Any:
+        async with self._pool(statement).acquire() as conn:
+            return await conn.fetchval(statement.sql, *statement.bind(params))
+
+    async def fetchrow(self, statement: PgStatement[P], params: P) -> asyncpg.Record | None:
+        async with self._pool(statement).acquire() as conn:
+            row: asyncpg.Record | None = await conn.fetchrow(statement.sql, *statement.bind(params))
+        return row
+
+    async def fetch(self, statement: PgStatement[P], params: P) -> list[asyncpg.Record]:
+        async with self._pool(statement).acquire() as conn:
+            rows: list[asyncpg.Record] = await conn.fetch(statement.sql, *statement.bind(params))
+        return rows
+
+
+def affected(status: str) -> int:
+    """The row count of a command's status (`INSERT 0 3` → 3)."""
+    return int(status.rsplit(" ", 1)[-1])

@@ -1,0 +1,217 @@
+"""A Responses turn's commit (store/leased_log.py commits every kind of turn through here or thread_commit.py).
+
+A chained turn inserts its response and its items (response_items); a chain has no lease, since a response may be
+continued any number of times. A turn on a conversation moves the conversation's position, only if it still holds
+the lease, and stores its items once, in conversation_items, with its response pointing at them (first position,
+input and output counts; revision 0008). On PostgreSQL one prepared statement, one round trip, one durable flush
+(store/response_statements.py); on SQLite a transaction of Core statements.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import insert, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.dml import Insert
+
+from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.response_records import NewResponse, StoredItem
+from statestore.store.response_statements import (
+    COMMIT_CONVERSATION_TURN,
+    INSERT_RESPONSE,
+    CommitConversationTurn,
+    InsertResponse,
+    item_arrays,
+)
+from statestore.store.schema import conversation_items, conversations, response_items, responses
+from statestore.store.usage_rows import count_usage, usage_key
+
+
+def item_rows(items: Sequence[StoredItem], first_position: int = 0) -> list[dict[str, Any]]:
+    return [
+        {
+            "position": first_position + i,
+            "item_id": it.item_id,
+            "body": it.body,
+            "kind": it.kind,
+            "rendered": it.rendered,
+        }
+        for i, it in enumerate(items)
+    ]
+
+
+def _usage(new: NewResponse) -> tuple[int, int, int]:
+    """The daily_usage row the turn adds to (day, shard; a conversation's turns share one) and the bytes it stores."""
+    stored = len(new.body) + sum(len(i.body) + len(i.rendered) for i in (*new.inputs, *new.outputs))
+    return (*usage_key("responses", new.created_ms, new.conversation_id or new.id), stored)
+
+
+def _chained(new: NewResponse) -> InsertResponse:
+    parent = new.parent
+    item_ids, bodies, kinds, rendered = item_arrays([*new.inputs, *new.outputs])
+    day, shard, stored = _usage(new)
+    return InsertResponse(
+        id=new.id,
+        owner=new.owner,
+        tenant_id=new.tenant_id,
+        metadata_user_id=new.metadata_user_id,
+        parent_id=parent.id if parent else None,
+        root_id=parent.root_id if parent else new.id,
+        depth=parent.depth + 1 if parent else 0,
+        chain_bytes=(parent.chain_bytes if parent else 0) + new.segment_bytes,
+        body=new.body,
+        created_ms=new.created_ms,
+        expires_ms=new.expires_ms,
+        inputs=len(new.inputs),
+        item_ids=item_ids,
+        bodies=bodies,
+        kinds=kinds,
+        rendered=rendered,
+        usage_day=day,
+        usage_shard=shard,
+        usage_bytes=stored,
+    )
+
+
+def _on_conversation(new: NewResponse, conversation_id: str, token: str | None) -> CommitConversationTurn:
+    """A conversation's turn is a chain's root (a turn has a conversation or a previous response, not both)."""
+    item_ids, bodies, kinds, rendered = item_arrays([*new.inputs, *new.outputs])
+    day, shard, stored = _usage(new)
+    return CommitConversationTurn(
+        id=new.id,
+        owner=new.owner,
+        tenant_id=new.tenant_id,
+        metadata_user_id=new.metadata_user_id,
+        conversation_id=conversation_id,
+        token=token,
+        chain_bytes=new.segment_bytes,
+        body=new.body,
+        created_ms=new.created_ms,
+        expires_ms=new.expires_ms,
+        count=len(item_ids),
+        inputs=len(new.inputs),
+        item_ids=item_ids,
+        bodies=bodies,
+        kinds=kinds,
+        rendered=rendered,
+        usage_day=day,
+        usage_shard=shard,
+        usage_bytes=stored,
+    )
+
+
+async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewResponse, token: str | None) -> bool:
+    """Store a completed turn at once. On a conversation its items are appended there (only there) and the lease
+    `token` released with them; False when the lease was lost (nothing stored). Both dialects bind from the one
+    parameter object of the statement."""
+    if new.conversation_id is None:
+        chained = _chained(new)
+        if pg is not None:
+            await pg.execute(INSERT_RESPONSE, chained)
+            return True
+        async with engine.begin() as conn:
+            await _insert_chained(conn, chained)
+            await conn.execute(_count_usage(engine, chained.usage_day, chained.usage_shard, chained.usage_bytes))
+        return True
+    turn = _on_conversation(new, new.conversation_id, token)
+    if pg is not None:
+        # The turn's first position in the conversation, or no row when the lease was lost.
+        return await pg.fetchval(COMMIT_CONVERSATION_TURN, turn) is not None
+    async with engine.begin() as conn:
+        claimed = await conn.execute(
+            update(conversations)
+            .where(conversations.c.id == turn.conversation_id, conversations.c.lease_token == turn.token)
+            .values(
+                next_position=conversations.c.next_position + turn.count,
+                lease_token=None,
+                lease_expires_ms=None,
+                expires_ms=turn.expires_ms,
+            )
+            .returning(conversations.c.next_position)
+        )
+        end = claimed.scalar_one_or_none()
+        if end is None:
+            await conn.rollback()
+            return False
+        start = end - turn.count
+        await conn.execute(
+            insert(responses).values(
+                id=turn.id,
+                owner=turn.owner,
+                tenant_id=turn.tenant_id,
+                metadata_user_id=turn.metadata_user_id,
+                parent_id=None,
+                root_id=turn.id,
+                conversation_id=turn.conversation_id,
+                conversation_position=start,
+                input_count=turn.inputs,
+                output_count=turn.count - turn.inputs,
+                depth=0,
+                chain_bytes=turn.chain_bytes,
+                body=turn.body,
+                created_ms=turn.created_ms,
+                expires_ms=turn.expires_ms,
+            )
+        )
+        await conn.execute(
+            insert(conversation_items),
+            [
+                {
+                    "conversation_id": turn.conversation_id,
+                    "position": start + i,
+                    "item_id": item_id,
+                    "body": body,
+                    "kind": kind,
+                    "rendered": rendered,
+                }
+                for i, (item_id, body, kind, rendered) in enumerate(
+                    zip(turn.item_ids, turn.bodies, turn.kinds, turn.rendered, strict=True)
+                )
+            ],
+        )
+        await conn.execute(_count_usage(engine, turn.usage_day, turn.usage_shard, turn.usage_bytes))
+    return True
+
+
+def _count_usage(engine: AsyncEngine, day: int, shard: int, stored: int) -> Insert:
+    postgres = engine.dialect.name == "postgresql"
+    return count_usage(is_postgres=postgres, door="responses", day=day, shard=shard, added_bytes=stored)
+
+
+async def _insert_chained(conn: AsyncConnection, chained: InsertResponse) -> None:
+    """A turn not on a conversation: the response and its own items, inputs first."""
+    await conn.execute(
+        insert(responses).values(
+            id=chained.id,
+            owner=chained.owner,
+            tenant_id=chained.tenant_id,
+            metadata_user_id=chained.metadata_user_id,
+            parent_id=chained.parent_id,
+            root_id=chained.root_id,
+            conversation_id=None,
+            depth=chained.depth,
+            chain_bytes=chained.chain_bytes,
+            body=chained.body,
+            created_ms=chained.created_ms,
+            expires_ms=chained.expires_ms,
+        )
+    )
+    await conn.execute(
+        insert(response_items),
+        [
+            {
+                "response_id": chained.id,
+                "position": i,
+                "is_output": i >= chained.inputs,
+                "item_id": item_id,
+                "body": body,
+                "kind": kind,
+                "rendered": rendered,
+            }
+            for i, (item_id, body, kind, rendered) in enumerate(
+                zip(chained.item_ids, chained.bodies, chained.kinds, chained.rendered, strict=True)
+            )
+        ],
+    )

@@ -1,0 +1,54 @@
+"""What a Responses turn reads and writes: its items, a stored response, a new one, a conversation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+# How an item's rendering joins a rebuild (responses/items.py): a whole chat message, one `tool_calls` entry of a
+# function call, or nothing.
+Kind = Literal["message", "call", "none"]
+
+
+@dataclass(frozen=True, slots=True)
+class StoredItem:
+    item_id: str
+    body: bytes  # the item's Responses JSON
+    kind: Kind
+    rendered: bytes  # Chat Completions bytes (responses/items.py says which)
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseRow:
+    id: str
+    root_id: str
+    depth: int
+    chain_bytes: int
+    body: bytes
+    # The chain began on a conversation's response: that conversation's version (its next position, moved by every
+    # change of its items; -1 once it is gone) as this row was read. None for a chain of its own.
+    conversation_version: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewResponse:
+    id: str
+    owner: str
+    tenant_id: str | None
+    metadata_user_id: str | None
+    parent: ResponseRow | None
+    conversation_id: str | None
+    segment_bytes: int
+    body: bytes
+    created_ms: int
+    expires_ms: int
+    inputs: Sequence[StoredItem]
+    outputs: Sequence[StoredItem]
+
+
+@dataclass(frozen=True, slots=True)
+class ConversationRow:
+    id: str
+    metadata: bytes
+    created_ms: int

@@ -1,0 +1,227 @@
+"""The Responses front door's hot path on PostgreSQL, below SQLAlchemy: the statements every turn runs, as asyncpg
+prepared statements on store/pg_hot_path.py's pools, each bound from its typed parameter object
+(store/statement.py). The conversation's lease is the leased log's (store/leased_log.py). SQLAlchemy Core keeps
+SQLite and every cold path (store/response_store.py, conversation_store.py, response_commit.py).
+
+A turn's commit is one statement, one round trip, one durable flush: the response and its items; on a conversation,
+the conditional move of its position (the lease's check), the response and the items, which are stored once, in
+conversation_items, with the response pointing at them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import asyncpg
+
+from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.response_records import StoredItem
+from statestore.store.statement import PgStatement
+
+
+@dataclass(slots=True, kw_only=True)
+class GetResponse:
+    response_id: str
+    owner: str
+    now_ms: int
+
+
+@dataclass(slots=True, kw_only=True)
+class InsertResponse:
+    """A chained turn's response and its items, the items as parallel arrays (one unnest inserts them all)."""
+
+    id: str
+    owner: str
+    tenant_id: str | None
+    metadata_user_id: str | None
+    parent_id: str | None
+    root_id: str
+    depth: int
+    chain_bytes: int
+    body: bytes
+    created_ms: int
+    expires_ms: int
+    inputs: int  # the first `inputs` items are the input, the rest the output
+    item_ids: list[str]
+    bodies: list[bytes]
+    kinds: list[str]
+    rendered: list[bytes]
+    # The daily_usage row the turn adds to (store/usage_rows.py) and the bytes it stores.
+    usage_day: int
+    usage_shard: int
+    usage_bytes: int
+
+
+@dataclass(slots=True, kw_only=True)
+class CommitConversationTurn:
+    id: str
+    owner: str
+    tenant_id: str | None
+    metadata_user_id: str | None
+    conversation_id: str
+    token: str | None
+    chain_bytes: int
+    body: bytes
+    created_ms: int
+    expires_ms: int
+    count: int  # items, inputs first
+    inputs: int
+    item_ids: list[str]
+    bodies: list[bytes]
+    kinds: list[str]
+    rendered: list[bytes]
+    # The daily_usage row the turn adds to (store/usage_rows.py) and the bytes it stores.
+    usage_day: int
+    usage_shard: int
+    usage_bytes: int
+
+
+@dataclass(slots=True, kw_only=True)
+class OfResponse:
+    response_id: str
+
+
+@dataclass(slots=True, kw_only=True)
+class OfConversation:
+    conversation_id: str
+
+
+# With the version of the conversation its chain began on, if it did (-1: that conversation is gone): see
+# responses/context.py chain_count.
+GET_RESPONSE: Final = PgStatement(
+    GetResponse,
+    """
+SELECT r.id, r.root_id, r.depth, r.chain_bytes, r.body,
+    CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END
+FROM responses r
+LEFT JOIN responses root ON root.id = r.root_id
+LEFT JOIN conversations c ON c.id = root.conversation_id
+WHERE r.id = :response_id AND r.owner = :owner AND r.expires_ms > :now_ms
+""",
+    durable=True,
+)
+
+# A chained turn: the response, then its items (inputs first: an ordinal past :inputs is an output).
+INSERT_RESPONSE: Final = PgStatement(
+    InsertResponse,
+    """
+WITH added AS (
+    INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id, depth,
+        chain_bytes, body, created_ms, expires_ms)
+    VALUES (:id, :owner, :tenant_id, :metadata_user_id, :parent_id, :root_id, NULL, :depth, :chain_bytes, :body,
+        :created_ms, :expires_ms)
+    RETURNING id
+), counted AS (
+    INSERT INTO daily_usage (day, shard, door, turns, bytes)
+    SELECT :usage_day, :usage_shard, 'responses', 1, :usage_bytes FROM added
+    ON CONFLICT (day, shard) DO UPDATE
+    SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
+)
+INSERT INTO response_items (response_id, position, is_output, item_id, body, kind, rendered)
+SELECT added.id, (m.ord - 1)::integer, m.ord > :inputs, m.item_id, m.body, m.kind, m.rendered
+FROM added, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
+    WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
+""",
+    durable=True,
+)
+
+# A turn on a conversation: nothing happens unless the turn still holds the lease (:token); then its items take the
+# next positions and the response points at the first of them. Returns that position, or no row (the lease was lost).
+COMMIT_CONVERSATION_TURN: Final = PgStatement(
+    CommitConversationTurn,
+    """
+WITH claimed AS (
+    UPDATE conversations SET next_position = next_position + :count, lease_token = NULL, lease_expires_ms = NULL,
+        expires_ms = :expires_ms
+    WHERE id = :conversation_id AND lease_token = :token
+    RETURNING next_position - :count AS start
+), added AS (
+    INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id,
+        conversation_position, input_count, output_count, depth, chain_bytes, body, created_ms, expires_ms)
+    SELECT :id, :owner, :tenant_id, :metadata_user_id, NULL, :id, :conversation_id, claimed.start, :inputs,
+        :count - :inputs, 0, :chain_bytes, :body, :created_ms, :expires_ms FROM claimed
+), items AS (
+    INSERT INTO conversation_items (conversation_id, position, item_id, body, kind, rendered)
+    SELECT :conversation_id, claimed.start + (m.ord - 1)::integer, m.item_id, m.body, m.kind, m.rendered
+    FROM claimed, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
+        WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
+), counted AS (
+    INSERT INTO daily_usage (day, shard, door, turns, bytes)
+    SELECT :usage_day, :usage_shard, 'responses', 1, :usage_bytes FROM claimed
+    ON CONFLICT (day, shard) DO UPDATE
+    SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
+)
+SELECT start FROM claimed
+""",
+    durable=True,
+)
+
+LOAD_CONVERSATION: Final = PgStatement(
+    OfConversation,
+    "SELECT kind, rendered FROM conversation_items WHERE conversation_id = :conversation_id ORDER BY position",
+    durable=True,
+)
+# A chain rebuilt from the database (store/response_store.py chain_segments says how it is read): every member
+# once, ahead of its items, marked 'pointed' when its items are in its conversation.
+CHAIN_CONTEXT: Final = PgStatement(
+    OfResponse,
+    """
+WITH RECURSIVE chain AS (
+    SELECT id, parent_id, depth, conversation_position FROM responses WHERE id = :response_id
+    UNION ALL
+    SELECT r.id, r.parent_id, r.depth, r.conversation_position FROM responses r JOIN chain ON r.id = chain.parent_id
+)
+SELECT depth, kind, rendered FROM (
+    SELECT depth, -1 AS position, CASE WHEN conversation_position IS NULL THEN 'none' ELSE 'pointed' END AS kind,
+        ''::bytea AS rendered
+    FROM chain
+    UNION ALL
+    SELECT chain.depth, i.position, i.kind, i.rendered FROM chain JOIN response_items i ON i.response_id = chain.id
+) AS members
+ORDER BY depth, position
+""",
+    durable=True,
+)
+# The items a response made on a conversation points at there.
+POINTED_ITEMS: Final = PgStatement(
+    OfResponse,
+    """
+SELECT i.kind, i.rendered FROM responses r JOIN conversation_items i
+    ON i.conversation_id = r.conversation_id AND i.position >= r.conversation_position
+    AND i.position < r.conversation_position + r.input_count + r.output_count
+WHERE r.id = :response_id
+ORDER BY i.position
+""",
+    durable=True,
+)
+
+
+def item_arrays(items: Sequence[StoredItem]) -> tuple[list[str], list[bytes], list[str], list[bytes]]:
+    return (
+        [i.item_id for i in items],
+        [i.body for i in items],
+        [i.kind for i in items],
+        [i.rendered for i in items],
+    )
+
+
+class PgResponseStatements:
+    def __init__(self, pg: PgHotPath) -> None:
+        self._pg = pg
+
+    async def get(self, get: GetResponse) -> asyncpg.Record | None:
+        return await self._pg.fetchrow(GET_RESPONSE, get)
+
+    async def chain_rows(self, head_id: str) -> list[asyncpg.Record]:
+        """(depth, kind, rendered) of the chain ending at `head_id`, as CHAIN_CONTEXT orders them."""
+        return await self._pg.fetch(CHAIN_CONTEXT, OfResponse(response_id=head_id))
+
+    async def pointed_items(self, response_id: str) -> list[tuple[str, bytes]]:
+        rows = await self._pg.fetch(POINTED_ITEMS, OfResponse(response_id=response_id))
+        return [(row[0], row[1]) for row in rows]
+
+    async def conversation_items(self, conversation_id: str) -> list[tuple[str, bytes]]:
+        rows = await self._pg.fetch(LOAD_CONVERSATION, OfConversation(conversation_id=conversation_id))
+        return [(row[0], row[1]) for row in rows]

@@ -1,0 +1,182 @@
+"""The leased log (statestore/store/leased_log.py) under both kinds of conversation, on a migrated SQLite file and
+on PostgreSQL (its prepared statements): a lease is taken once, a held log is not taken again until its lease runs
+out, and a turn whose lease ran out and was taken over finds it lost in the same way for a thread and for a
+conversation: renew and commit return False and store nothing."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from statestore.config import Settings
+from statestore.store.conversation_store import ConversationStore
+from statestore.store.engine import create_engine
+from statestore.store.leased_log import (
+    CONVERSATIONS,
+    THREADS,
+    LeasedLog,
+    Release,
+    Renew,
+    TakeConversation,
+    TakeThreadByResponse,
+)
+from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.response_records import NewResponse, StoredItem
+from statestore.store.thread_repository import ThreadRepository
+from statestore.store.turn_records import NewThread, TurnCommit
+
+NOW = 1_000_000
+LEASE_MS = 30_000
+ITEM = StoredItem(item_id="msg_1", body=b'{"type":"message"}', kind="message", rendered=b'{"role":"user"}')
+
+
+@dataclass
+class Stores:
+    log: LeasedLog
+    threads: ThreadRepository
+    conversations: ConversationStore
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def database_url(request: pytest.FixtureRequest) -> str:
+    url: str = request.getfixturevalue("migrated_sqlite_url" if request.param == "sqlite" else "migrated_pg_url")
+    return url
+
+
+@pytest.fixture
+async def stores(database_url: str) -> AsyncIterator[Stores]:
+    settings = Settings(database_url=database_url)
+    engine = create_engine(settings)
+    single = create_engine(settings, autocommit=True)
+    pg = await PgHotPath.open(settings)
+    log = LeasedLog(engine, single, pg)
+    try:
+        yield Stores(log, ThreadRepository(engine, single, pg=pg), ConversationStore(engine, log))
+    finally:
+        if pg is not None:
+            await pg.aclose()
+        await single.dispose()
+        await engine.dispose()
+
+
+def _token() -> str:
+    return secrets.token_hex(8)
+
+
+async def _thread(stores: Stores, owner: str) -> tuple[str, str]:
+    """A stored thread with one turn: its id and its head."""
+    thread_id, token, head = f"thr_{_token()}", _token(), f"msg_{_token()}"
+    new = NewThread(
+        id=thread_id,
+        owner=owner,
+        tenant_id=None,
+        session_id=None,
+        metadata_user_id=None,
+        system=None,
+        tools=None,
+        system_fp=None,
+        tools_fp=None,
+        output_config_fp=None,
+        fixed_markers=0,
+        ttl_seconds=300,
+    )
+    assert await stores.threads.begin_create(new, token=token, now_ms=NOW, lease_until_ms=NOW + LEASE_MS)
+    assert await stores.log.commit_thread_turn(_turn(thread_id, token, head, start=0))
+    return thread_id, head
+
+
+def _turn(thread_id: str, token: str, head: str, *, start: int) -> TurnCommit:
+    return TurnCommit(
+        thread_id=thread_id,
+        lease_token=token,
+        start_position=start,
+        rows=[(b'{"role":"user","content":"hi"}', None), (b'{"role":"assistant","content":"yo"}', head)],
+        head_message_id=head,
+        expires_ms=NOW + 300_000,
+        ttl_seconds=300,
+        now_ms=NOW,
+        metadata_user_id=None,
+    )
+
+
+def _response(conversation_id: str, owner: str) -> NewResponse:
+    return NewResponse(
+        id=f"resp_{_token()}",
+        owner=owner,
+        tenant_id=None,
+        metadata_user_id=None,
+        parent=None,
+        conversation_id=conversation_id,
+        segment_bytes=len(ITEM.rendered),
+        body=b"{}",
+        created_ms=NOW,
+        expires_ms=NOW + 300_000,
+        inputs=[ITEM],
+        outputs=[],
+    )
+
+
+async def test_a_lost_lease_is_the_same_for_a_thread_and_a_conversation(stores: Stores) -> None:
+    owner = f"owner-{_token()}"
+    thread_id, head = await _thread(stores, owner)
+    conversation_id = f"conv_{_token()}"
+    await stores.conversations.create(
+        conversation_id=conversation_id,
+        owner=owner,
+        tenant_id=None,
+        metadata_user_id=None,
+        metadata=b"{}",
+        items=[],
+        now_ms=NOW,
+        expires_ms=NOW + 300_000,
+    )
+    first, second = _token(), _token()
+
+    def take_thread(token: str, now_ms: int) -> TakeThreadByResponse:
+        return TakeThreadByResponse(
+            thread_id=thread_id, owner=owner, head_message_id=head, now_ms=now_ms, token=token, until_ms=now_ms + 10
+        )
+
+    def take_conversation(token: str, now_ms: int) -> TakeConversation:
+        return TakeConversation(
+            conversation_id=conversation_id, owner=owner, now_ms=now_ms, token=token, until_ms=now_ms + 10
+        )
+
+    leased = await stores.log.take_thread(take_thread(first, NOW))
+    assert leased is not None and leased.head_position == 2
+    assert await stores.log.take_conversation(take_conversation(first, NOW)) == 0
+    # Held: neither is taken again while the lease runs.
+    assert await stores.log.take_thread(take_thread(second, NOW + 1)) is None
+    assert await stores.log.take_conversation(take_conversation(second, NOW + 1)) is None
+    assert await stores.log.renew(THREADS, Renew(log_id=thread_id, token=first, until_ms=NOW + 20))
+    assert await stores.log.renew(CONVERSATIONS, Renew(log_id=conversation_id, token=first, until_ms=NOW + 20))
+    # Run out and taken over: the first turn's lease is lost, in both, and its commit stores nothing.
+    assert await stores.log.take_thread(take_thread(second, NOW + 21)) is not None
+    assert await stores.log.take_conversation(take_conversation(second, NOW + 21)) == 0
+    assert not await stores.log.renew(THREADS, Renew(log_id=thread_id, token=first, until_ms=NOW + 40))
+    assert not await stores.log.renew(CONVERSATIONS, Renew(log_id=conversation_id, token=first, until_ms=NOW + 40))
+    assert not await stores.log.commit_thread_turn(_turn(thread_id, first, f"msg_{_token()}", start=2))
+    assert not await stores.log.commit_response(_response(conversation_id, owner), first)
+    assert await stores.conversations.context_items(conversation_id) == []
+    # The holder commits; a release after that changes nothing.
+    assert await stores.log.commit_thread_turn(_turn(thread_id, second, f"msg_{_token()}", start=2))
+    assert await stores.log.commit_response(_response(conversation_id, owner), second)
+    assert await stores.conversations.context_items(conversation_id) == [("message", ITEM.rendered)]
+    await stores.log.release(THREADS, Release(log_id=thread_id, token=second))
+    await stores.log.release(CONVERSATIONS, Release(log_id=conversation_id, token=second))
+    assert [position for position, _ in await stores.threads.load_context(thread_id)] == [0, 1, 2, 3]
+
+
+async def test_a_released_lease_frees_the_log(stores: Stores) -> None:
+    owner = f"owner-{_token()}"
+    thread_id, head = await _thread(stores, owner)
+    token = _token()
+    take = TakeThreadByResponse(
+        thread_id=thread_id, owner=owner, head_message_id=head, now_ms=NOW, token=token, until_ms=NOW + LEASE_MS
+    )
+    assert await stores.log.take_thread(take) is not None
+    await stores.log.release(THREADS, Release(log_id=thread_id, token=token))
+    assert await stores.log.take_thread(take) is not None
