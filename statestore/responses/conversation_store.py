@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NoReturn
 
-from sqlalchemy import ColumnElement, and_, delete, insert, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.responses.items import StoredItem, join_rendered
@@ -101,25 +101,32 @@ class ConversationStore:
             deleted = await conn.execute(delete(conversations).where(*self._mine(owner, conversation_id, now_ms)))
         return deleted.rowcount > 0
 
-    async def lease(self, owner: str, conversation_id: str, *, token: str, now_ms: int, until_ms: int) -> int:
-        """Take the conversation for one turn and return its next position; raises Locked, or LookupError when there
-        is no such conversation."""
+    async def lease(
+        self, owner: str, conversation_id: str, *, token: str, now_ms: int, until_ms: int
+    ) -> tuple[int, int, int]:
+        """Take the conversation for one turn: its next position, and the backend's token count of its last turn
+        with the bytes it counted (0, 0 before any); raises Locked, or LookupError when there is no such
+        conversation."""
         if self._pg is not None:
-            position = await self._pg.lease(owner, conversation_id, token, now_ms, until_ms)
-            if position is not None:
-                return position
+            leased = await self._pg.lease(owner, conversation_id, token, now_ms, until_ms)
+            if leased is not None:
+                return leased
             await self._refuse(owner, conversation_id, now_ms)
         async with self.engine.begin() as conn:
             taken = await conn.execute(
                 update(conversations)
                 .where(*self._mine(owner, conversation_id, now_ms), self._free(now_ms))
                 .values(lease_token=token, lease_expires_ms=until_ms)
-                .returning(conversations.c.next_position)
+                .returning(
+                    conversations.c.next_position,
+                    func.coalesce(conversations.c.context_tokens, 0),
+                    func.coalesce(conversations.c.context_bytes, 0),
+                )
             )
-            position = taken.scalar_one_or_none()
-        if position is None:
+            row = taken.first()
+        if row is None:
             await self._refuse(owner, conversation_id, now_ms)
-        return int(position)
+        return int(row[0]), int(row[1]), int(row[2])
 
     async def _refuse(self, owner: str, conversation_id: str, now_ms: int) -> NoReturn:
         """Why the conversation could not be taken: Locked, or LookupError. Only on the refusal path."""

@@ -13,25 +13,30 @@ from collections.abc import Sequence
 from typing import Any
 
 from statestore.responses.items import StoredItem
+from statestore.responses.records import ContextRecord
 from statestore.store.pg_turns import PgTurnStatements
 
 # With the version of the conversation its chain began on, if it did (-1: that conversation is gone): see
 # responses/context.py chain_count.
 GET_RESPONSE = """
 SELECT r.id, r.root_id, r.depth, r.chain_bytes, r.body,
-    CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END
+    CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END,
+    coalesce(r.context_tokens, 0), coalesce(r.context_bytes, 0), r.context_kept, r.context_head_id, holder.context_head
 FROM responses r
 LEFT JOIN responses root ON root.id = r.root_id
 LEFT JOIN conversations c ON c.id = root.conversation_id
+LEFT JOIN responses holder ON holder.id = r.context_head_id
 WHERE r.id = $1 AND r.owner = $2 AND r.expires_ms > $3
 """
 
-# A chained turn: the response, then its items (inputs first: position < $12 is an input).
+# A chained turn: the response, then its items (inputs first: position < $12 is an input); $17-$21 its context
+# (ContextRecord).
 INSERT_RESPONSE = """
 WITH added AS (
     INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id, depth,
-        chain_bytes, body, created_ms, expires_ms)
-    VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8, $9, $10, $11)
+        chain_bytes, body, created_ms, expires_ms, context_tokens, context_bytes, context_kept, context_head_id,
+        context_head)
+    VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8, $9, $10, $11, $17, $18, $19, $20, $21)
     RETURNING id
 )
 INSERT INTO response_items (response_id, position, is_output, item_id, body, kind, rendered)
@@ -45,13 +50,14 @@ FROM added, unnest($13::varchar[], $14::bytea[], $15::varchar[], $16::bytea[])
 COMMIT_CONVERSATION_TURN = """
 WITH claimed AS (
     UPDATE conversations SET next_position = next_position + $11, lease_token = NULL, lease_expires_ms = NULL,
-        expires_ms = $10
+        expires_ms = $10, context_tokens = coalesce($17, context_tokens), context_bytes = coalesce($18, context_bytes)
     WHERE id = $5 AND lease_token = $6
     RETURNING next_position - $11 AS start
 ), added AS (
     INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id,
-        conversation_position, input_count, output_count, depth, chain_bytes, body, created_ms, expires_ms)
-    SELECT $1, $2, $3, $4, NULL, $1, $5, claimed.start, $12, $11 - $12, 0, $7, $8, $9, $10 FROM claimed
+        conversation_position, input_count, output_count, depth, chain_bytes, body, created_ms, expires_ms,
+        context_tokens, context_bytes)
+    SELECT $1, $2, $3, $4, NULL, $1, $5, claimed.start, $12, $11 - $12, 0, $7, $8, $9, $10, $17, $18 FROM claimed
 ), items AS (
     INSERT INTO conversation_items (conversation_id, position, item_id, body, kind, rendered)
     SELECT $5, claimed.start + (m.ord - 1)::integer, m.item_id, m.body, m.kind, m.rendered
@@ -64,7 +70,7 @@ SELECT start FROM claimed
 LEASE_CONVERSATION = """
 UPDATE conversations SET lease_token = $4, lease_expires_ms = $5
 WHERE id = $1 AND owner = $2 AND expires_ms > $3 AND (lease_token IS NULL OR lease_expires_ms <= $3)
-RETURNING next_position
+RETURNING next_position, coalesce(context_tokens, 0), coalesce(context_bytes, 0)
 """
 RENEW_CONVERSATION = "UPDATE conversations SET lease_expires_ms = $3 WHERE id = $1 AND lease_token = $2"
 RELEASE_CONVERSATION = (
@@ -116,27 +122,49 @@ class PgResponseStatements:
         async with self._pg.durable_connection() as conn:
             return await conn.fetchrow(GET_RESPONSE, response_id, owner, now_ms)
 
-    async def insert_response(self, *args: Any, inputs: int, items: Sequence[StoredItem]) -> None:
+    async def insert_response(
+        self, *args: Any, inputs: int, items: Sequence[StoredItem], context: ContextRecord
+    ) -> None:
         """(id, owner, tenant, user id, parent id, root id, depth, chain bytes, body, created, expires)."""
         async with self._pg.durable_connection() as conn:
-            await conn.execute(INSERT_RESPONSE, *args, inputs, *item_arrays(items))
+            await conn.execute(
+                INSERT_RESPONSE,
+                *args,
+                inputs,
+                *item_arrays(items),
+                context.tokens or None,
+                context.counted_bytes or None,
+                context.kept,
+                context.head_id,
+                context.head,
+            )
 
-    async def commit_conversation_turn(self, *args: Any, inputs: int, items: Sequence[StoredItem]) -> int | None:
+    async def commit_conversation_turn(
+        self, *args: Any, inputs: int, items: Sequence[StoredItem], context: ContextRecord
+    ) -> int | None:
         """(id, owner, tenant, user id, conversation, lease token, chain bytes, body, created, expires) → the turn's
-        first position in the conversation, or None when the lease was lost (nothing stored)."""
+        first position in the conversation, or None when the lease was lost (nothing stored). A conversation's turn
+        stores what it measured; its context is the conversation's items, every turn (responses/context.py)."""
         async with self._pg.durable_connection() as conn:
             start: int | None = await conn.fetchval(
-                COMMIT_CONVERSATION_TURN, *args, len(items), inputs, *item_arrays(items)
+                COMMIT_CONVERSATION_TURN,
+                *args,
+                len(items),
+                inputs,
+                *item_arrays(items),
+                context.tokens or None,
+                context.counted_bytes or None,
             )
         return start
 
-    async def lease(self, owner: str, conversation_id: str, token: str, now_ms: int, until_ms: int) -> int | None:
-        """The conversation's next position, taken for one turn; None when it is not free (or not there)."""
+    async def lease(
+        self, owner: str, conversation_id: str, token: str, now_ms: int, until_ms: int
+    ) -> tuple[int, int, int] | None:
+        """The conversation's next position and its last turn's measure (tokens, bytes), taken for one turn; None
+        when it is not free (or not there)."""
         async with self._pg.lease_connection() as conn:
-            position: int | None = await conn.fetchval(
-                LEASE_CONVERSATION, conversation_id, owner, now_ms, token, until_ms
-            )
-        return position
+            row = await conn.fetchrow(LEASE_CONVERSATION, conversation_id, owner, now_ms, token, until_ms)
+        return None if row is None else (int(row[0]), int(row[1]), int(row[2]))
 
     async def renew(self, conversation_id: str, token: str, until_ms: int) -> bool:
         async with self._pg.lease_connection() as conn:

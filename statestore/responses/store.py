@@ -7,7 +7,7 @@ PostgreSQL the hot statements (get, commit) run as asyncpg prepared statements (
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import and_, case, delete, func, insert, literal, null, select, union_all, update
@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.responses.items import StoredItem, join_rendered, join_segments
 from statestore.responses.pg_statements import PgResponseStatements
+from statestore.responses.records import ContextRecord
 from statestore.store.schema import conversation_items, conversations, response_items, responses
 
 
@@ -28,6 +29,13 @@ class ResponseRow:
     # The chain began on a conversation's response: that conversation's version (its next position, moved by every
     # change of its items; -1 once it is gone) as this row was read. None for a chain of its own.
     conversation_version: int | None = None
+    # PROTOCOL §9 (responses/context.py ChainBase): what the backend counted of this turn, and where the context
+    # the next turn starts from begins.
+    context_tokens: int = 0
+    context_bytes: int = 0
+    context_kept: int | None = None
+    context_head_id: str | None = None
+    context_head: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +52,7 @@ class NewResponse:
     expires_ms: int
     inputs: Sequence[StoredItem]
     outputs: Sequence[StoredItem]
+    context: ContextRecord = field(default_factory=ContextRecord)
 
 
 def item_rows(items: Sequence[StoredItem], first_position: int = 0) -> list[dict[str, Any]]:
@@ -81,6 +90,7 @@ class ResponseStore:
             record = await self._pg.get(owner, response_id, now_ms)
             return ResponseRow(*record) if record is not None else None
         root = responses.alias("root")
+        holder = responses.alias("holder")
         version = case(
             (root.c.conversation_id.is_(None), null()), else_=func.coalesce(conversations.c.next_position, -1)
         )
@@ -92,11 +102,16 @@ class ResponseStore:
                 responses.c.chain_bytes,
                 responses.c.body,
                 version,
+                func.coalesce(responses.c.context_tokens, 0),
+                func.coalesce(responses.c.context_bytes, 0),
+                responses.c.context_kept,
+                responses.c.context_head_id,
+                holder.c.context_head,
             )
             .select_from(
-                responses.outerjoin(root, root.c.id == responses.c.root_id).outerjoin(
-                    conversations, conversations.c.id == root.c.conversation_id
-                )
+                responses.outerjoin(root, root.c.id == responses.c.root_id)
+                .outerjoin(conversations, conversations.c.id == root.c.conversation_id)
+                .outerjoin(holder, holder.c.id == responses.c.context_head_id)
             )
             .where(responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms)
         )
@@ -168,6 +183,11 @@ class ResponseStore:
             "body": new.body,
             "created_ms": new.created_ms,
             "expires_ms": new.expires_ms,
+            "context_tokens": new.context.tokens or None,
+            "context_bytes": new.context.counted_bytes or None,
+            "context_kept": new.context.kept,
+            "context_head_id": new.context.head_id,
+            "context_head": new.context.head,
         }
         if new.conversation_id is not None:
             values["input_count"], values["output_count"] = len(new.inputs), len(new.outputs)
@@ -199,6 +219,8 @@ class ResponseStore:
                     lease_token=None,
                     lease_expires_ms=None,
                     expires_ms=new.expires_ms,
+                    context_tokens=func.coalesce(new.context.tokens or None, conversations.c.context_tokens),
+                    context_bytes=func.coalesce(new.context.counted_bytes or None, conversations.c.context_bytes),
                 )
                 .returning(conversations.c.next_position)
             )
@@ -225,6 +247,7 @@ class ResponseStore:
                 *(values[k] for k in ("depth", "chain_bytes", "body", "created_ms", "expires_ms")),
                 inputs=len(new.inputs),
                 items=items,
+                context=new.context,
             )
             return 0
         start = await pg.commit_conversation_turn(
@@ -240,6 +263,7 @@ class ResponseStore:
             new.expires_ms,
             inputs=len(new.inputs),
             items=items,
+            context=new.context,
         )
         return None if start is None else start + len(items)
 
