@@ -15,7 +15,7 @@ from statestore.api.responses import bytes_response, streaming_response
 from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenOff
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
-from statestore.responses.backend import call_backend
+from statestore.responses.backend import call_backend, summarizer
 from statestore.responses.context import cache_key
 from statestore.responses.errors import BackendError, BadRequest, response_not_found
 from statestore.responses.ids import looks_like
@@ -88,6 +88,7 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     # The lease is given back on every way out of here, except a stream's: that one is the stream's to give back.
     streaming = False
     try:
+        await prepared.plan_context(summarizer(resources.chat_upstream, headers, principal))
         upstream = await call_backend(resources.chat_upstream, headers, principal, prepared.backend_body())
         if turn.stream:
 
@@ -117,8 +118,12 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
 
 
 def _context_header(prepared: PreparedResponse) -> list[tuple[bytes, bytes]]:
-    """As for threads (PROTOCOL §9): a turn whose context was cut says so."""
-    return [(b"statestore-context", b"truncated")] if prepared.context_moved else []
+    """As for threads (PROTOCOL §9): a turn whose context moved says how, and a summary that failed says so."""
+    moved = prepared.moved
+    if moved is None:
+        return []
+    said = [(b"statestore-context", moved.action.encode())]
+    return [*said, (b"statestore-context-fallback", b"summary_failed")] if moved.summary_failed else said
 
 
 async def _events(turns: ResponseTurns, prepared: PreparedResponse, upstream: UpstreamResponse) -> AsyncIterator[bytes]:

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+
 import orjson
 
 from statestore.auth import Principal
+from statestore.responses.chat_format import summary_text
+from statestore.responses.context import Summarize
 from statestore.responses.errors import BackendError
 from statestore.upstream.client import Upstream, UpstreamResponse
 
 CHAT_PATH = "/v1/chat/completions"
+log = logging.getLogger(__name__)
 
 
 def backend_headers(headers: list[tuple[bytes, bytes]], principal: Principal) -> list[tuple[bytes, bytes]]:
@@ -50,3 +55,28 @@ def relayed_error(status: int, raw: bytes) -> BackendError:
             relayed.error_type = error["type"]  # type: ignore[misc]
         return relayed
     return BackendError(f"the model backend answered {status}", status=status)
+
+
+def summarizer(upstream: Upstream, headers: list[tuple[bytes, bytes]], principal: Principal) -> Summarize:
+    """One turn's summary call (PROTOCOL §9), with the turn's credential: the reply is read whole, never relayed,
+    and any failure is None (the turn then truncates, and says so)."""
+
+    async def summarize(body: bytes) -> str | None:
+        try:
+            response = await upstream.send("POST", CHAT_PATH, backend_headers(headers, principal), body)
+            try:
+                raw = await response.read()
+            finally:
+                await response.aclose()
+        except Exception as exc:  # the turn goes on without a summary, whatever went wrong
+            log.warning("summary request failed", extra={"error": type(exc).__name__})
+            return None
+        if response.status != 200:
+            log.warning("summary request refused", extra={"status": response.status})
+            return None
+        try:
+            return summary_text(orjson.loads(raw))
+        except orjson.JSONDecodeError:
+            return None
+
+    return summarize

@@ -1,20 +1,24 @@
 """Where a turn's context comes from: the chain head's (or the conversation's) pre-joined bytes in the cache, else a
-join of the stored bytes in the database; and the one place `truncation` is applied."""
+join of the stored bytes in the database; and where its context starts (`truncation: "auto"`, PROTOCOL §9, through
+the context planner with the Chat Completions format)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-
-import orjson
+from typing import Any, Literal
 
 from statestore.policy import Policy
+from statestore.responses.chat_format import CHAT, split
 from statestore.responses.errors import previous_response_not_found
 from statestore.responses.items import join_rendered, join_segments
+from statestore.responses.request import chat_body
 from statestore.store.cache import CachedHistory, CacheKey, HistoryCache, conversation_key, response_key
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.response_records import ResponseRow, StoredItem
 from statestore.store.response_store import ResponseStore
+from statestore.threads import planner
 
 
 def cache_key(response_id: str) -> CacheKey:
@@ -116,46 +120,136 @@ async def remember_conversation(
         await cache.put(key, CachedHistory(position, join_segments([context, segment])), ttl_ms)
 
 
-# Tokens per byte of JSON when nothing better is known: the usual ratio for English text.
-TOKENS_PER_BYTE = 0.25
+def window_for(policy: Policy, truncation: str, *, on_conversation: bool) -> planner.Window | None:
+    """The window `truncation: "auto"` manages: the owner's policy with its strategy, `truncate` when that is
+    `none` (RESPONSES.md); None for "disabled" (forwarded as rebuilt) or without a window. A conversation's turn
+    truncates: its context is the conversation's items every turn (no base is stored with a conversation), and a
+    summary it could not keep would be asked for again on every turn past the trigger."""
+    if truncation != "auto":
+        return None
+    strategy = policy.context_strategy if policy.context_strategy != "none" and not on_conversation else "truncate"
+    return planner.window_of(policy, strategy)
 
 
 @dataclass(frozen=True, slots=True)
-class Window:
-    """The context policy of PROTOCOL §9 as `truncation: "auto"` uses it: the model's window and the two ratios."""
+class Base:
+    """Where a turn's context starts: a head (a summary, stored on response `head_id`), then `context`, the chain's
+    stored messages from the base on (its joined context's last bytes)."""
 
-    tokens: int
-    trigger_ratio: float = 0.8
-    target_ratio: float = 0.5
+    context: bytes
+    head: bytes | None = None
+    head_id: str | None = None
+    whole: bool = True  # the whole chain, no head: what a turn sends with nothing moved
 
-    @classmethod
-    def of(cls, policy: Policy) -> Window | None:
-        """Without a window there is nothing to truncate to; the strategy is this request's `truncation`, not the
-        policy's `context_strategy` (which governs threads)."""
-        if policy.context_window_tokens is None:
+    @property
+    def size(self) -> int:
+        """Its bytes in the backend's `messages`, a comma after each part."""
+        return (len(self.head) + 1 if self.head else 0) + (len(self.context) + 1 if self.context else 0)
+
+
+def chain_base(row: ResponseRow | None, joined: bytes) -> Base:
+    """The base a turn continuing `row` starts from: where the row's turn left it, else the whole chain (`joined`).
+    The kept bytes are counted from the end, so an item deleted from the conversation a chain began on, before the
+    base, does not move it; one that leaves no message start there sends the whole chain (the trigger then decides
+    again). Nothing is parsed."""
+    whole = Base(joined)
+    if row is None or (row.context_kept is None and row.context_head_id is None):
+        return whole
+    if row.context_head_id is not None and row.context_head is None:
+        return whole  # the response holding the head is gone
+    kept = len(joined) if row.context_kept is None else row.context_kept
+    if kept > len(joined):
+        return whole
+    start = len(joined) - kept
+    if kept and start and (joined[start - 1 : start] != b"," or not joined.startswith(b'{"role":', start)):
+        return whole
+    return Base(joined[start:], row.context_head, row.context_head_id, whole=False)
+
+
+def kept_after(base: Base, segment: bytes) -> int:
+    """The bytes of the chain's joined context the next turn keeps: the base's, then this turn's segment."""
+    return len(base.context) + (1 if base.context and segment else 0) + len(segment)
+
+
+ContextAction = Literal["truncated", "summarized"]
+# Sends a summary request body to the backend; the summary's text, or None when the request failed.
+Summarize = Callable[[bytes], Awaitable[str | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    base: Base  # the context after the move
+    action: ContextAction
+    summary_failed: bool
+
+
+def summary_body(
+    params: dict[str, Any],
+    system: bytes,
+    *,
+    model: Any,
+    max_tokens: int,
+    summarised: list[bytes],
+    instructions: str | None,
+) -> bytes:
+    """The out-of-band summary request (planner.summary_messages), with the turn's instructions and tools, so it
+    shares the backend's prompt cache with the turns before; with tools the reply must be text."""
+    fields: dict[str, Any] = {"model": model, "max_tokens": max_tokens}
+    if "tools" in params:
+        fields |= {"tools": params["tools"], "tool_choice": "none"}
+    return chat_body(fields, [system, *planner.summary_messages(summarised, instructions)], stream=False)
+
+
+async def plan(
+    window: planner.Window | None,
+    base: Base,
+    *,
+    fixed_bytes: int,
+    new: bytes,
+    ratio: float,
+    summary_request: Callable[[list[bytes], int], bytes],
+    summarize: Summarize | None,
+) -> Move | None:
+    """The move this turn's context needs (PROTOCOL §9), or None: no window, under the trigger, or nowhere to move.
+    `fixed_bytes`: instructions and tools; `new`: the turn's input, joined. Past the trigger the base moves, in one
+    step, to the earliest tool-safe boundary that brings the estimate under the target; with `summarize`, what is
+    dropped is summarised first, and the summary opens the context."""
+    if window is None:
+        return None
+    size = fixed_bytes + base.size + len(new)
+    if not planner.passes_trigger(window, planner.estimate(known_tokens=0, known_bytes=size, new_bytes=0, ratio=ratio)):
+        return None
+    # Only a turn past the trigger parses its context (stored bytes are orjson's own: they round-trip exactly).
+    messages = ([base.head] if base.head else []) + split(base.context)
+    added = split(new)
+
+    def cut_under(budget: float) -> planner.Cut | None:
+        return planner.plan_cut(
+            CHAT,
+            messages,
+            has_head=base.head is not None,
+            first_new=added[0] if added else None,
+            fixed_bytes=fixed_bytes,
+            new_bytes=len(new),
+            ratio=ratio,
+            budget_tokens=budget,
+        )
+
+    summary: str | None = None
+    failed = False
+    cut: planner.Cut | None = None
+    if window.strategy == "summarize" and summarize is not None:
+        budget = planner.summary_budget(window)
+        cut = cut_under(window.target_tokens - budget)
+        if cut is None:
             return None
-        return cls(policy.context_window_tokens, policy.context_trigger_ratio, policy.context_target_ratio)
-
-
-def truncated(context: bytes, *, new_bytes: int, truncation: str, window: Window | None) -> bytes | None:
-    """The context to send for `truncation: "auto"`, or None to send it whole ("disabled", no window, or under the
-    trigger). Past `trigger * window` the oldest messages go, down to the earliest user message (a boundary: a tool
-    result is its own role, so a call is never separated from its output) that brings the estimate under
-    `target * window`, in one step; the latest boundary when none does."""
-    if truncation != "auto" or window is None or not context:
+        summary = await summarize(summary_request(messages[: cut.index], budget))
+        failed = summary is None
+    if summary is None:
+        cut = cut_under(window.target_tokens)
+    if cut is None:
         return None
-    if (len(context) + new_bytes) * TOKENS_PER_BYTE <= window.trigger_ratio * window.tokens:
-        return None
-    # Only a turn past the trigger parses its context; stored bytes are orjson's own, so they round-trip exactly.
-    pieces = [orjson.dumps(message) for message in orjson.loads(b"[" + context + b"]")]
-    boundaries = [i for i, piece in enumerate(pieces) if i > 0 and piece.startswith(b'{"role":"user"')]
-    boundaries.append(len(pieces))
-    kept = sum(len(piece) + 1 for piece in pieces)
-    sizes = [len(piece) + 1 for piece in pieces]
-    start = 0
-    for boundary in boundaries:
-        kept -= sum(sizes[start:boundary])
-        start = boundary
-        if (kept + new_bytes) * TOKENS_PER_BYTE <= window.target_ratio * window.tokens:
-            break
-    return b",".join(pieces[start:])
+    kept = b",".join(messages[cut.index :])
+    if summary is not None:
+        return Move(Base(kept, CHAT.summary_message(summary), None, whole=False), "summarized", False)
+    return Move(Base(kept, whole=False), "truncated", failed)

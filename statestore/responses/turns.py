@@ -14,16 +14,21 @@ from statestore.auth import Principal
 from statestore.clock import Clock
 from statestore.metrics import Metrics, ResponseTurnKind, ThreadTurnOutcome
 from statestore.policy import Policy
+from statestore.responses import context
 from statestore.responses.context import (
-    Window,
+    Base,
+    Move,
+    Summarize,
     cache_key,
     cached_chain,
+    chain_base,
     chain_context,
     conversation_cache_key,
     conversation_context,
+    kept_after,
     remember_conversation,
     remember_head,
-    truncated,
+    window_for,
 )
 from statestore.responses.errors import (
     BadRequest,
@@ -37,8 +42,9 @@ from statestore.responses.reply import response_object
 from statestore.responses.request import TurnRequest, chat_body
 from statestore.store.cache import HistoryCache
 from statestore.store.conversation_store import ConversationStore, Locked
-from statestore.store.response_records import NewResponse, ResponseRow, StoredItem
+from statestore.store.response_records import ContextRecord, NewResponse, ResponseRow, StoredItem
 from statestore.store.response_store import ResponseStore
+from statestore.threads import planner
 from statestore.threads.ids import new_lease_token
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
@@ -60,25 +66,91 @@ class PreparedResponse:
     parent: ResponseRow | None
     context: bytes  # the stored chain's (or conversation's) messages, untruncated
     inputs: list[StoredItem]
-    window: Window | None = None
+    policy: Policy | None = None
+    window: planner.Window | None = None  # the context policy `truncation: "auto"` applies (PROTOCOL §9)
     lease: str | None = None
     position: int = 0  # on a conversation: its position when the lease was taken
     cache_hit: bool = False  # the context came from the cache (its entry can be extended in place)
     keeper: LeaseKeeper | None = None
     done: bool = field(default=False)
-    context_moved: bool = False  # truncation: "auto" dropped the oldest messages for this request
+    moved: Move | None = None  # the context's base moved for this request (`plan_context`)
     outcome: ThreadTurnOutcome | None = None  # as counted in the metrics, once
+    sent_bytes: int = 0  # the bytes of `messages` and tools the backend counts the prompt of
+    # The backend's token count of the last turn (the parent's, or the conversation's) and the bytes it counted.
+    measured: tuple[int, int] = (0, 0)
+    _base: Base | None = None
+
+    @property
+    def base(self) -> Base:
+        """Where this request's context starts before any move: where the parent's turn left it, when this turn
+        manages its context; else the whole chain, as "disabled" forwards it. Found once (it slices the context)."""
+        if self._base is None:
+            managed = self.window is not None and self.turn.conversation_id is None
+            self._base = chain_base(self.parent, self.context) if managed else Base(self.context)
+        return self._base
+
+    def _system(self) -> bytes:
+        instructions = self.turn.instructions
+        return orjson.dumps({"role": "system", "content": instructions}) if instructions is not None else b""
+
+    def _fixed_bytes(self, system: bytes) -> int:
+        tools = self.turn.chat_params.get("tools")
+        return len(system) + (len(orjson.dumps(tools)) if tools else 0)
+
+    async def plan_context(self, summarize: Summarize | None) -> None:
+        """Move the context's base when this turn passes the trigger (PROTOCOL §9): before `backend_body`."""
+        if self.window is None:
+            return
+        system = self._system()
+        policy = self.policy
+        ratio = planner.tokens_per_byte(*self.measured)
+
+        def summary_request(summarised: list[bytes], budget: int) -> bytes:
+            return context.summary_body(
+                self.turn.chat_params,
+                system,
+                model=(policy.summary_model if policy else None) or self.turn.model,
+                max_tokens=budget,
+                summarised=summarised,
+                instructions=policy.summary_instructions if policy else None,
+            )
+
+        self.moved = await context.plan(
+            self.window,
+            self.base,
+            fixed_bytes=self._fixed_bytes(system),
+            new=join_rendered((i.kind, i.rendered) for i in self.inputs),
+            ratio=ratio,
+            summary_request=summary_request,
+            summarize=summarize,
+        )
 
     def backend_body(self) -> bytes:
-        instructions = self.turn.instructions
-        system = orjson.dumps({"role": "system", "content": instructions}) if instructions is not None else b""
+        system = self._system()
         new = join_rendered((i.kind, i.rendered) for i in self.inputs)
-        cut = truncated(
-            self.context, new_bytes=len(system) + len(new), truncation=self.turn.truncation, window=self.window
-        )
-        self.context_moved = cut is not None
-        segments = [system, self.context if cut is None else cut, new]
+        base = self.moved.base if self.moved is not None else self.base
+        segments = [system, base.head or b"", base.context, new]
+        self.sent_bytes = self._fixed_bytes(system) + base.size + len(new)
         return chat_body(self.turn.chat_params, segments, stream=self.turn.stream)
+
+    def context_record(
+        self, response_id: str, usage: dict[str, Any] | None, *, segment: bytes, reply_bytes: int
+    ) -> ContextRecord:
+        """What the commit stores of this turn's context: the backend's count of it (the prompt and the reply) and
+        the bytes it counted; on a chain whose context this turn managed, where the next turn's context starts."""
+        total = usage.get("total_tokens") if isinstance(usage, dict) else None
+        tokens = total if isinstance(total, int) and total > 0 else 0
+        counted = self.sent_bytes + reply_bytes if tokens else 0
+        if self.window is None or self.turn.conversation_id is not None:
+            return ContextRecord(tokens, counted)
+        base = self.moved.base if self.moved is not None else self.base
+        if base.whole:
+            return ContextRecord(tokens, counted)
+        head_id: str | None = base.head_id
+        head = None
+        if self.moved is not None and self.moved.action == "summarized":
+            head_id, head = response_id, base.head  # stored once, here; the descendants name this response
+        return ContextRecord(tokens, counted, kept_after(base, segment), head_id, head)
 
 
 class ResponseTurns:
@@ -136,7 +208,8 @@ class ResponseTurns:
             parent=None,
             context=b"",
             inputs=[stored(item) for item in turn.input],
-            window=Window.of(policy),
+            policy=policy,
+            window=window_for(policy, turn.truncation, on_conversation=turn.conversation_id is not None),
         )
         if turn.previous_response_id is not None:
             previous = turn.previous_response_id
@@ -154,6 +227,7 @@ class ResponseTurns:
             if parent is None:
                 raise previous_response_not_found(previous)
             prepared.parent = parent
+            prepared.measured = (parent.context_tokens, parent.context_bytes)
             cached = cached_chain(parent, cached)
             prepared.cache_hit = cached is not None
             prepared.context = await chain_context(self.responses, parent, cached)
@@ -165,7 +239,7 @@ class ResponseTurns:
             # The cached context is read while the lease is taken: its position is checked against the lease's after.
             reading = asyncio.ensure_future(self.cache.get(conversation_cache_key(conversation)))
             try:
-                position = await self.conversations.lease(
+                position, *measured = await self.conversations.lease(
                     principal.owner, conversation, token=token, now_ms=now, until_ms=now + self.lease_ms
                 )
             except BaseException as exc:
@@ -178,6 +252,7 @@ class ResponseTurns:
             cached = await reading
             prepared.lease = token
             prepared.position = position
+            prepared.measured = (measured[0], measured[1])
             prepared.cache_hit = cached is not None and cached.count == position
             # A reply that outlasts a third of the lease renews it, as a threaded turn does.
             prepared.keeper = LeaseKeeper(
@@ -246,6 +321,12 @@ class ResponseTurns:
             expires_ms=now + prepared.ttl_ms,
             inputs=prepared.inputs,
             outputs=outputs,
+            context=prepared.context_record(
+                prepared.response_id,
+                response.get("usage"),
+                segment=segment,
+                reply_bytes=len(join_rendered((i.kind, i.rendered) for i in outputs)),
+            ),
         )
         self._stop_keeper(prepared)
         committed = await self.responses.commit(new, conversation_lease=prepared.lease)

@@ -96,17 +96,20 @@ class ConversationStore:
             deleted = await conn.execute(delete(conversations).where(*self._mine(owner, conversation_id, now_ms)))
         return deleted.rowcount > 0
 
-    async def lease(self, owner: str, conversation_id: str, *, token: str, now_ms: int, until_ms: int) -> int:
-        """Take the conversation for one turn and return its next position; raises Locked, or LookupError when there
-        is no such conversation."""
-        position = await self.log.take_conversation(
+    async def lease(
+        self, owner: str, conversation_id: str, *, token: str, now_ms: int, until_ms: int
+    ) -> tuple[int, int, int]:
+        """Take the conversation for one turn: its next position, and the backend's token count of its last turn
+        with the bytes it counted (0, 0 before any); raises Locked, or LookupError when there is no such
+        conversation."""
+        leased = await self.log.take_conversation(
             TakeConversation(
                 conversation_id=conversation_id, owner=owner, now_ms=now_ms, token=token, until_ms=until_ms
             )
         )
-        if position is None:
+        if leased is None:
             await self._refuse(owner, conversation_id, now_ms)
-        return position
+        return leased
 
     async def _refuse(self, owner: str, conversation_id: str, now_ms: int) -> NoReturn:
         """Why the conversation could not be taken: Locked, or LookupError. Only on the refusal path."""

@@ -94,7 +94,7 @@ PG_TAKE_CONVERSATION: Final = PgStatement(
 UPDATE conversations SET lease_token = :token, lease_expires_ms = :until_ms
 WHERE id = :conversation_id AND owner = :owner AND expires_ms > :now_ms
   AND (lease_token IS NULL OR lease_expires_ms <= :now_ms)
-RETURNING next_position
+RETURNING next_position, coalesce(context_tokens, 0) AS context_tokens, coalesce(context_bytes, 0) AS context_bytes
 """,
     durable=False,
 )
@@ -163,7 +163,11 @@ CORE_TAKE_CONVERSATION: Final = CoreStatement(
         _free(conversations),
     )
     .values(lease_token=core_param("token"), lease_expires_ms=core_param("until_ms"))
-    .returning(conversations.c.next_position),
+    .returning(
+        conversations.c.next_position,
+        func.coalesce(conversations.c.context_tokens, 0).label("context_tokens"),
+        func.coalesce(conversations.c.context_bytes, 0).label("context_bytes"),
+    ),
 )
 
 
@@ -249,13 +253,17 @@ class LeasedLog:
             row = await self._single_row(CORE_TAKE_THREAD_BY_SESSION, take)
         return leased_thread(row) if row is not None else None
 
-    async def take_conversation(self, take: TakeConversation) -> int | None:
-        """The conversation's next position, leased; None when it is not free (or not there)."""
+    async def take_conversation(self, take: TakeConversation) -> tuple[int, int, int] | None:
+        """The conversation's next position, leased, with the backend's token count of its last turn and the bytes it
+        counted (0, 0 before any: PROTOCOL §9's measured ratio); None when it is not free (or not there)."""
+        row: Any
         if self._pg is not None:
-            position: int | None = await self._pg.fetchval(PG_TAKE_CONVERSATION, take)
-            return position
-        row = await self._single_row(CORE_TAKE_CONVERSATION, take)
-        return int(row["next_position"]) if row is not None else None
+            row = await self._pg.fetchrow(PG_TAKE_CONVERSATION, take)
+        else:
+            row = await self._single_row(CORE_TAKE_CONVERSATION, take)
+        if row is None:
+            return None
+        return int(row["next_position"]), int(row["context_tokens"]), int(row["context_bytes"])
 
     async def renew(self, log: LogTable, renew: Renew) -> bool:
         """Extend a lease this turn still holds (a long reply); False when it was lost."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import insert, update
+from sqlalchemy import func, insert, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import Insert
 
@@ -72,6 +72,11 @@ def _chained(new: NewResponse) -> InsertResponse:
         usage_day=day,
         usage_shard=shard,
         usage_bytes=stored,
+        context_tokens=new.context.tokens or None,
+        context_bytes=new.context.counted_bytes or None,
+        context_kept=new.context.kept,
+        context_head_id=new.context.head_id,
+        context_head=new.context.head,
     )
 
 
@@ -99,6 +104,8 @@ def _on_conversation(new: NewResponse, conversation_id: str, token: str | None) 
         usage_day=day,
         usage_shard=shard,
         usage_bytes=stored,
+        context_tokens=new.context.tokens or None,
+        context_bytes=new.context.counted_bytes or None,
     )
 
 
@@ -128,6 +135,8 @@ async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewRes
                 lease_token=None,
                 lease_expires_ms=None,
                 expires_ms=turn.expires_ms,
+                context_tokens=func.coalesce(turn.context_tokens, conversations.c.context_tokens),
+                context_bytes=func.coalesce(turn.context_bytes, conversations.c.context_bytes),
             )
             .returning(conversations.c.next_position)
         )
@@ -153,6 +162,8 @@ async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewRes
                 body=turn.body,
                 created_ms=turn.created_ms,
                 expires_ms=turn.expires_ms,
+                context_tokens=turn.context_tokens,
+                context_bytes=turn.context_bytes,
             )
         )
         await conn.execute(
@@ -196,6 +207,11 @@ async def _insert_chained(conn: AsyncConnection, chained: InsertResponse) -> Non
             body=chained.body,
             created_ms=chained.created_ms,
             expires_ms=chained.expires_ms,
+            context_tokens=chained.context_tokens,
+            context_bytes=chained.context_bytes,
+            context_kept=chained.context_kept,
+            context_head_id=chained.context_head_id,
+            context_head=chained.context_head,
         )
     )
     await conn.execute(

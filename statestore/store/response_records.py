@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 # How an item's rendering joins a rebuild (responses/items.py): a whole chat message, one `tool_calls` entry of a
@@ -29,6 +29,25 @@ class ResponseRow:
     # The chain began on a conversation's response: that conversation's version (its next position, moved by every
     # change of its items; -1 once it is gone) as this row was read. None for a chain of its own.
     conversation_version: int | None = None
+    # PROTOCOL §9 (responses/context.py ChainBase): what the backend counted of this turn, and where the context
+    # the next turn starts from begins.
+    context_tokens: int = 0
+    context_bytes: int = 0
+    context_kept: int | None = None
+    context_head_id: str | None = None
+    context_head: bytes | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContextRecord:
+    """What a turn stores of its context (ResponseRow's context_* fields): a head is stored only on the response
+    whose turn made it (head_id names that response, its own id included); its descendants name it."""
+
+    tokens: int = 0
+    counted_bytes: int = 0
+    kept: int | None = None
+    head_id: str | None = None
+    head: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +64,7 @@ class NewResponse:
     expires_ms: int
     inputs: Sequence[StoredItem]
     outputs: Sequence[StoredItem]
+    context: ContextRecord = field(default_factory=ContextRecord)
 
 
 @dataclass(frozen=True, slots=True)

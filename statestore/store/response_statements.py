@@ -52,6 +52,12 @@ class InsertResponse:
     usage_day: int
     usage_shard: int
     usage_bytes: int
+    # What the turn measured and where the next turn's context starts (store/response_records.py ContextRecord).
+    context_tokens: int | None
+    context_bytes: int | None
+    context_kept: int | None
+    context_head_id: str | None
+    context_head: bytes | None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -76,6 +82,9 @@ class CommitConversationTurn:
     usage_day: int
     usage_shard: int
     usage_bytes: int
+    # What the turn measured (a conversation's base is its items: nothing else is kept).
+    context_tokens: int | None
+    context_bytes: int | None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -94,10 +103,12 @@ GET_RESPONSE: Final = PgStatement(
     GetResponse,
     """
 SELECT r.id, r.root_id, r.depth, r.chain_bytes, r.body,
-    CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END
+    CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END,
+    coalesce(r.context_tokens, 0), coalesce(r.context_bytes, 0), r.context_kept, r.context_head_id, holder.context_head
 FROM responses r
 LEFT JOIN responses root ON root.id = r.root_id
 LEFT JOIN conversations c ON c.id = root.conversation_id
+LEFT JOIN responses holder ON holder.id = r.context_head_id
 WHERE r.id = :response_id AND r.owner = :owner AND r.expires_ms > :now_ms
 """,
     durable=True,
@@ -109,9 +120,10 @@ INSERT_RESPONSE: Final = PgStatement(
     """
 WITH added AS (
     INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id, depth,
-        chain_bytes, body, created_ms, expires_ms)
+        chain_bytes, body, created_ms, expires_ms, context_tokens, context_bytes, context_kept, context_head_id,
+        context_head)
     VALUES (:id, :owner, :tenant_id, :metadata_user_id, :parent_id, :root_id, NULL, :depth, :chain_bytes, :body,
-        :created_ms, :expires_ms)
+        :created_ms, :expires_ms, :context_tokens, :context_bytes, :context_kept, :context_head_id, :context_head)
     RETURNING id
 ), counted AS (
     INSERT INTO daily_usage (day, shard, door, turns, bytes)
@@ -134,14 +146,17 @@ COMMIT_CONVERSATION_TURN: Final = PgStatement(
     """
 WITH claimed AS (
     UPDATE conversations SET next_position = next_position + :count, lease_token = NULL, lease_expires_ms = NULL,
-        expires_ms = :expires_ms
+        expires_ms = :expires_ms, context_tokens = coalesce(:context_tokens, context_tokens),
+        context_bytes = coalesce(:context_bytes, context_bytes)
     WHERE id = :conversation_id AND lease_token = :token
     RETURNING next_position - :count AS start
 ), added AS (
     INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id,
-        conversation_position, input_count, output_count, depth, chain_bytes, body, created_ms, expires_ms)
+        conversation_position, input_count, output_count, depth, chain_bytes, body, created_ms, expires_ms,
+        context_tokens, context_bytes)
     SELECT :id, :owner, :tenant_id, :metadata_user_id, NULL, :id, :conversation_id, claimed.start, :inputs,
-        :count - :inputs, 0, :chain_bytes, :body, :created_ms, :expires_ms FROM claimed
+        :count - :inputs, 0, :chain_bytes, :body, :created_ms, :expires_ms, :context_tokens, :context_bytes
+    FROM claimed
 ), items AS (
     INSERT INTO conversation_items (conversation_id, position, item_id, body, kind, rendered)
     SELECT :conversation_id, claimed.start + (m.ord - 1)::integer, m.item_id, m.body, m.kind, m.rendered

@@ -42,6 +42,7 @@ class ResponseStore:
             record = await self._pg.get(GetResponse(response_id=response_id, owner=owner, now_ms=now_ms))
             return ResponseRow(*record) if record is not None else None
         root = responses.alias("root")
+        holder = responses.alias("holder")
         version = case(
             (root.c.conversation_id.is_(None), null()), else_=func.coalesce(conversations.c.next_position, -1)
         )
@@ -53,11 +54,16 @@ class ResponseStore:
                 responses.c.chain_bytes,
                 responses.c.body,
                 version,
+                func.coalesce(responses.c.context_tokens, 0),
+                func.coalesce(responses.c.context_bytes, 0),
+                responses.c.context_kept,
+                responses.c.context_head_id,
+                holder.c.context_head,
             )
             .select_from(
-                responses.outerjoin(root, root.c.id == responses.c.root_id).outerjoin(
-                    conversations, conversations.c.id == root.c.conversation_id
-                )
+                responses.outerjoin(root, root.c.id == responses.c.root_id)
+                .outerjoin(conversations, conversations.c.id == root.c.conversation_id)
+                .outerjoin(holder, holder.c.id == responses.c.context_head_id)
             )
             .where(responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms)
         )

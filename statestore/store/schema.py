@@ -220,6 +220,14 @@ responses = Table(
     Column("body", LargeBinary, nullable=False),  # the Response JSON as returned
     Column("created_ms", BigInteger, nullable=False),
     Column("expires_ms", BigInteger, nullable=False),
+    # PROTOCOL §9 (revision 0010): the backend's token count of this turn and the bytes it counted; the bytes of
+    # the chain's joined context its context keeps, counted from the end (NULL: all of it); the response whose
+    # `context_head` (a summary message) opens it.
+    Column("context_tokens", BigInteger, nullable=True),
+    Column("context_bytes", BigInteger, nullable=True),
+    Column("context_kept", BigInteger, nullable=True),
+    Column("context_head_id", String(40), nullable=True),
+    Column("context_head", LargeBinary, nullable=True),
     Index(None, "root_id", "expires_ms"),
     Index(None, "expires_ms"),
     Index(None, "tenant_id"),
@@ -253,6 +261,9 @@ conversations = Table(
     Column("lease_expires_ms", BigInteger, nullable=True),
     Column("created_ms", BigInteger, nullable=False),
     Column("expires_ms", BigInteger, nullable=False),
+    # The backend's token count of the last turn on it and the bytes it counted (revision 0010, PROTOCOL §9).
+    Column("context_tokens", BigInteger, nullable=True),
+    Column("context_bytes", BigInteger, nullable=True),
     Index(None, "expires_ms"),
     Index(None, "tenant_id"),
     Index(None, "metadata_user_id"),

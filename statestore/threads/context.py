@@ -1,27 +1,20 @@
-"""The context a thread sends (PROTOCOL §9): when it nears the model's window, where to move the base, and what a
-summary request looks like. Pure functions; the service loads the rows and sends the summary request.
+"""The Messages door's side of the context planner (PROTOCOL §9, threads/planner.py): its message format (sizes,
+boundaries, the summary as a message), a thread's measured size, the summary request's body and reply, and the
+compaction head. Pure functions; the service loads the rows and sends the summary request.
 
 Only a turn whose estimate passes the trigger looks at stored messages, and then only at those from the base on:
 every other turn's rebuild stays a join of stored bytes."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from statestore.policy import Policy
 from statestore.store.turn_records import LeasedThread, TurnUsage
-from statestore.threads import assembly
-
-# Tokens per byte when a thread has no measured size yet: the usual ratio for English text in JSON.
-DEFAULT_TOKENS_PER_BYTE = 0.25
-SUMMARY_PREFIX = "Summary of the earlier part of this conversation:\n\n"
-DEFAULT_SUMMARY_INSTRUCTIONS = (
-    "Summarise the conversation above so that it can continue without it: the user's goals, the decisions made, "
-    "facts and numbers established, tool results that still matter, and open questions. Write only the summary."
-)
+from statestore.threads import assembly, planner
 
 
 def total_tokens(usage: TurnUsage) -> int:
@@ -31,29 +24,17 @@ def total_tokens(usage: TurnUsage) -> int:
 
 def tokens_per_byte(leased: LeasedThread, fixed_bytes: int) -> float:
     """The thread's own ratio, measured by the backend after the last turn."""
-    size = fixed_bytes + leased.context_bytes
-    if leased.context_tokens > 0 and size > 0:
-        return leased.context_tokens / size
-    return DEFAULT_TOKENS_PER_BYTE
-
-
-def window_of(policy: Policy) -> int | None:
-    """The window the policy manages, or None when the thread's context is forwarded as rebuilt."""
-    if policy.context_strategy == "none" or not policy.context_window_tokens:
-        return None
-    return policy.context_window_tokens
+    return planner.tokens_per_byte(leased.context_tokens, fixed_bytes + leased.context_bytes)
 
 
 def estimate(leased: LeasedThread, fixed_bytes: int, new_bytes: int) -> int:
     """The next request's size in tokens: the context measured after the last turn, plus the new messages."""
-    ratio = tokens_per_byte(leased, fixed_bytes)
-    known = leased.context_tokens or int((fixed_bytes + leased.context_bytes) * ratio)
-    return known + int(new_bytes * ratio) + 1
-
-
-def summary_budget(policy: Policy, window: int) -> int:
-    """max_tokens of a summary request: a quarter of what the context is brought down to, at least 256."""
-    return max(256, int(window * policy.context_target_ratio / 4))
+    return planner.estimate(
+        known_tokens=leased.context_tokens,
+        known_bytes=fixed_bytes + leased.context_bytes,
+        new_bytes=new_bytes,
+        ratio=tokens_per_byte(leased, fixed_bytes),
+    )
 
 
 def is_boundary(message: bytes) -> bool:
@@ -72,6 +53,33 @@ def is_boundary_message(message: Any) -> bool:
     if isinstance(content, list):
         return not any(isinstance(block, dict) and block.get("type") == "tool_result" for block in content)
     return isinstance(content, str)
+
+
+def summary_head(text: str) -> bytes:
+    """The summary as the opening user message of the context, in place of what it replaces."""
+    return orjson.dumps({"role": "user", "content": [{"type": "text", "text": planner.SUMMARY_PREFIX + text}]})
+
+
+class MessagesFormat:
+    """Messages API messages as the planner sees them: a boundary stands alone (a tool result is a user message
+    of its own kind), and the joined history's commas are counted with the new messages, not here."""
+
+    __slots__ = ()
+
+    def size(self, message: bytes) -> int:
+        return len(message)
+
+    def boundaries(self, messages: Sequence[bytes]) -> list[bool]:
+        return [is_boundary(message) for message in messages]
+
+    def summary_message(self, text: str) -> bytes:
+        return summary_head(text)
+
+
+MESSAGES = MessagesFormat()
+# Stand-ins for a turn's first new message, which the Messages format judges alone (and is known before encoding).
+_A_BOUNDARY = b'{"role":"user","content":""}'
+_NOT_A_BOUNDARY = b"{}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,30 +101,23 @@ def plan_cut(
     ratio: float,
     budget_tokens: float,
 ) -> Cut | None:
-    """The earliest boundary that brings the request under `budget_tokens`, in one step (PROTOCOL §9); the latest
-    boundary when none does; None when there is no boundary to move to. `rows` is the context as stored: (-1, head)
-    first when there is one, then (position, bytes) from the base on."""
-    stored = [(position, body) for position, body in rows if position >= 0]
-    has_head = len(stored) != len(rows)
-    candidates: list[tuple[int, int, int]] = []  # (position, bytes kept from there, bytes dropped before it)
-    kept = sum(len(body) for _, body in stored)
-    dropped = 0
-    base = stored[0][0] if stored else head_position
-    for position, body in stored:
-        # The base itself is a place to move to only when a head stands before it (the head goes).
-        if (position > base or has_head) and is_boundary(body):
-            candidates.append((position, kept, dropped))
-        kept -= len(body)
-        dropped += len(body)
-    if first_new_is_boundary and (stored or has_head):
-        candidates.append((head_position, 0, dropped))
-    if not candidates:
+    """The planner's cut (planner.plan_cut) over a thread's rows as stored: (-1, head) first when there is one, then
+    (position, bytes) from the base on; the new messages' first counts only as being a boundary or not."""
+    has_head = bool(rows) and rows[0][0] < 0
+    cut = planner.plan_cut(
+        MESSAGES,
+        [body for _, body in rows],
+        has_head=has_head,
+        first_new=_A_BOUNDARY if first_new_is_boundary else _NOT_A_BOUNDARY,
+        fixed_bytes=fixed_bytes,
+        new_bytes=new_bytes,
+        ratio=ratio,
+        budget_tokens=budget_tokens,
+    )
+    if cut is None:
         return None
-    for position, kept_bytes, dropped_bytes in candidates:
-        if (fixed_bytes + kept_bytes + new_bytes) * ratio <= budget_tokens:
-            return Cut(position, dropped_bytes)
-    position, _, dropped_bytes = candidates[-1]
-    return Cut(position, dropped_bytes)
+    position = rows[cut.index][0] if cut.index < len(rows) else head_position
+    return Cut(position, cut.dropped_bytes)
 
 
 def summary_request(
@@ -128,14 +129,13 @@ def summary_request(
     summarised: list[bytes],
     instructions: str | None,
 ) -> bytes:
-    """The out-of-band request for a summary: the thread's own system, tools and the messages to summarise (so it
-    shares the prompt cache's prefix with the turns before), then the instructions as the last user message."""
-    ask = orjson.dumps({"role": "user", "content": instructions or DEFAULT_SUMMARY_INSTRUCTIONS})
+    """The out-of-band request for a summary: the thread's own system, tools, then the planner's summary messages."""
+    *history, ask = planner.summary_messages(summarised, instructions)
     return assembly.build_body(
         {"model": model, "max_tokens": max_tokens},
         system=system,
         tools=tools,
-        history=assembly.join_history(summarised),
+        history=assembly.join_history(history),
         new_messages=[ask],
     )
 
@@ -153,11 +153,6 @@ def summary_text(reply: Any) -> str | None:
         if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str)
     ).strip()
     return text or None
-
-
-def summary_head(text: str) -> bytes:
-    """The summary as the opening user message of the context, in place of what it replaces."""
-    return orjson.dumps({"role": "user", "content": [{"type": "text", "text": SUMMARY_PREFIX + text}]})
 
 
 def compaction_head(content: Any) -> bytes | None:

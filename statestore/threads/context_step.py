@@ -12,7 +12,7 @@ from statestore.errors import InternalError
 from statestore.policy import Policy
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import ContextAction, ContextMove, LeasedThread, TurnUsage
-from statestore.threads import assembly, context
+from statestore.threads import assembly, context, planner
 from statestore.threads.turn import ThreadTurn
 
 log = logging.getLogger(__name__)
@@ -43,19 +43,19 @@ async def step(
     """The base move this turn needs, or None when the estimate is under the trigger (or nothing can move)."""
     fields = turn.fields
     first_new_is_boundary = bool(turn.messages) and context.is_boundary_message(turn.messages[0])
-    window = context.window_of(policy)
+    window = planner.window_of(policy)
     if window is None:
         return None
     fixed = len(leased.system or b"") + len(leased.tools or b"")
     new_bytes = sum(map(len, new_messages)) + len(new_messages)
-    if context.estimate(leased, fixed, new_bytes) <= policy.context_trigger_ratio * window:
+    if not planner.passes_trigger(window, context.estimate(leased, fixed, new_bytes)):
         return None
     rows = await repository.load_context(leased.id)
     if sum(1 for position, _ in rows if position >= 0) != leased.head_position - leased.base_position:
         log.error("thread rows disagree with its head position", extra={"thread_id": leased.id})
         raise InternalError("the stored thread is inconsistent")
     ratio = context.tokens_per_byte(leased, fixed)
-    target = policy.context_target_ratio * window
+    target = window.target_tokens
 
     def cut_under(budget: float) -> context.Cut | None:
         return context.plan_cut(
@@ -71,8 +71,8 @@ async def step(
     summary: str | None = None
     summary_failed = False
     cut: context.Cut | None = None
-    if policy.context_strategy == "summarize" and summarize is not None:
-        budget = context.summary_budget(policy, window)
+    if window.strategy == "summarize" and summarize is not None:
+        budget = planner.summary_budget(window)
         cut = cut_under(target - budget)
         if cut is None:
             return None

@@ -147,7 +147,7 @@ async def test_a_lost_lease_is_the_same_for_a_thread_and_a_conversation(stores: 
 
     leased = await stores.log.take_thread(take_thread(first, NOW))
     assert leased is not None and leased.head_position == 2
-    assert await stores.log.take_conversation(take_conversation(first, NOW)) == 0
+    assert await stores.log.take_conversation(take_conversation(first, NOW)) == (0, 0, 0)
     # Held: neither is taken again while the lease runs.
     assert await stores.log.take_thread(take_thread(second, NOW + 1)) is None
     assert await stores.log.take_conversation(take_conversation(second, NOW + 1)) is None
@@ -155,7 +155,7 @@ async def test_a_lost_lease_is_the_same_for_a_thread_and_a_conversation(stores: 
     assert await stores.log.renew(CONVERSATIONS, Renew(log_id=conversation_id, token=first, until_ms=NOW + 20))
     # Run out and taken over: the first turn's lease is lost, in both, and its commit stores nothing.
     assert await stores.log.take_thread(take_thread(second, NOW + 21)) is not None
-    assert await stores.log.take_conversation(take_conversation(second, NOW + 21)) == 0
+    assert await stores.log.take_conversation(take_conversation(second, NOW + 21)) == (0, 0, 0)
     assert not await stores.log.renew(THREADS, Renew(log_id=thread_id, token=first, until_ms=NOW + 40))
     assert not await stores.log.renew(CONVERSATIONS, Renew(log_id=conversation_id, token=first, until_ms=NOW + 40))
     assert not await stores.log.commit_thread_turn(_turn(thread_id, first, f"msg_{_token()}", start=2))

@@ -3,14 +3,18 @@ translator's event sequence, and truncation: "auto"."""
 
 from __future__ import annotations
 
+import asyncio
+
 import orjson
 import pytest
 
-from statestore.responses.context import Window, truncated
+from statestore.policy import Policy
+from statestore.responses.context import Base, plan, window_for
 from statestore.responses.errors import BadRequest
 from statestore.responses.items import join_rendered, join_segments, normalise_input, stored
 from statestore.responses.request import chat_body, read_turn
 from statestore.responses.stream import ChunkTranslator
+from statestore.threads import planner
 
 
 def _messages(items: list[dict[str, object]]) -> list[object]:
@@ -156,15 +160,41 @@ def _context(n: int) -> bytes:
     return b",".join(pieces)
 
 
+def _policy(window: int | None, strategy: str = "none") -> Policy:
+    return Policy(True, True, 60, 600, 1 << 20, 100, context_strategy=strategy, context_window_tokens=window)  # type: ignore[arg-type]
+
+
+def _truncated(context: bytes, new: bytes, window: planner.Window | None) -> bytes | None:
+    def no_summary(summarised: list[bytes], budget: int) -> bytes:
+        raise AssertionError("a truncation asks for no summary")
+
+    moved = asyncio.run(
+        plan(
+            window,
+            Base(context),
+            fixed_bytes=0,
+            new=new,
+            ratio=planner.DEFAULT_TOKENS_PER_BYTE,
+            summary_request=no_summary,
+            summarize=None,
+        )
+    )
+    return None if moved is None else moved.base.context
+
+
 def test_truncation_auto_cuts_at_a_user_message_in_one_step() -> None:
     context = _context(20)
-    assert truncated(context, new_bytes=10, truncation="disabled", window=Window(10)) is None
-    assert truncated(context, new_bytes=10, truncation="auto", window=None) is None
-    assert truncated(context, new_bytes=10, truncation="auto", window=Window(100_000)) is None
-    window = Window(len(context) // 4)  # the whole context is about 100% of the window: past the 80% trigger
-    cut = truncated(context, new_bytes=10, truncation="auto", window=window)
+    new = orjson.dumps({"role": "user", "content": "n"})
+    assert window_for(_policy(10), "disabled", on_conversation=False) is None
+    assert window_for(_policy(None), "auto", on_conversation=False) is None
+    assert _truncated(context, new, window_for(_policy(100_000), "auto", on_conversation=False)) is None
+    # the whole context is about 100% of the window: past the 80% trigger
+    window = window_for(_policy(len(context) // 4), "auto", on_conversation=False)
+    assert window is not None and window.strategy == "truncate"
+    cut = _truncated(context, new, window)
     assert cut is not None and context.endswith(cut) and cut.startswith(b'{"role":"user"')
-    assert (len(cut) + 10) / 4 <= window.target_ratio * window.tokens
+    sent = len(cut) + 1 + len(new)
+    assert sent / 4 <= window.target_tokens
     # the earliest boundary that fits: one more message would not
     kept = orjson.loads(b"[" + cut + b"]")
-    assert len(kept) % 2 == 0 and (len(cut) + 90 + 10) / 4 > window.target_ratio * window.tokens
+    assert len(kept) % 2 == 0 and (sent + 90) / 4 > window.target_tokens
