@@ -27,7 +27,10 @@ if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "make test: installing ${missing[*]} with apt-get (scale-out, container image and console browser tests)" >&2
   log="$(mktemp)"
   export DEBIAN_FRONTEND=noninteractive
-  if apt-get update -qq >"$log" 2>&1 && apt-get install -y -qq --no-install-recommends "${missing[@]}" >>"$log" 2>&1; then
+  # Another apt (unattended upgrades, a second checkout's make) may hold the lock for a while: wait for it.
+  wait_lock=(-o DPkg::Lock::Timeout=600)
+  if apt-get "${wait_lock[@]}" update -qq >"$log" 2>&1 \
+    && apt-get "${wait_lock[@]}" install -y -qq --no-install-recommends "${missing[@]}" >>"$log" 2>&1; then
     rm -f "$log"
     exit 0
   fi

@@ -54,6 +54,10 @@ class Settings(BaseSettings):
     # Admin API bearer tokens, "name:token" entries separated by commas; the name is the audit log's actor.
     admin_tokens: SecretStr | None = None
     policy_cache_seconds: float = Field(default=5.0, ge=0)
+    # The console's sign-in throttle, per 15-minute window: failed attempts from one client address, and sign-ins with
+    # one admin token (by its name).
+    console_sign_in_failures: int = Field(default=10, ge=1)
+    console_sign_ins_per_token: int = Field(default=30, ge=1)
 
     purge_interval_seconds: float = Field(default=60.0, gt=0)
     purge_batch_size: int = Field(default=500, ge=1, le=100_000)

@@ -20,6 +20,7 @@ from statestore.responses.turns import ResponseTurns
 from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache, create_cache
+from statestore.store.console_guard import ConsoleGuard
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.engine import create_engine
 from statestore.store.leased_log import LeasedLog
@@ -48,6 +49,7 @@ class Resources:
     threads: ThreadService
     authenticator: Authenticator
     admin_tokens: AdminTokens
+    console_guard: ConsoleGuard
     admin: AdminService
     queries: ThreadQueries
     retention: Retention
@@ -162,6 +164,7 @@ async def build_resources(
             ),
             authenticator=authenticator,
             admin_tokens=AdminTokens(settings.admin_token_table()),
+            console_guard=ConsoleGuard(engine),
             admin=AdminService(
                 repository=admin_repository,
                 policies=policies,

@@ -42,7 +42,7 @@ async def stylesheet() -> Response:
 @router.get("/sign-in")
 async def sign_in_page(request: Request) -> Response:
     resources_of(request)
-    if session_of(request) is not None:
+    if await session_of(request) is not None:
         return redirect("")
     notice = NOTICES.get(request.query_params.get("notice", ""))
     return page("sign_in.html", session=None, error=None, notice=notice)
@@ -50,20 +50,45 @@ async def sign_in_page(request: Request) -> Response:
 
 @router.post("/sign-in")
 async def sign_in(request: Request) -> Response:
+    """Throttled twice: failed attempts per client address (guessing tokens), and sign-ins per token name (a leaked
+    token minting sessions). A throttled address is refused before its token is looked at, so it learns nothing."""
     refuse_cross_site(request)
-    tokens = resources_of(request).admin_tokens
-    found = tokens.identify((await form_of(request)).get("token", ""))
+    resources = resources_of(request)
+    settings, guard, now = resources.settings, resources.console_guard, resources.clock()
+    address = f"address:{request.client.host if request.client else 'unknown'}"
+    if await guard.attempts(address, now) >= settings.console_sign_in_failures:
+        return _throttled(guard.retry_after_ms(now))
+    found = resources.admin_tokens.identify((await form_of(request)).get("token", ""))
     if found is None:
+        await guard.count(address, now)
         return page("sign_in.html", status=401, session=None, error="That is not an admin token.", notice=None)
+    if await guard.count(f"token:{found[0]}", now) > settings.console_sign_ins_per_token:
+        return _throttled(guard.retry_after_ms(now))
     cookie, _ = new_session(*found)
     response = redirect("")
     set_session_cookie(response, request, cookie, SESSION_SECONDS)
     return response
 
 
+def _throttled(retry_ms: int) -> Response:
+    minutes = max(1, -(-retry_ms // 60_000))
+    response = page(
+        "sign_in.html",
+        status=429,
+        session=None,
+        error=f"Too many sign-in attempts: try again in {minutes} minute{'s' if minutes > 1 else ''}.",
+        notice=None,
+    )
+    response.headers["retry-after"] = str(max(1, -(-retry_ms // 1000)))
+    return response
+
+
 @router.post("/sign-out")
 async def sign_out(request: Request) -> Response:
-    await checked_post(request)
+    session, _ = await checked_post(request)
+    resources = resources_of(request)
+    # Recorded until the cookie would have expired: a copy of it, wherever it went, opens nothing from now on.
+    await resources.console_guard.sign_out(session.nonce, session.expires_s * 1000, resources.clock())
     response = redirect("/sign-in?notice=signed-out")
     response.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
     return response
@@ -71,7 +96,7 @@ async def sign_out(request: Request) -> Response:
 
 @router.get("")
 async def overview(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     resources = resources_of(request)
     admin = resources.admin
     stats = await admin.stats()

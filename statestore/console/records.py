@@ -14,7 +14,7 @@ AUDIT_PAGE = 50
 
 @router.get("/audit")
 async def audit_page(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     filters = query_of(request, "actor", "action", "tenant")
     before_text = request.query_params.get("before", "")
     # Audit ids are 32-bit: anything else is no page marker (the newest page).
@@ -59,7 +59,7 @@ def _criteria(form: dict[str, str]) -> tuple[str | None, str | None]:
 
 @router.get("/erasure")
 async def erasure_page(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     tenants = await resources_of(request).admin.tenants()
     return page("erasure.html", session=session, tenants=tenants, error=None, tenant="", user_id="", section="erasure")
 

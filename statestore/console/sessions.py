@@ -1,9 +1,11 @@
-"""Console sessions and CSRF tokens, with no server-side state.
+"""Console sessions and CSRF tokens.
 
 A session cookie holds the admin token's name, an expiry and a random nonce, signed with HMAC keyed by the digest of
 the token itself: any replica with the same STATESTORE_ADMIN_TOKENS accepts it, no other secret is needed, and
 removing a token from the configuration ends its sessions. The CSRF token of a session is a second HMAC of its nonce
-under the same key, so it cannot be computed without the admin token and differs for every sign-in.
+under the same key, so it cannot be computed without the admin token and differs for every sign-in. The one piece of
+server-side state is the list of nonces signed out (store/console_guard.py): a sign-out ends the session on every
+replica, even for a copy of its cookie.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ SESSION_SECONDS = 8 * 3600
 class ConsoleSession:
     actor: str  # the admin token's name: the audit log's actor, as for /admin/v1
     csrf: str
+    nonce: str  # what a sign-out records server-side, so the cookie opens nothing after it
+    expires_s: int
 
 
 def _mac(key: bytes, *parts: str) -> str:
@@ -49,7 +53,7 @@ def new_session(actor: str, digest: bytes, *, now: float | None = None) -> tuple
     nonce = secrets.token_urlsafe(18)
     name = _encode_name(actor)
     cookie = ".".join((name, expires, nonce, _mac(digest, "session", name, expires, nonce)))
-    return cookie, ConsoleSession(actor=actor, csrf=_mac(digest, "csrf", nonce))
+    return cookie, ConsoleSession(actor=actor, csrf=_mac(digest, "csrf", nonce), nonce=nonce, expires_s=int(expires))
 
 
 def read_session(tokens: AdminTokens, cookie: str | None, *, now: float | None = None) -> ConsoleSession | None:
@@ -65,7 +69,7 @@ def read_session(tokens: AdminTokens, cookie: str | None, *, now: float | None =
         return None
     for digest in tokens.digests_named(actor):
         if hmac.compare_digest(mac, _mac(digest, "session", name, expires, nonce)):
-            return ConsoleSession(actor=actor, csrf=_mac(digest, "csrf", nonce))
+            return ConsoleSession(actor=actor, csrf=_mac(digest, "csrf", nonce), nonce=nonce, expires_s=int(expires))
     return None
 
 

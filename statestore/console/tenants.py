@@ -29,7 +29,7 @@ def _notice(request: Request) -> str | None:
 
 @router.get("/tenants")
 async def tenants_page(request: Request) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     tenants = await resources_of(request).admin.tenants()
     notice = _notice(request)
     return page("tenants.html", session=session, tenants=tenants, error=None, name="", notice=notice, section="tenants")
@@ -58,7 +58,7 @@ async def create_tenant(request: Request) -> Response:
 
 
 async def _tenant_page(request: Request, tenant_ref: str, *, secret: str | None = None, status: int = 200) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     admin = resources_of(request).admin
     tenant = await admin.tenant(tenant_ref)
     return page(
@@ -120,7 +120,7 @@ async def _policies_page(
     errors: dict[str, str] | None = None,
     status: int = 200,
 ) -> Response:
-    session = signed_in(request)
+    session = await signed_in(request)
     admin = resources_of(request).admin
     tenants = await admin.tenants()
     scope_id = scope if scope == DEFAULT_SCOPE else (await admin.tenant(scope)).id

@@ -97,9 +97,9 @@ def refusal_page(refusal: ConsoleRefusal) -> HTMLResponse:
     return page("refused.html", status=refusal.status, message=refusal.message, session=None)
 
 
-def signed_in(request: Request) -> ConsoleSession:
+async def signed_in(request: Request) -> ConsoleSession:
     """The session of a page view; without one, a refusal that sends the browser to the sign-in page."""
-    session = session_of(request)
+    session = await session_of(request)
     if session is None:
         raise SignInFirst
     return session
@@ -121,8 +121,13 @@ def resources_of(request: Request) -> Resources:
     return resources
 
 
-def session_of(request: Request) -> ConsoleSession | None:
-    return read_session(resources_of(request).admin_tokens, request.cookies.get(COOKIE))
+async def session_of(request: Request) -> ConsoleSession | None:
+    """The session the request's cookie stands for, unless it was signed out."""
+    resources = resources_of(request)
+    session = read_session(resources.admin_tokens, request.cookies.get(COOKIE))
+    if session is None or await resources.console_guard.signed_out(session.nonce):
+        return None
+    return session
 
 
 def refuse_cross_site(request: Request) -> None:
@@ -148,7 +153,7 @@ async def form_of(request: Request) -> dict[str, str]:
 async def checked_post(request: Request) -> tuple[ConsoleSession, dict[str, str]]:
     """The session and form of a post that changes something: same origin, signed in, and the session's CSRF token."""
     refuse_cross_site(request)
-    session = session_of(request)
+    session = await session_of(request)
     if session is None:
         raise ConsoleRefusal(401, "Your console session has ended: sign in again.")
     form = await form_of(request)
@@ -188,7 +193,7 @@ class ConsoleRoute(APIRoute):
             except ConsoleRefusal as refusal:
                 return refusal_page(refusal)
             except StatestoreError as error:
-                session = read_session(request.app.state.resources.admin_tokens, request.cookies.get(COOKIE))
+                session = await session_of(request)
                 return page("refused.html", status=error.status, message=error.message, session=session)
 
         return answer

@@ -280,3 +280,21 @@ conversation_items = Table(
     Column("rendered", LargeBinary, nullable=False),
     Index(None, "conversation_id", "item_id"),
 )
+
+# The console's sign-in throttle: attempts counted per scope ("address:<ip>" or "token:<name>") in fixed windows.
+console_sign_ins = Table(
+    "console_sign_ins",
+    metadata,
+    Column("scope", String(300), primary_key=True),
+    Column("window_ms", BigInteger, primary_key=True, autoincrement=False),
+    Column("attempts", Integer, nullable=False),
+    Index(None, "window_ms"),
+)
+
+# Console sessions ended by a sign-out, kept until the cookie would have expired: a copied cookie opens nothing.
+console_sign_outs = Table(
+    "console_sign_outs",
+    metadata,
+    Column("nonce", String(64), primary_key=True),
+    Column("expires_ms", BigInteger, nullable=False, index=True),
+)

@@ -28,6 +28,7 @@ from tests.support.admin_api import (
     UPSTREAM_KEY,
     AdminApi,
     Api,
+    ClockFile,
     created,
     error_of,
     start_server,
@@ -514,3 +515,79 @@ def test_every_page_renders_signed_in(console: Chrome, console_server: Statestor
         screenshot(console, shot)
     go(console, console_server, "/audit?actor=ops")
     assert {row["actor"] for row in audit_rows(console)} == {"ops"}
+
+
+# -- sign-in throttle and sign-out -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def throttled_server(
+    tmp_path_factory: pytest.TempPathFactory, fake_backend_process: FakeBackend, clock: ClockFile
+) -> Iterator[StatestoreServer]:
+    """A console of its own (a fresh SQLite database, so no other test's attempts count) with small limits."""
+    from statestore.store.migrate import upgrade
+
+    url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('throttle') / 'statestore.db'}"
+    upgrade(url)
+    server = StatestoreServer(
+        database_url=url,
+        upstream_url=fake_backend_process.url,
+        env={
+            "STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS,
+            "STATESTORE_CONSOLE_SIGN_IN_FAILURES": "3",
+            "STATESTORE_CONSOLE_SIGN_INS_PER_TOKEN": "2",
+            "STATESTORE_CLOCK_OFFSET_FILE": str(clock.path),
+        },
+    )
+    yield server
+    server.stop()
+
+
+def _sign_in_from(server: StatestoreServer, address: str, token: str) -> httpx.Response:
+    with httpx.Client(
+        base_url=server.url + CONSOLE, transport=httpx.HTTPTransport(local_address=address), timeout=20
+    ) as http:
+        return http.post("/sign-in", data={"token": token})
+
+
+def test_sign_in_is_throttled_per_address_and_per_token_name(
+    browser: Chrome, throttled_server: StatestoreServer, clock: ClockFile
+) -> None:
+    browser.delete_all_cookies()
+    for _ in range(3):
+        sign_in(browser, throttled_server, "adm-not-a-real-token-0000")
+        assert text_of(browser, "sign-in-error") == "That is not an admin token."
+    # Over the limit, the right token is refused too: a throttled address learns nothing about what it sends.
+    sign_in(browser, throttled_server, ADMIN_TOKEN)
+    assert text_of(browser, "sign-in-error").startswith("Too many sign-in attempts: try again in ")
+    assert browser.get_cookie(COOKIE) is None
+    refused = _sign_in_from(throttled_server, "127.0.0.1", ADMIN_TOKEN)
+    assert refused.status_code == 429 and 0 < int(refused.headers["retry-after"]) <= 900
+
+    # Another address is not held back by the first one's failures; the token's own bound still applies to it.
+    assert _sign_in_from(throttled_server, "127.0.0.2", ADMIN_TOKEN).status_code == 303
+    assert _sign_in_from(throttled_server, "127.0.0.3", ADMIN_TOKEN).status_code == 303
+    assert _sign_in_from(throttled_server, "127.0.0.4", ADMIN_TOKEN).status_code == 429
+    assert _sign_in_from(throttled_server, "127.0.0.4", AUDITOR_TOKEN).status_code == 303, "per token name"
+
+    # The counts are per window: once it has passed, the first address signs in.
+    clock.advance(16 * 60)
+    sign_in(browser, throttled_server, ADMIN_TOKEN)
+    assert text_of(browser, "actor") == "ops"
+
+
+def test_a_signed_out_cookie_opens_nothing_even_copied(browser: Chrome, console_server: StatestoreServer) -> None:
+    browser.delete_all_cookies()
+    sign_in(browser, console_server, ADMIN_TOKEN)
+    cookie = browser.get_cookie(COOKIE)
+    assert cookie is not None
+    with httpx.Client(base_url=console_server.url + CONSOLE, cookies={COOKIE: cookie["value"]}, timeout=20) as http:
+        assert http.get("/tenants").status_code == 200, "the copy works while the session lasts"
+        press(browser, "sign-out")
+        assert browser.current_url.endswith("/sign-in?notice=signed-out")
+        after = http.get("/tenants")
+        assert after.status_code == 303 and after.headers["location"].endswith(CONSOLE + "/sign-in")
+    # Put back into the browser, it is refused there as well.
+    browser.add_cookie({"name": COOKIE, "value": cookie["value"], "path": CONSOLE})
+    go(browser, console_server, "/tenants")
+    assert browser.current_url.endswith(CONSOLE + "/sign-in")
