@@ -8,6 +8,7 @@ client's latency per continue. The ratio head/base is what a change costs or sav
 doing at the time, since both arms suffer it alike.
 
     .venv/bin/python -m bench.ab --base HEAD~1 [--rounds 8] [--turns 150] [--history-kb 8] [--stream]
+        [--door messages|responses]
 """
 
 from __future__ import annotations
@@ -75,16 +76,42 @@ def _streamed_id(body: bytes) -> str:
     return message_id
 
 
+def _create_response(client: httpx.Client, url: str, history_bytes: int) -> str:
+    items = [*history_turns(history_bytes), {"role": "user", "content": "and now?"}]
+    reply = client.post(url + "/v1/responses", json={"model": "bench-1", "input": items}, headers=HEADERS)
+    reply.raise_for_status()
+    response_id: str = reply.json()["id"]
+    return response_id
+
+
+def _continue_response(client: httpx.Client, url: str, previous: str, n: int, *, stream: bool = False) -> str:
+    body: dict[str, object] = {"model": "bench-1", "previous_response_id": previous, "input": f"turn {n}: " + "x" * 150}
+    if stream:
+        body["stream"] = True
+    reply = client.post(url + "/v1/responses", json=body, headers=HEADERS)
+    reply.raise_for_status()
+    if stream:
+        if b"event: response.completed" not in reply.content:
+            raise RuntimeError("the stream ended without response.completed")
+        start = reply.content.index(b"data: ") + 6
+        streamed: str = orjson.loads(reply.content[start : reply.content.index(b"\n", start)])["response"]["id"]
+        return streamed
+    response_id: str = reply.json()["id"]
+    return response_id
+
+
 def _round(
-    client: httpx.Client, service: Service, url: str, turns: int, history: int, *, stream: bool
+    client: httpx.Client, service: Service, url: str, turns: int, history: int, *, stream: bool, door: str
 ) -> tuple[float, float]:
-    """(server CPU µs per continue, median client latency ms) of one thread of `turns` continues."""
-    previous = _create(client, url, history)
+    """(server CPU µs per continue, median client latency ms) of one thread (or response chain) of `turns`
+    continues."""
+    create, step = (_create, _continue) if door == "messages" else (_create_response, _continue_response)
+    previous = create(client, url, history)
     before = cpu_sample([service.pid])
     latencies = []
     for n in range(turns):
         started = time.perf_counter()
-        previous = _continue(client, url, previous, n, stream=stream)
+        previous = step(client, url, previous, n, stream=stream)
         latencies.append(time.perf_counter() - started)
     cpu_ns = cpu_sample([service.pid]).sched_ns - before.sched_ns
     return cpu_ns / turns / 1000, statistics.median(latencies) * 1000
@@ -97,6 +124,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=150, help="continues per round (default 150)")
     parser.add_argument("--history-kb", type=int, default=8, help="history of each thread, KiB (default 8: ≈ 2k)")
     parser.add_argument("--stream", action="store_true", help="continue with streamed (SSE) turns instead of JSON")
+    parser.add_argument(
+        "--door",
+        choices=("messages", "responses"),
+        default="messages",
+        help="threaded continues (default), or Responses continues with previous_response_id",
+    )
     parser.add_argument(
         "--set",
         action="append",
@@ -140,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
             env = {
                 **base_env,
                 **_statestore_env(database, redis_url, prefix, f"http://127.0.0.1:{echo_port}", "WARNING"),
+                "STATESTORE_CHAT_UPSTREAM_URL": f"http://127.0.0.1:{echo_port}",
                 "PYTHONPATH": str(code),  # `python -m` also puts the working directory, `code`, first
             }
             for setting in [*args.set, *(args.head_set if name == "head" else [])]:
@@ -166,16 +200,19 @@ def main(argv: list[str] | None = None) -> None:
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in services}
         with httpx.Client(timeout=30) as client:
             for service, url in services.values():  # a warm-up round each, not counted
-                _round(client, service, url, max(20, args.turns // 10), history, stream=args.stream)
+                _round(client, service, url, max(20, args.turns // 10), history, stream=args.stream, door=args.door)
             for i in range(args.rounds):
                 order = list(services.items()) if i % 2 == 0 else list(reversed(services.items()))
                 for name, (service, url) in order:
-                    results[name].append(_round(client, service, url, args.turns, history, stream=args.stream))
+                    results[name].append(
+                        _round(client, service, url, args.turns, history, stream=args.stream, door=args.door)
+                    )
 
     cpu = {name: statistics.median(r[0] for r in rows) for name, rows in results.items()}
     latency = {name: statistics.median(r[1] for r in rows) for name, rows in results.items()}
     print(
-        f"{args.rounds} rounds x {args.turns} threaded {'streamed' if args.stream else 'JSON'} continues per server, "
+        f"{args.rounds} rounds x {args.turns} {'threaded' if args.door == 'messages' else 'Responses'} "
+        f"{'streamed' if args.stream else 'JSON'} continues per server, "
         f"interleaved; history {args.history_kb} KiB"
     )
     print("server | CPU per continue | client p50 latency")
