@@ -7,6 +7,11 @@ backend over loopback, as it would sit next to its backend. Two arms, alternated
   * thread: a streamed threaded continue through statestore (the client sends only the new turn);
   * direct: the same conversation sent whole, straight to the backend, as a client without server-held state does.
 
+With llama.cpp's llama-server built (scripts/real-backend.sh caches it in ~/.cache/statestore/llama/), a second
+part puts statestore in front of it, on loopback, and compares the time to first token of a threaded continue, whose
+rebuilt prefix is byte-identical to the request before (the server's prompt cache hits), with one whose prefix
+changed (the same history sent statelessly with its first message altered, as a client that stamps its prompt does).
+
 For 20k, 200k and 1M tokens of history (about 4 bytes a token) it reports the time to the first event of the reply
 (the echo sends its first token with it), the time to the last byte, and the bytes the client moved per turn, then
 draws them (PNG, matplotlib) for bench/README.md and the README.
@@ -276,6 +281,106 @@ def run(rates: list[int], sizes: list[int], turns: int, work: Path) -> list[Poin
     return points
 
 
+LLAMA_CACHE = Path.home() / ".cache" / "statestore" / "llama" / "0.3.36"
+
+
+def _real_backend() -> tuple[Path, Path]:
+    """llama-server and the tiny model, from scripts/real-backend.sh (which builds what its cache lacks)."""
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "real-backend.sh"), python()],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    binary, model = done.stdout.strip().splitlines()[-2:]
+    return Path(binary), Path(model)
+
+
+def _first_event(http: httpx.Client, body: dict[str, Any]) -> tuple[float, int, str | None]:
+    """(ms to the first event, the prompt tokens the server read from its cache, the message id) of a stream."""
+    started = time.perf_counter()
+    first_ms, cached, message_id = 0.0, 0, None
+    with http.stream("POST", "/v1/messages", content=orjson.dumps(body), headers=dict(HEADERS)) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"llama turn failed: {response.status_code} {response.read()[:300]!r}")
+        for line in response.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if not first_ms:
+                first_ms = (time.perf_counter() - started) * 1000
+            event = orjson.loads(line[6:])
+            if event.get("type") == "message_start":
+                message_id = event["message"]["id"]
+                cached = int(event["message"].get("usage", {}).get("cache_read_input_tokens") or 0)
+    return first_ms, cached, message_id
+
+
+def llama_arm(turns: int, work: Path, server_binary: Path, model: Path) -> list[str]:
+    """Prompt-cache hits on llama-server: a threaded continue against a continue whose prefix changed."""
+    lines: list[str] = []
+    with scratch_database(DEFAULT_PG) as database, redis_prefix(DEFAULT_REDIS) as prefix:
+        llama_port, port = free_port(), free_port()
+        env = _statestore_env(database, DEFAULT_REDIS, prefix, f"http://127.0.0.1:{llama_port}", "WARNING")
+        env["STATESTORE_ADMIN_TOKENS"] = f"bench:{ADMIN_TOKEN}"
+        env["STATESTORE_POLICY_CACHE_SECONDS"] = "0"
+        env["STATESTORE_UPSTREAM_READ_TIMEOUT"] = "300"
+        subprocess.run(
+            [python(), "-m", "statestore.cli", "migrate"], env=env, cwd=REPO, check=True, capture_output=True
+        )
+        # Two slots: each arm keeps its own prompt in one, so alternating the arms does not evict the other's cache.
+        llama = Service(
+            "llama-server",
+            [str(server_binary), "-m", str(model), "--port", str(llama_port), "-c", "16384", "-np", "2", "--jinja"],
+            env=env,
+            log_dir=work,
+            health_url=f"http://127.0.0.1:{llama_port}/health",
+        )
+        server = Service(
+            "statestore",
+            [python(), "-m", "statestore.cli", "serve", "--port", str(port)],
+            env=env,
+            log_dir=work,
+            health_url=f"http://127.0.0.1:{port}/healthz",
+        )
+        try:
+            llama.wait_healthy(timeout=120)
+            server.wait_healthy()
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as http:
+                _policy(http)
+                words = " ".join(f"w{i} lorem ipsum dolor" for i in range(800))
+                messages = [user(words), {"role": "assistant", "content": "noted"}]
+                previous = _seed(http, messages)
+                base = {"model": "tiny", "max_tokens": 4, "temperature": 0, "stream": True}
+                hits: list[tuple[float, int]] = []
+                misses: list[tuple[float, int]] = []
+                for turn in range(turns + 1):
+                    thread_body = {
+                        **base,
+                        "messages": [user(f"next {turn}")],
+                        "thread": {"type": "continue", "previous_message_id": previous},
+                    }
+                    first_ms, cached, message_id = _first_event(http, thread_body)
+                    previous = message_id or previous
+                    changed = [user(f"[{time.time():.6f}] {words}"), *messages[1:], user(f"next {turn}")]
+                    miss = _first_event(http, {**base, "messages": changed})
+                    if turn:  # the first turn of each arm fills its slot's cache
+                        hits.append((first_ms, cached))
+                        misses.append((miss[0], miss[1]))
+            lines.append(
+                f"llama-server (tiny model, ~4.8k tokens of history, {turns} turns an arm, alternated): time to first "
+                f"token p50 {statistics.median(h[0] for h in hits):.0f} ms on a threaded continue (prompt tokens read "
+                f"from the server's cache, p50: {statistics.median(h[1] for h in hits):.0f}) against "
+                f"{statistics.median(m[0] for m in misses):.0f} ms with the prefix changed "
+                f"({statistics.median(m[1] for m in misses):.0f} from the cache): "
+                f"x{statistics.median(m[0] for m in misses) / statistics.median(h[0] for h in hits):.1f}"
+            )
+        finally:
+            server.stop()
+            llama.stop()
+    return lines
+
+
 def table(points: list[Point]) -> list[str]:
     lines = [
         "| link | history | first event: thread | direct | ratio | last byte: thread | direct "
@@ -355,6 +460,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=5, help="turns per arm and point (default 5)")
     parser.add_argument("--plots", default=str(REPO / "bench" / "plots"), help="where the PNGs go")
     parser.add_argument("--no-plots", action="store_true", help="print the table only")
+    parser.add_argument(
+        "--llama",
+        choices=("auto", "yes", "no"),
+        default="auto",
+        help="the llama-server prompt-cache part: auto runs it when scripts/real-backend.sh has built the server",
+    )
     options = parser.parse_args(args)
     if os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None:
         parser.exit(2, "bench.link needs root and iproute2 (ip, tc): it makes a network namespace and shapes a link\n")
@@ -371,6 +482,11 @@ def main(argv: list[str] | None = None) -> None:
     if not options.no_plots:
         for path in plot(points, Path(options.plots)):
             print(f"wrote {path.relative_to(REPO) if path.is_relative_to(REPO) else path}")
+    if options.llama == "yes" or (options.llama == "auto" and (LLAMA_CACHE / "llama-server").exists()):
+        binary, model = _real_backend()
+        print("\n".join(llama_arm(options.turns, work, binary, model)))
+    elif options.llama == "auto":
+        print(f"(no llama-server in {LLAMA_CACHE}: `make real-backend` builds it for the prompt-cache part)")
     print(f"load after: {load_average()}; raw figures in {work}", file=sys.stderr)
 
 
