@@ -25,7 +25,8 @@ from statestore.errors import (
 )
 from statestore.metrics import Metrics
 from statestore.policy import Policy
-from statestore.store.cache import CachedHistory, HistoryCache, thread_key
+from statestore.store.cache import HistoryCache
+from statestore.store.cache_entry import CachedHistory, thread_key
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import LeasedThread, NewThread, TurnCommit
