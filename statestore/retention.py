@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from statestore.clock import Clock
 from statestore.store.admin_repository import AdminRepository
-from statestore.store.cache import CacheKey, HistoryCache, conversation_key, response_key, thread_key
+from statestore.store.cache import HistoryCache
+from statestore.store.cache_entry import CacheKey, conversation_key, response_key, thread_key
 from statestore.store.engine import DATABASE_ERRORS
 from statestore.store.retention_queries import Erasure, RetentionQueries
 

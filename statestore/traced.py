@@ -18,7 +18,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from statestore.store.cache import CachedHistory, CacheKey, HistoryCache
+from statestore.store.cache import HistoryCache
+from statestore.store.cache_entry import CachedHistory, CacheKey
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread, TurnCommit
 from statestore.upstream.client import Upstream, UpstreamResponse

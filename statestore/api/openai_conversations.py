@@ -10,20 +10,19 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
-from statestore.api.openai_responses import JSON, header, json_response, list_params, page, read_json, turns_of
+from statestore.api.openai_responses import JSON, header, json_response, list_params, page, turns_of
 from statestore.api.responses import bytes_response
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
 from statestore.responses.context import conversation_cache_key
-from statestore.responses.errors import BadRequest, NotFound, conversation_locked, conversation_not_found
+from statestore.responses.errors import NotFound, conversation_locked, conversation_not_found
 from statestore.responses.ids import looks_like, new_id
 from statestore.responses.items import normalise_input, stored
-from statestore.responses.request import read_metadata
+from statestore.responses.validation import read_body
 from statestore.store.conversation_store import Locked
 from statestore.store.response_records import ConversationRow
 
 router = APIRouter(tags=["conversations"], responses=schemas.ERRORS)
-MAX_ITEMS_PER_REQUEST = 20
 
 
 def _object(row: ConversationRow) -> Response:
@@ -33,14 +32,6 @@ def _object(row: ConversationRow) -> Response:
         row.metadata,
     )
     return bytes_response(200, body, JSON)
-
-
-def _items(value: object, param: str) -> list[dict[str, object]]:
-    if value is None:
-        return []
-    if not isinstance(value, list) or len(value) > MAX_ITEMS_PER_REQUEST:
-        raise BadRequest(f"Invalid '{param}': an array of at most {MAX_ITEMS_PER_REQUEST} items.", param=param)
-    return normalise_input(value, param)
 
 
 async def _principal_owner(request: Request, resources: Resources) -> tuple[str, str | None]:
@@ -62,9 +53,9 @@ def _checked(conversation_id: str) -> str:
 async def create_conversation(request: Request, resources: ResourcesDep) -> Response:
     principal = await resources.authenticator.authenticate(request.headers.raw)
     turns = turns_of(resources)
-    body = read_json(await request.body())
-    metadata = read_metadata(body.get("metadata"))
-    items = [stored(item) for item in _items(body.get("items"), "items")]
+    body = read_body(request_schemas.ConversationCreateRequest, await request.body())
+    metadata = body.metadata or {}
+    items = [stored(item) for item in normalise_input(body.items or [])]
     policy = await turns.policy(principal, storing=True)
     now = resources.clock()
     row = ConversationRow(new_id("conv_"), orjson.dumps(metadata), int(time.time()) * 1000)
@@ -99,7 +90,7 @@ async def get_conversation(conversation_id: str, request: Request, resources: Re
 async def update_conversation(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)
     conversations = turns_of(resources).conversations
-    metadata = read_metadata(read_json(await request.body()).get("metadata"))
+    metadata = read_body(request_schemas.ConversationUpdateRequest, await request.body()).metadata or {}
     now = resources.clock()
     changed = await conversations.update_metadata(
         owner,
@@ -154,10 +145,8 @@ async def list_items(conversation_id: str, request: Request, resources: Resource
 async def add_items(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
     owner, _ = await _principal_owner(request, resources)
     conversations = turns_of(resources).conversations
-    items = _items(read_json(await request.body()).get("items"), "items")
-    if not items:
-        raise BadRequest("Missing required parameter: 'items'.", param="items", code="missing_required_parameter")
-    rows = [stored(item) for item in items]
+    body = read_body(request_schemas.ConversationItemsRequest, await request.body())
+    rows = [stored(item) for item in normalise_input(body.items)]
     try:
         await conversations.append(owner, _checked(conversation_id), rows, now_ms=resources.clock())
     except Locked:

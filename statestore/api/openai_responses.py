@@ -36,16 +36,6 @@ def json_response(value: Any, status: int = 200) -> Response:
     return bytes_response(status, orjson.dumps(value), JSON)
 
 
-def read_json(raw: bytes) -> dict[str, Any]:
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        raise BadRequest("We could not parse the JSON body of your request.", code="invalid_json") from None
-    if not isinstance(parsed, dict):
-        raise BadRequest("The request body must be a JSON object.", code="invalid_json")
-    return parsed
-
-
 def turns_of(resources: Resources) -> ResponseTurns:
     turns = resources.responses
     if turns is None:
@@ -83,7 +73,7 @@ async def create_response(
 async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: bytes) -> Response:
     principal = await resources.authenticator.authenticate(headers)
     turns = turns_of(resources)
-    turn = read_turn(read_json(body))
+    turn = read_turn(body)
     prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"))
     # The lease is given back on every way out of here, except a stream's: that one is the stream's to give back.
     streaming = False

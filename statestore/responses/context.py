@@ -14,7 +14,8 @@ from statestore.responses.chat_format import CHAT, split
 from statestore.responses.errors import previous_response_not_found
 from statestore.responses.items import join_rendered, join_segments
 from statestore.responses.request import chat_body
-from statestore.store.cache import CachedHistory, CacheKey, HistoryCache, conversation_key, response_key
+from statestore.store.cache import HistoryCache
+from statestore.store.cache_entry import CachedHistory, CacheKey, conversation_key, response_key
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.response_records import ResponseRow, StoredItem
 from statestore.store.response_store import ResponseStore

@@ -1,24 +1,55 @@
-"""The request bodies of the Responses and Conversations front door in /openapi.json (RESPONSES.md), and how they
-reach the document: the routes read their bodies themselves, so these models only describe them (`request_body` is
-a route's `openapi_extra`, `add_components` the app's OpenAPI hook); statestore/responses/schemas.py holds the
-objects it returns."""
+"""The request bodies of the Responses and Conversations front door: the models that validate them
+(statestore/responses/validation.py) and describe them in /openapi.json (RESPONSES.md), and how they reach the
+document (`request_body` is a route's `openapi_extra`, `add_components` the app's OpenAPI hook);
+statestore/responses/schemas.py holds the objects it returns.
+
+Where an error is reported is part of the contract (a 400's `param`), and the models say it: a union's members are
+tagged `<name>`, and a tag is no part of a path; an unsupported `type` names the object that carries it; a value
+annotated `reported_here` names itself, whatever inside it is wrong."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WrapValidator
+from pydantic_core import PydanticCustomError
 
 from statestore.responses.schemas import (
-    ConversationRef,
+    FunctionChoice,
     ItemId,
     ItemStatus,
-    Metadata,
     ResponseStreamEvent,
-    Role,
-    TextConfig,
-    ToolChoice,
+    TextFormat,
 )
+
+MAX_TEXT_CHARS = 10 * 1024 * 1024
+MAX_ITEMS_PER_REQUEST = 20
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+
+
+def reported_here(expected: str) -> WrapValidator:
+    """Whatever is wrong inside the value, the error names the value and says what it expects: the client mends the
+    value as a whole (an id or a reference; metadata's pairs; a format)."""
+
+    def validate(value: object, handler: Any) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("invalid_value", expected) from None
+
+    return WrapValidator(validate)
+
+
+def _text_or_array(value: object) -> str | None:
+    if isinstance(value, str):
+        return "<text>"
+    return "<array>" if isinstance(value, list) else None
+
+
+def _tag_of(value: object, key: str) -> str | None:
+    kind = value.get(key) if isinstance(value, dict) else None
+    return f"<{kind}>" if isinstance(kind, str) else None
+
 
 # -- request bodies ----------------------------------------------------------------------------------------------
 # Fields statestore does not know are ignored inside items and parts (the SDK resends what it received); at the top
@@ -27,45 +58,76 @@ from statestore.responses.schemas import (
 
 class InputTextParam(BaseModel):
     type: Literal["input_text", "output_text", "text"] = Field(description="output_text in an assistant message")
-    text: str
+    text: Text
 
 
 class InputImageParam(BaseModel):
     type: Literal["input_image"]
-    image_url: str = Field(description="a URL or a data: URL (file_id is not supported)")
+    image_url: Text = Field(description="a URL or a data: URL (file_id is not supported)")
     detail: Literal["auto", "low", "high"] = "auto"
 
 
 class RefusalParam(BaseModel):
     type: Literal["refusal"] = Field(description="in an assistant message only")
-    refusal: str
+    refusal: Text
 
 
-PartParam = Annotated[InputTextParam | InputImageParam | RefusalParam, Field(discriminator="type")]
+def _part_kind(value: object) -> str | None:
+    tag = _tag_of(value, "type")
+    return "<text>" if tag in ("<input_text>", "<output_text>", "<text>") else tag
+
+
+_PART_REFUSED = "a part of a type this message can hold expected"
+InputPartParam = Annotated[
+    Annotated[InputTextParam, Tag("<text>")] | Annotated[InputImageParam, Tag("<input_image>")],
+    Discriminator(_part_kind, custom_error_type="unsupported_value", custom_error_message=_PART_REFUSED),
+]
+OutputPartParam = Annotated[
+    Annotated[InputTextParam, Tag("<text>")] | Annotated[RefusalParam, Tag("<refusal>")],
+    Discriminator(_part_kind, custom_error_type="unsupported_value", custom_error_message=_PART_REFUSED),
+]
+_CONTENT = "a string or a non-empty array of parts expected"
 
 
 class MessageParam(BaseModel):
     type: Literal["message"] | None = Field(default=None, description="may be left out: an item with a role is one")
     id: ItemId | None = Field(default=None, description="kept as given; minted (msg_...) when absent")
-    role: Role
-    content: str | Annotated[list[PartParam], Field(min_length=1)]
+    role: Literal["user", "system", "developer"]
+    content: Annotated[
+        Annotated[Text, Tag("<text>")] | Annotated[list[InputPartParam], Tag("<array>"), Field(min_length=1)],
+        Discriminator(_text_or_array, custom_error_type="invalid_type", custom_error_message=_CONTENT),
+    ]
+    status: ItemStatus | None = None
+
+
+class AssistantMessageParam(BaseModel):
+    type: Literal["message"] | None = Field(default=None, description="may be left out: an item with a role is one")
+    id: ItemId | None = Field(default=None, description="kept as given; minted (msg_...) when absent")
+    role: Literal["assistant"]
+    content: Annotated[
+        Annotated[Text, Tag("<text>")] | Annotated[list[OutputPartParam], Tag("<array>"), Field(min_length=1)],
+        Discriminator(_text_or_array, custom_error_type="invalid_type", custom_error_message=_CONTENT),
+    ]
     status: ItemStatus | None = None
 
 
 class FunctionCallParam(BaseModel):
     type: Literal["function_call"]
     id: ItemId | None = Field(default=None, description="kept as given; minted (fc_...) when absent")
-    call_id: str
-    name: str
-    arguments: str
+    call_id: Text
+    name: Text
+    arguments: Text
     status: ItemStatus | None = None
 
 
 class FunctionCallOutputParam(BaseModel):
     type: Literal["function_call_output"]
     id: ItemId | None = None
-    call_id: str
-    output: str | list[PartParam]
+    call_id: Text
+    output: Annotated[
+        Annotated[Text, Tag("<text>")] | Annotated[list[InputPartParam], Tag("<array>")],
+        Discriminator(_text_or_array, custom_error_type="invalid_type", custom_error_message="a string or parts"),
+    ]
     status: ItemStatus | None = None
 
 
@@ -77,17 +139,55 @@ class ReasoningParam(BaseModel):
     encrypted_content: str | None = None
 
 
-ItemParam = MessageParam | FunctionCallParam | FunctionCallOutputParam | ReasoningParam
+def _item_kind(value: object) -> str | None:
+    """An item's tag: its `type`, a message told apart by its role (an item with a role and no type is one)."""
+    if not isinstance(value, dict):
+        return None
+    kind = value.get("type") or ("message" if "role" in value else None)
+    if kind == "message":
+        return "<assistant>" if value.get("role") == "assistant" else "<message>"
+    return f"<{kind}>" if isinstance(kind, str) else None
+
+
+ItemParam = Annotated[
+    Annotated[MessageParam, Tag("<message>")]
+    | Annotated[AssistantMessageParam, Tag("<assistant>")]
+    | Annotated[FunctionCallParam, Tag("<function_call>")]
+    | Annotated[FunctionCallOutputParam, Tag("<function_call_output>")]
+    | Annotated[ReasoningParam, Tag("<reasoning>")],
+    Discriminator(_item_kind, custom_error_type="unsupported_value", custom_error_message="a supported item expected"),
+]
+InputParam = Annotated[
+    Annotated[Text, Tag("<text>")] | Annotated[list[ItemParam], Tag("<array>")],
+    Discriminator(_text_or_array, custom_error_type="invalid_type", custom_error_message="a string or items expected"),
+]
 
 
 class FunctionToolParam(BaseModel):
     """Only function tools: sent to the backend as `{"type": "function", "function": {...}}`."""
 
-    type: Literal["function"]
+    type: Literal["function"] = Field(description="only function tools are supported by this backend")
     name: str = Field(min_length=1, max_length=128)
     description: str | None = None
     parameters: dict[str, Any] | None = Field(default=None, description="a JSON Schema")
     strict: bool | None = None
+
+
+class ConversationRefParam(BaseModel):
+    id: str = Field(min_length=1)
+
+
+class TextParam(BaseModel):
+    format: Annotated[TextFormat | None, reported_here("a text, json_object or json_schema format expected")] = Field(
+        default=None, description='absent or null: {"type": "text"}'
+    )
+
+
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]],
+    Field(max_length=16, description="up to 16 pairs; keys up to 64, values up to 512 characters"),
+    reported_here("an object of at most 16 pairs, keys up to 64 and string values up to 512 characters expected"),
+]
 
 
 class ResponseCreateRequest(BaseModel):
@@ -96,24 +196,28 @@ class ResponseCreateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     model: str = Field(min_length=1, max_length=256, description="passed to the backend as it is")
-    input: str | list[ItemParam] = Field(description="a user message's text, or items")
+    input: InputParam = Field(description="a user message's text, or items")
     instructions: str | None = Field(default=None, description="sent as the first system message")
     previous_response_id: str | None = Field(default=None, description="any stored response of the owner's")
-    conversation: str | ConversationRef | None = Field(
-        default=None, description="a conversation's id, or {id}; not with previous_response_id"
-    )
+    conversation: Annotated[
+        Annotated[str, Field(min_length=1)] | ConversationRefParam | None,
+        reported_here('an id or {"id": ...} expected'),
+    ] = Field(default=None, description="a conversation's id, or {id}; not with previous_response_id")
     store: bool | None = Field(default=True, description="false: returned, never stored")
     stream: bool | None = Field(default=False, description="true: server-sent events")
     metadata: Metadata | None = Field(default=None, description="kept; `user_id` is what erasure by user finds")
     tools: Annotated[list[FunctionToolParam], Field(max_length=512)] | None = None
-    tool_choice: ToolChoice | None = None
+    tool_choice: Annotated[
+        Literal["auto", "none", "required"] | FunctionChoice | None,
+        reported_here('"auto", "none", "required" or a function expected'),
+    ] = None
     parallel_tool_calls: bool | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
     max_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
         default=None, description="sent as max_tokens"
     )
-    text: TextConfig | None = Field(default=None, description="format json_schema or json_object: response_format")
+    text: TextParam | None = Field(default=None, description="format json_schema or json_object: response_format")
     truncation: Literal["auto", "disabled"] | None = Field(
         default="disabled", description="auto: the owner's context policy cuts the oldest turns (PROTOCOL §9)"
     )
@@ -131,7 +235,9 @@ class ResponseCreateRequest(BaseModel):
 
 
 class ConversationCreateRequest(BaseModel):
-    items: Annotated[list[ItemParam], Field(max_length=20)] | None = Field(default=None, description="initial items")
+    items: Annotated[list[ItemParam], Field(max_length=MAX_ITEMS_PER_REQUEST)] | None = Field(
+        default=None, description="initial items"
+    )
     metadata: Metadata | None = None
 
 
@@ -140,7 +246,7 @@ class ConversationUpdateRequest(BaseModel):
 
 
 class ConversationItemsRequest(BaseModel):
-    items: Annotated[list[ItemParam], Field(min_length=1, max_length=20)]
+    items: Annotated[list[ItemParam], Field(min_length=1, max_length=MAX_ITEMS_PER_REQUEST)]
 
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (

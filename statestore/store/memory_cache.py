@@ -8,7 +8,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from statestore.store.cache import CachedHistory, CacheKey, appended
+from statestore.store.cache import appended
+from statestore.store.cache_entry import CachedHistory, CacheKey
 
 _MIB = 1024 * 1024
 

@@ -23,6 +23,7 @@ from statestore.store.response_statements import (
     INSERT_RESPONSE,
     CommitConversationTurn,
     InsertResponse,
+    ResponseTurnRow,
     item_arrays,
 )
 from statestore.store.schema import conversation_items, conversations, response_items, responses
@@ -119,7 +120,7 @@ async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewRes
             await pg.execute(INSERT_RESPONSE, chained)
             return True
         async with engine.begin() as conn:
-            await _insert_chained(conn, chained)
+            await _insert_chained(conn, chained, [*new.inputs, *new.outputs])
             await conn.execute(_count_usage(engine, chained.usage_day, chained.usage_shard, chained.usage_bytes))
         return True
     turn = _on_conversation(new, new.conversation_id, token)
@@ -147,10 +148,7 @@ async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewRes
         start = end - turn.count
         await conn.execute(
             insert(responses).values(
-                id=turn.id,
-                owner=turn.owner,
-                tenant_id=turn.tenant_id,
-                metadata_user_id=turn.metadata_user_id,
+                **_response_values(turn),
                 parent_id=None,
                 root_id=turn.id,
                 conversation_id=turn.conversation_id,
@@ -158,29 +156,11 @@ async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewRes
                 input_count=turn.inputs,
                 output_count=turn.count - turn.inputs,
                 depth=0,
-                chain_bytes=turn.chain_bytes,
-                body=turn.body,
-                created_ms=turn.created_ms,
-                expires_ms=turn.expires_ms,
-                context_tokens=turn.context_tokens,
-                context_bytes=turn.context_bytes,
             )
         )
+        rows = item_rows([*new.inputs, *new.outputs], start)
         await conn.execute(
-            insert(conversation_items),
-            [
-                {
-                    "conversation_id": turn.conversation_id,
-                    "position": start + i,
-                    "item_id": item_id,
-                    "body": body,
-                    "kind": kind,
-                    "rendered": rendered,
-                }
-                for i, (item_id, body, kind, rendered) in enumerate(
-                    zip(turn.item_ids, turn.bodies, turn.kinds, turn.rendered, strict=True)
-                )
-            ],
+            insert(conversation_items), [{**row, "conversation_id": turn.conversation_id} for row in rows]
         )
         await conn.execute(_count_usage(engine, turn.usage_day, turn.usage_shard, turn.usage_bytes))
     return True
@@ -191,43 +171,37 @@ def _count_usage(engine: AsyncEngine, day: int, shard: int, stored: int) -> Inse
     return count_usage(is_postgres=postgres, door="responses", day=day, shard=shard, added_bytes=stored)
 
 
-async def _insert_chained(conn: AsyncConnection, chained: InsertResponse) -> None:
+def _response_values(turn: ResponseTurnRow) -> dict[str, Any]:
+    """The columns of `responses` every turn sets, chained or on a conversation."""
+    return {
+        "id": turn.id,
+        "owner": turn.owner,
+        "tenant_id": turn.tenant_id,
+        "metadata_user_id": turn.metadata_user_id,
+        "chain_bytes": turn.chain_bytes,
+        "body": turn.body,
+        "created_ms": turn.created_ms,
+        "expires_ms": turn.expires_ms,
+        "context_tokens": turn.context_tokens,
+        "context_bytes": turn.context_bytes,
+    }
+
+
+async def _insert_chained(conn: AsyncConnection, chained: InsertResponse, items: Sequence[StoredItem]) -> None:
     """A turn not on a conversation: the response and its own items, inputs first."""
     await conn.execute(
         insert(responses).values(
-            id=chained.id,
-            owner=chained.owner,
-            tenant_id=chained.tenant_id,
-            metadata_user_id=chained.metadata_user_id,
+            **_response_values(chained),
             parent_id=chained.parent_id,
             root_id=chained.root_id,
             conversation_id=None,
             depth=chained.depth,
-            chain_bytes=chained.chain_bytes,
-            body=chained.body,
-            created_ms=chained.created_ms,
-            expires_ms=chained.expires_ms,
-            context_tokens=chained.context_tokens,
-            context_bytes=chained.context_bytes,
             context_kept=chained.context_kept,
             context_head_id=chained.context_head_id,
             context_head=chained.context_head,
         )
     )
-    await conn.execute(
-        insert(response_items),
-        [
-            {
-                "response_id": chained.id,
-                "position": i,
-                "is_output": i >= chained.inputs,
-                "item_id": item_id,
-                "body": body,
-                "kind": kind,
-                "rendered": rendered,
-            }
-            for i, (item_id, body, kind, rendered) in enumerate(
-                zip(chained.item_ids, chained.bodies, chained.kinds, chained.rendered, strict=True)
-            )
-        ],
-    )
+    rows = [
+        {**row, "response_id": chained.id, "is_output": row["position"] >= chained.inputs} for row in item_rows(items)
+    ]
+    await conn.execute(insert(response_items), rows)

@@ -29,16 +29,15 @@ class GetResponse:
 
 
 @dataclass(slots=True, kw_only=True)
-class InsertResponse:
-    """A chained turn's response and its items, the items as parallel arrays (one unnest inserts them all)."""
+class ResponseTurnRow:
+    """What every Responses turn's commit stores, whether it chains on a response or lands on a conversation: the
+    response, its items as parallel arrays (one unnest inserts them all), the daily_usage row the turn adds to, and
+    what the turn measured (store/response_records.py ContextRecord)."""
 
     id: str
     owner: str
     tenant_id: str | None
     metadata_user_id: str | None
-    parent_id: str | None
-    root_id: str
-    depth: int
     chain_bytes: int
     body: bytes
     created_ms: int
@@ -48,43 +47,34 @@ class InsertResponse:
     bodies: list[bytes]
     kinds: list[str]
     rendered: list[bytes]
-    # The daily_usage row the turn adds to (store/usage_rows.py) and the bytes it stores.
+    # The daily_usage row (store/usage_rows.py) and the bytes the turn stores.
     usage_day: int
     usage_shard: int
     usage_bytes: int
-    # What the turn measured and where the next turn's context starts (store/response_records.py ContextRecord).
     context_tokens: int | None
     context_bytes: int | None
+
+
+@dataclass(slots=True, kw_only=True)
+class InsertResponse(ResponseTurnRow):
+    """A chained turn: its place in the chain, and where the next turn's context starts."""
+
+    parent_id: str | None
+    root_id: str
+    depth: int
     context_kept: int | None
     context_head_id: str | None
     context_head: bytes | None
 
 
 @dataclass(slots=True, kw_only=True)
-class CommitConversationTurn:
-    id: str
-    owner: str
-    tenant_id: str | None
-    metadata_user_id: str | None
+class CommitConversationTurn(ResponseTurnRow):
+    """A turn on a conversation, committed only while it holds the lease `token` (a conversation's base is its
+    items: nothing else of the context is kept)."""
+
     conversation_id: str
     token: str | None
-    chain_bytes: int
-    body: bytes
-    created_ms: int
-    expires_ms: int
     count: int  # items, inputs first
-    inputs: int
-    item_ids: list[str]
-    bodies: list[bytes]
-    kinds: list[str]
-    rendered: list[bytes]
-    # The daily_usage row the turn adds to (store/usage_rows.py) and the bytes it stores.
-    usage_day: int
-    usage_shard: int
-    usage_bytes: int
-    # What the turn measured (a conversation's base is its items: nothing else is kept).
-    context_tokens: int | None
-    context_bytes: int | None
 
 
 @dataclass(slots=True, kw_only=True)

@@ -16,7 +16,6 @@ import orjson
 from statestore.auth import Principal
 from statestore.clock import wall_clock_ms
 from statestore.errors import (
-    InternalError,
     InvalidRequest,
     ServiceUnavailable,
     StatestoreError,
@@ -25,11 +24,12 @@ from statestore.errors import (
 )
 from statestore.metrics import Metrics
 from statestore.policy import Policy
-from statestore.store.cache import CachedHistory, HistoryCache, thread_key
+from statestore.store.cache import HistoryCache
+from statestore.store.cache_entry import CachedHistory, thread_key
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import LeasedThread, NewThread, TurnCommit
-from statestore.threads import assembly, context_step, rules
+from statestore.threads import assembly, context_cache, context_step, rules
 from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
 from statestore.threads.lease import LeaseKeeper
@@ -239,7 +239,9 @@ class ThreadService:
             else:
                 if not prefetched:
                     cached = await self.cache.get(thread_key(leased.id))
-                history = await self._history(leased, cached, ttl_ms=ttl * 1000)
+                history = await context_cache.context_of(
+                    self.cache, self.repository, self.metrics, leased, cached, ttl_ms=ttl * 1000
+                )
             body = assembly.build_body(
                 turn.fields, system=leased.system, tools=leased.tools, history=history, new_messages=new.forwarded
             )
@@ -269,26 +271,6 @@ class ThreadService:
             moved=moved,
             replay=replay_fields(turn),
         )
-
-    async def _history(self, leased: LeasedThread, cached: CachedHistory | None, *, ttl_ms: int) -> bytes:
-        """The context (the head, then the stored messages from the base on), pre-joined: from the cache when it
-        holds the thread's context at its head position, else rebuilt from the database (and the cache refilled). A
-        cache entry is written only by the commit that made its head position, which knows the base it moved to."""
-        if cached is not None and cached.count == leased.head_position:
-            self.metrics.count_cache_lookup("hit")
-            return cached.joined
-        self.metrics.count_cache_lookup("miss" if cached is None else "stale")
-        rows = await self.repository.load_context(leased.id)
-        stored = sum(1 for position, _ in rows if position >= 0)
-        if stored != leased.head_position - leased.base_position:
-            log.error(
-                "thread rows disagree with its head position",
-                extra={"thread_id": leased.id, "rows": stored, "head_position": leased.head_position},
-            )
-            raise InternalError("the stored thread is inconsistent")
-        joined = assembly.join_history([body for _, body in rows])
-        await self.cache.put(thread_key(leased.id), CachedHistory(leased.head_position, joined), ttl_ms)
-        return joined
 
     # -- settling the turn -------------------------------------------------------------------------------------
 
@@ -339,17 +321,7 @@ class ThreadService:
             raise ThreadContinueInFlight("the lease on this thread ran out before the reply completed")
         prepared.outcome = "stored"
         self.metrics.count_thread_turn("create" if prepared.creating else "continue", "stored")
-        ttl_ms = prepared.ttl_seconds * 1000
-        added = [body for body, _ in rows]
-        head_position = prepared.start_position + len(added)
-        if reply.compaction is not None:
-            await self.cache.put(thread_key(prepared.thread_id), CachedHistory(head_position, reply.compaction), ttl_ms)
-        elif prepared.creating or prepared.moved is not None:
-            moved = [prepared.moved.joined] if prepared.moved is not None and prepared.moved.joined else []
-            joined = assembly.join_history([*moved, *added])
-            await self.cache.put(thread_key(prepared.thread_id), CachedHistory(head_position, joined), ttl_ms)
-        else:
-            await self.cache.append(thread_key(prepared.thread_id), prepared.history_count, added, ttl_ms)
+        await context_cache.after_commit(self.cache, prepared, [body for body, _ in rows], reply.compaction)
 
     async def _settle_lost_commit(self, prepared: PreparedTurn, error: BaseException) -> bool:
         """A commit whose connection failed may have committed all the same (the database committed, the reply to

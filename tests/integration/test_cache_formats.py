@@ -9,7 +9,8 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
-from statestore.store.cache import CachedHistory, RedisHistoryCache, thread_key
+from statestore.store.cache import RedisHistoryCache
+from statestore.store.cache_entry import CachedHistory, thread_key
 
 TTL_MS = 60_000
 M1, M2 = b'{"role":"user","content":"a"}', b'{"role":"assistant","content":"b"}'

@@ -21,7 +21,7 @@ import orjson
 import pytest
 import redis
 
-from statestore.store.cache import decode_count
+from statestore.store.cache_entry import decode_count
 from statestore.store.migrate import upgrade
 from tests.conftest import scratch_pg_database
 from tests.scaleout.clients import MODEL, RecordingClient, Seen, ThreadApi, message_text, new_api_key, user

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from statestore.store.cache import CACHE_FORMAT, decode_count, encode_count
+from statestore.store.cache_entry import CACHE_FORMAT, decode_count, encode_count
 
 
 def test_this_release_writes_its_format_with_the_version_apart_from_the_count() -> None:

@@ -5,7 +5,7 @@ chain's conversation is never served."""
 from __future__ import annotations
 
 from statestore.responses.context import cached_chain
-from statestore.store.cache import CachedHistory
+from statestore.store.cache_entry import CachedHistory
 from statestore.store.response_records import ResponseRow
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from statestore.store.cache import CachedHistory, RedisHistoryCache, thread_key
+from statestore.store.cache import RedisHistoryCache
+from statestore.store.cache_entry import CachedHistory, thread_key
 from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.resp import split_cluster_flag
 

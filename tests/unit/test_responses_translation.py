@@ -11,14 +11,19 @@ import pytest
 from statestore.policy import Policy
 from statestore.responses.context import Base, plan, window_for
 from statestore.responses.errors import BadRequest
-from statestore.responses.items import join_rendered, join_segments, normalise_input, stored
+from statestore.responses.items import join_rendered, join_segments, stored
 from statestore.responses.request import chat_body, read_turn
 from statestore.responses.stream import ChunkTranslator
 from statestore.threads import planner
 
 
+def _input(items: object) -> list[dict[str, object]]:
+    """`input` as a turn's body carries it, read by the request model."""
+    return read_turn(orjson.dumps({"model": "m", "input": items})).input
+
+
 def _messages(items: list[dict[str, object]]) -> list[object]:
-    joined = join_rendered((s.kind, s.rendered) for s in (stored(i) for i in normalise_input(items)))
+    joined = join_rendered((s.kind, s.rendered) for s in (stored(i) for i in _input(items)))
     parsed: list[object] = orjson.loads(b"[" + joined + b"]")
     return parsed
 
@@ -49,7 +54,7 @@ def test_consecutive_calls_join_one_assistant_message_and_reasoning_is_not_sent(
 
 
 def test_ids_a_client_sends_back_are_kept_and_missing_ones_minted() -> None:
-    items = normalise_input(
+    items = _input(
         [
             {
                 "type": "function_call",
@@ -78,13 +83,82 @@ def test_ids_a_client_sends_back_are_kept_and_missing_ones_minted() -> None:
 )
 def test_bad_items_are_refused_with_the_field_named(bad: object) -> None:
     with pytest.raises(BadRequest) as refused:
-        normalise_input(bad)
+        _input(bad)
     assert refused.value.param is not None and refused.value.param.startswith("input[0]")
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"model": "m", "input": "x", "store": "true"}, "store", "invalid_value"),
+        ({"model": "m", "input": "x", "stream": 1}, "stream", "invalid_value"),
+        ({"model": "m", "input": "x", "max_output_tokens": 5.0}, "max_output_tokens", "invalid_value"),
+        ({"model": "m", "input": "x", "zeta": 1, "alpha": 2, "temperature": 9}, "alpha", "unknown_parameter"),
+        ({"model": "m", "input": "x", "metadata": {"k" * 65: "v"}}, "metadata", "invalid_value"),
+        ({"model": "m", "input": "x", "tool_choice": {"type": "function"}}, "tool_choice", "invalid_value"),
+        ({"model": "m", "input": "x", "tools": [{"type": "function", "name": ""}]}, "tools[0].name", "invalid_value"),
+        ({"model": "m", "input": [{"role": "user", "content": "x", "status": "weird"}]}, "input[0].status", None),
+        (
+            {"model": "m", "input": [{"role": "assistant", "content": [{"type": "refusal"}]}]},
+            "input[0].content[0].refusal",
+            "missing_required_parameter",
+        ),
+        (
+            {"model": "m", "input": [{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}]},
+            "input[0].content[0]",
+            "unsupported_value",
+        ),
+        ({"model": "m", "input": [{"id": "x"}]}, "input[0]", "unsupported_value"),
+    ],
+)
+def test_the_request_model_names_the_field_at_fault(
+    body: dict[str, object], param: str | None, code: str | None
+) -> None:
+    with pytest.raises(BadRequest) as refused:
+        read_turn(orjson.dumps(body))
+    if param is None:  # a field missing inside a part
+        assert refused.value.param == "input[0].content[0].refusal"
+        assert refused.value.code == "missing_required_parameter"
+        return
+    assert refused.value.param == param
+    assert code is None or refused.value.code == code
+
+
+def test_a_valid_body_is_a_turn_as_it_was_sent() -> None:
+    turn = read_turn(
+        orjson.dumps(
+            {
+                "model": "m",
+                "input": [
+                    {"role": "assistant", "content": "before", "extra": "ignored"},
+                    {"role": "user", "content": "now"},
+                ],
+                "conversation": {"id": "conv_1"},
+                "store": None,
+                "metadata": {"user_id": "u"},
+                "tool_choice": {"type": "function", "name": "f"},
+                "text": {"format": {"type": "json_schema", "name": "n", "schema": {"type": "object"}}},
+                "temperature": 1,
+            }
+        )
+    )
+    assert (turn.conversation_id, turn.store, turn.stream, turn.metadata) == ("conv_1", True, False, {"user_id": "u"})
+    assert turn.input[0]["content"] == [{"type": "output_text", "text": "before", "annotations": [], "logprobs": []}]
+    assert turn.input[1]["content"] == [{"type": "input_text", "text": "now"}]
+    assert turn.echo["tool_choice"] == {"type": "function", "name": "f"}
+    assert turn.chat_params["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert turn.chat_params["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "n", "schema": {"type": "object"}},
+    }
+    assert turn.chat_params["temperature"] == 1
 
 
 def test_the_backend_body_splices_the_joined_messages_in() -> None:
     turn = read_turn(
-        {"model": "m", "input": "hi", "max_output_tokens": 5, "tools": [{"type": "function", "name": "f"}]}
+        orjson.dumps(
+            {"model": "m", "input": "hi", "max_output_tokens": 5, "tools": [{"type": "function", "name": "f"}]}
+        )
     )
     body = orjson.loads(chat_body(turn.chat_params, [b'{"role":"user","content":"hi"}'], stream=True))
     assert body == {

@@ -1,0 +1,77 @@
+"""What a cache entry is, apart from where it is kept: whose context it holds (CacheKey), what it holds
+(CachedHistory), and how its count is written in Redis, the format both releases of a rolling upgrade read."""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+CacheKind = Literal["thread", "response", "conversation"]
+# The stored name of each kind's entry: a thread's own id, a response's (the chain ending at it) and a conversation's
+# under a prefix. The names of the releases before: an invalidation by either release reaches the other's entries.
+_NAME_PREFIX: dict[str, str] = {"thread": "", "response": "resp:", "conversation": "conv:"}
+
+
+class CacheKey(NamedTuple):
+    """Whose context an entry holds."""
+
+    kind: CacheKind
+    id: str
+
+    @property
+    def name(self) -> str:
+        return _NAME_PREFIX[self.kind] + self.id
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def thread_key(thread_id: str) -> CacheKey:
+    return CacheKey("thread", thread_id)
+
+
+def response_key(response_id: str) -> CacheKey:
+    return CacheKey("response", response_id)
+
+
+def conversation_key(conversation_id: str) -> CacheKey:
+    return CacheKey("conversation", conversation_id)
+
+
+class CachedHistory(NamedTuple):
+    # The ignore: the field shadows tuple.count(), which nobody calls on this type; the name is the API.
+    count: int  # type: ignore[assignment]  # number of messages joined in `joined`
+    joined: bytes  # b",".join(message_bytes); b"" when count == 0
+    # What the entry was read against besides its count (a chain begun on a conversation: the conversation's
+    # version); an entry is served only for the version it was written with.
+    version: int | None = None
+
+
+# Each entry's count key carries the format it was written in: b"2:<count>" or b"2:<count>:<version>". Releases
+# before formats were written stored a bare count (format 1, the same meaning for a thread's or a conversation's
+# entry), which is still read; a format this code does not know is a miss. So replicas of two releases can share one
+# Redis during a rolling upgrade: each serves only what it can read, and writes under the same keys, so an
+# invalidation by either reaches the other's entries. The Redis scripts (store/cache.py) compare counts as these exact
+# strings: an entry of another format (or version) never matches, and is dropped instead of appended to.
+CACHE_FORMAT = 2
+_FORMAT_PREFIX = b"2:"
+
+
+def encode_count(count: int, version: int | None = None) -> bytes:
+    if version is None:
+        return b"2:%d" % count
+    return b"2:%d:%d" % (count, version)
+
+
+def decode_count(raw: bytes) -> tuple[int, int | None] | None:
+    """(count, version) of a count key's value, or None for a value this code cannot read."""
+    try:
+        if not raw.startswith(_FORMAT_PREFIX):
+            return (int(raw), None) if raw.isdigit() else None  # format 1
+        fields = raw[len(_FORMAT_PREFIX) :].split(b":")
+        if len(fields) == 1:
+            return int(fields[0]), None
+        if len(fields) == 2:
+            return int(fields[0]), int(fields[1])
+    except ValueError:
+        pass
+    return None
