@@ -4,7 +4,7 @@
 `console_sign_outs` holds the nonce of every session signed out until its cookie would have expired, so a copied
 cookie stops working at sign-out. Additive: older code never reads either table, and its sessions stay valid.
 
-Revision ID: 0011
+Revision ID: 0015
 Revises: 0010
 Create Date: 2026-12-02
 """
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0011"
+revision: str = "0015"
 down_revision: str | Sequence[str] | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
