@@ -228,6 +228,8 @@ responses = Table(
     Column("context_kept", BigInteger, nullable=True),
     Column("context_head_id", String(40), nullable=True),
     Column("context_head", LargeBinary, nullable=True),
+    # Where its context lies in response_items' runs (store/response_runs.py; revision 0013). NULL: walked.
+    Column("context_runs", LargeBinary, nullable=True),
     Index(None, "root_id", "expires_ms"),
     Index(None, "expires_ms"),
     Index(None, "tenant_id"),
@@ -246,6 +248,16 @@ response_items = Table(
     Column("body", LargeBinary, nullable=False),
     Column("kind", String(8), nullable=False),
     Column("rendered", LargeBinary, nullable=False),
+    # The item's place in its run (store/response_runs.py; revision 0013): NULL for items in none.
+    Column("run_id", BigInteger, nullable=True),
+    Column("run_position", Integer, nullable=True),
+    Index(
+        None,
+        "run_id",
+        "run_position",
+        postgresql_where=text("run_id IS NOT NULL"),
+        sqlite_where=text("run_id IS NOT NULL"),
+    ),
 )
 
 conversations = Table(

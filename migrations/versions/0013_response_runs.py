@@ -1,0 +1,49 @@
+"""Where a chained response's context lies: each item's place in its run (run key, position) and, on each response,
+the prefixes of the runs along its path with their item count and the path's fingerprint (store/response_runs.py),
+so a branch at any depth reads exactly its items in one indexed read.
+
+Additive and safe across a rolling upgrade: nullable columns and a partial index of the items that have a run. Older
+code leaves them NULL, and a response whose parent has no runs (stored before this revision, or by older code during
+the upgrade) gets none either, so its context is walked through its parents as before. Older code reading ignores
+them.
+
+Revision ID: 0013
+Revises: 0010
+Create Date: 2026-12-02
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+revision: str = "0013"
+down_revision: str | Sequence[str] | None = "0010"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("responses") as batch:
+        batch.add_column(sa.Column("context_runs", sa.LargeBinary(), nullable=True))
+    with op.batch_alter_table("response_items") as batch:
+        batch.add_column(sa.Column("run_id", sa.BigInteger(), nullable=True))
+        batch.add_column(sa.Column("run_position", sa.Integer(), nullable=True))
+    op.create_index(
+        "ix_response_items_run_id_run_position",
+        "response_items",
+        ["run_id", "run_position"],
+        postgresql_where=sa.text("run_id IS NOT NULL"),
+        sqlite_where=sa.text("run_id IS NOT NULL"),
+    )
+
+
+def downgrade() -> None:
+    op.drop_index("ix_response_items_run_id_run_position", table_name="response_items")
+    with op.batch_alter_table("response_items") as batch:
+        batch.drop_column("run_position")
+        batch.drop_column("run_id")
+    with op.batch_alter_table("responses") as batch:
+        batch.drop_column("context_runs")
