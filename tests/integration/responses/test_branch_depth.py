@@ -22,6 +22,7 @@ from statestore.store.pg_pool import LeanPool
 from statestore.store.response_records import ResponseRow
 from statestore.store.response_statements import PgResponseStatements
 from statestore.store.response_store import ResponseStore
+from statestore.store.schema import response_items, responses
 from statestore.store.statement import P, PgStatement
 from tests.integration.responses.conftest import last_chat_request, owner_of
 from tests.support.admin_api import ADMIN_TOKENS, AdminApi, ClockFile
@@ -319,3 +320,38 @@ def test_a_branch_at_depth_200_reads_what_one_at_depth_20_reads_beyond_its_items
             statements_far, items_far = asyncio.run(_sqlite_rebuild_statements(storage, owner, far))
             assert items_far > items_near
             assert statements_far == statements_near == 1
+
+
+async def _as_older_code_wrote(url: str, response_id: str) -> None:
+    """The response as code before revision 0013 stores it: no runs, its items in none."""
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(responses.update().where(responses.c.id == response_id).values(context_runs=None))
+            await conn.execute(
+                response_items.update()
+                .where(response_items.c.response_id == response_id)
+                .values(run_id=None, run_position=None)
+            )
+    finally:
+        await engine.dispose()
+
+
+def test_responses_written_by_older_code_mid_chain_are_read_by_walking(
+    client: openai.OpenAI, backend: FakeBackend, storage: str
+) -> None:
+    """A rolling upgrade: a response written by older code has no runs, so its descendants are walked, and its
+    parent's run stays free past the parent for a newer child."""
+    first = turns("new", 6)
+    ids = chain(client, first)
+    older = chain(client, ["older"], ids[-1])[0]
+    asyncio.run(_as_older_code_wrote(storage, older))
+    below = chain(client, turns("below", 3), older)
+    for at, head in enumerate(below):
+        _, messages = sent(client, backend, head, "again")
+        assert messages == expected([*first, "older", *turns("below", at + 1)], "again")
+    newer = chain(client, ["newer"], ids[-1])[0]
+    _, messages = sent(client, backend, newer, "again")
+    assert messages == expected([*first, "newer"], "again")
+    _, messages = sent(client, backend, older, "again")
+    assert messages == expected([*first, "older"], "again")
