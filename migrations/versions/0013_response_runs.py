@@ -7,6 +7,10 @@ code leaves them NULL, and a response whose parent has no runs (stored before th
 the upgrade) gets none either, so its context is walked through its parents as before. Older code reading ignores
 them.
 
+And indexes a turn maintains for nothing: erasure's indexes of tenant and user ids on threads and responses become
+partial (a row without the id adds nothing to them, and erasure only ever asks for a given id), and the responses'
+index of expires_ms alone goes (the purge and the stats read expiry through the index of root_id, expires_ms).
+
 Revision ID: 0013
 Revises: 0010
 Create Date: 2026-12-02
@@ -25,6 +29,17 @@ branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
 
+# Indexes a turn maintains that no read needs for rows without the column: made partial (a row with neither a tenant
+# nor a user id adds nothing to them), and the responses' index of expires_ms alone, which no read needs, dropped.
+# Indexes change no result, so older code runs the same on either shape.
+_PARTIAL = (
+    ("ix_threads_owner_metadata_user_id", "threads", ["owner", "metadata_user_id"], "metadata_user_id"),
+    ("ix_threads_tenant_id", "threads", ["tenant_id"], "tenant_id"),
+    ("ix_responses_tenant_id", "responses", ["tenant_id"], "tenant_id"),
+    ("ix_responses_metadata_user_id", "responses", ["metadata_user_id"], "metadata_user_id"),
+)
+
+
 def upgrade() -> None:
     with op.batch_alter_table("responses") as batch:
         batch.add_column(sa.Column("context_runs", sa.LargeBinary(), nullable=True))
@@ -38,9 +53,18 @@ def upgrade() -> None:
         postgresql_where=sa.text("run_id IS NOT NULL"),
         sqlite_where=sa.text("run_id IS NOT NULL"),
     )
+    for name, table, columns, column in _PARTIAL:
+        op.drop_index(name, table_name=table)
+        where = sa.text(f"{column} IS NOT NULL")
+        op.create_index(name, table, columns, postgresql_where=where, sqlite_where=where)
+    op.drop_index("ix_responses_expires_ms", table_name="responses")
 
 
 def downgrade() -> None:
+    op.create_index("ix_responses_expires_ms", "responses", ["expires_ms"])
+    for name, table, columns, _ in _PARTIAL:
+        op.drop_index(name, table_name=table)
+        op.create_index(name, table, columns)
     op.drop_index("ix_response_items_run_id_run_position", table_name="response_items")
     with op.batch_alter_table("response_items") as batch:
         batch.drop_column("run_position")
