@@ -9,7 +9,7 @@ RUNTIME_STAMP := $(VENV)/.runtime
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test lint install services system-packages upgrade-drill console-screenshots bench bench-responses bench-context bench-link campaign clean image admin
+.PHONY: run test lint install services system-packages upgrade-drill console-screenshots bench bench-responses bench-pg-statements bench-context bench-link campaign clean image admin
 
 # setuptools notes, on every editable install of a package mapped from two folders (statestore/ and migrations/), that
 # it is served by an import hook; it is information, not a fault of ours, and would be the install's only output.
@@ -96,6 +96,11 @@ bench: $(STAMP) services
 # The Responses continue beside the threaded continue at 2k and 200k tokens (bench/responses_arm.py).
 bench-responses: $(STAMP) services
 	$(BIN)/python -m bench.responses_arm $(BENCH_ARGS)
+
+# PostgreSQL's share of a turn, statement by statement, on a throwaway cluster with pg_stat_statements
+# (bench/pg_statements.py).
+bench-pg-statements: $(STAMP) services
+	$(BIN)/python -m bench.pg_statements $(PG_STATEMENTS_ARGS)
 
 # Long conversations (PROTOCOL §9): a continue on 10 MB archived vs a 200 KB thread; a truncate step vs a cold
 # rebuild. CONTEXT_BENCH_ARGS: --turns N --archive-mb M --context-kb K.

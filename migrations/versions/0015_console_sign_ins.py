@@ -5,7 +5,7 @@
 cookie stops working at sign-out. Additive: older code never reads either table, and its sessions stay valid.
 
 Revision ID: 0015
-Revises: 0010
+Revises: 0013
 Create Date: 2026-12-02
 """
 
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0015"
-down_revision: str | Sequence[str] | None = "0010"
+down_revision: str | Sequence[str] | None = "0013"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, update
+from sqlalchemy import exists, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import Insert
 
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_records import NewResponse, StoredItem
+from statestore.store.response_runs import place
 from statestore.store.response_statements import (
     COMMIT_CONVERSATION_TURN,
     INSERT_RESPONSE,
@@ -53,6 +54,9 @@ def _chained(new: NewResponse) -> InsertResponse:
     parent = new.parent
     item_ids, bodies, kinds, rendered = item_arrays([*new.inputs, *new.outputs])
     day, shard, stored = _usage(new)
+    placement = place(
+        parent.context_runs if parent else None, is_root=parent is None, response_id=new.id, count=len(item_ids)
+    )
     return InsertResponse(
         id=new.id,
         owner=new.owner,
@@ -78,6 +82,11 @@ def _chained(new: NewResponse) -> InsertResponse:
         context_kept=new.context.kept,
         context_head_id=new.context.head_id,
         context_head=new.context.head,
+        extend_run=placement.extend_run,
+        extend_from=placement.extend_from,
+        extended=placement.extended,
+        new_run=placement.new_run,
+        started=placement.started,
     )
 
 
@@ -188,7 +197,15 @@ def _response_values(turn: ResponseTurnRow) -> dict[str, Any]:
 
 
 async def _insert_chained(conn: AsyncConnection, chained: InsertResponse, items: Sequence[StoredItem]) -> None:
-    """A turn not on a conversation: the response and its own items, inputs first."""
+    """A turn not on a conversation: the response and its own items, inputs first, placed in a run as
+    INSERT_RESPONSE places them."""
+    run, first, runs = chained.new_run, 0, chained.started
+    if chained.extend_run is not None and chained.extend_from is not None:
+        taken = exists().where(
+            response_items.c.run_id == chained.extend_run, response_items.c.run_position >= chained.extend_from
+        )
+        if not (await conn.execute(select(taken))).scalar_one():
+            run, first, runs = chained.extend_run, chained.extend_from, chained.extended
     await conn.execute(
         insert(responses).values(
             **_response_values(chained),
@@ -199,9 +216,17 @@ async def _insert_chained(conn: AsyncConnection, chained: InsertResponse, items:
             context_kept=chained.context_kept,
             context_head_id=chained.context_head_id,
             context_head=chained.context_head,
+            context_runs=runs,
         )
     )
     rows = [
-        {**row, "response_id": chained.id, "is_output": row["position"] >= chained.inputs} for row in item_rows(items)
+        {
+            **row,
+            "response_id": chained.id,
+            "is_output": row["position"] >= chained.inputs,
+            "run_id": run,
+            "run_position": None if run is None else first + row["position"],
+        }
+        for row in item_rows(items)
     ]
     await conn.execute(insert(response_items), rows)

@@ -36,6 +36,8 @@ class ResponseRow:
     context_kept: int | None = None
     context_head_id: str | None = None
     context_head: bytes | None = None
+    # Where its chain's items lie (store/response_runs.py); None: the chain is walked.
+    context_runs: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -65,6 +65,13 @@ class InsertResponse(ResponseTurnRow):
     context_kept: int | None
     context_head_id: str | None
     context_head: bytes | None
+    # Where the items go (store/response_runs.py Placement): on in the parent's run, unless it is taken past the
+    # parent's end, else in a run of their own; all None for none.
+    extend_run: int | None
+    extend_from: int | None
+    extended: bytes | None
+    new_run: int | None
+    started: bytes | None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -87,6 +94,12 @@ class OfConversation:
     conversation_id: str
 
 
+@dataclass(slots=True, kw_only=True)
+class OfRuns:
+    keys: list[int]
+    ends: list[int]
+
+
 # With the version of the conversation its chain began on, if it did (-1: that conversation is gone): see
 # responses/context.py chain_count.
 GET_RESPONSE: Final = PgStatement(
@@ -94,7 +107,8 @@ GET_RESPONSE: Final = PgStatement(
     """
 SELECT r.id, r.root_id, r.depth, r.chain_bytes, r.body,
     CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END,
-    coalesce(r.context_tokens, 0), coalesce(r.context_bytes, 0), r.context_kept, r.context_head_id, holder.context_head
+    coalesce(r.context_tokens, 0), coalesce(r.context_bytes, 0), r.context_kept, r.context_head_id, holder.context_head,
+    r.context_runs
 FROM responses r
 LEFT JOIN responses root ON root.id = r.root_id
 LEFT JOIN conversations c ON c.id = root.conversation_id
@@ -104,16 +118,24 @@ WHERE r.id = :response_id AND r.owner = :owner AND r.expires_ms > :now_ms
     durable=True,
 )
 
-# A chained turn: the response, then its items (inputs first: an ordinal past :inputs is an output).
+# A chained turn: the response, then its items (inputs first: an ordinal past :inputs is an output), in the parent's
+# run unless something is stored past the parent's end there (one probe of the runs' index), else in a run of their
+# own (store/response_runs.py).
 INSERT_RESPONSE: Final = PgStatement(
     InsertResponse,
     """
-WITH added AS (
+WITH placed AS (
+    SELECT :extend_run::bigint IS NULL OR EXISTS (
+        SELECT 1 FROM response_items WHERE run_id = :extend_run::bigint AND run_position >= :extend_from::integer
+    ) AS fresh
+), added AS (
     INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id, depth,
         chain_bytes, body, created_ms, expires_ms, context_tokens, context_bytes, context_kept, context_head_id,
-        context_head)
-    VALUES (:id, :owner, :tenant_id, :metadata_user_id, :parent_id, :root_id, NULL, :depth, :chain_bytes, :body,
-        :created_ms, :expires_ms, :context_tokens, :context_bytes, :context_kept, :context_head_id, :context_head)
+        context_head, context_runs)
+    SELECT :id, :owner, :tenant_id, :metadata_user_id, :parent_id, :root_id, NULL, :depth, :chain_bytes, :body,
+        :created_ms, :expires_ms, :context_tokens, :context_bytes, :context_kept, :context_head_id, :context_head,
+        CASE WHEN placed.fresh THEN :started::bytea ELSE :extended::bytea END
+    FROM placed
     RETURNING id
 ), counted AS (
     INSERT INTO daily_usage (day, shard, door, turns, bytes)
@@ -121,9 +143,11 @@ WITH added AS (
     ON CONFLICT (day, shard) DO UPDATE
     SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
 )
-INSERT INTO response_items (response_id, position, is_output, item_id, body, kind, rendered)
-SELECT added.id, (m.ord - 1)::integer, m.ord > :inputs, m.item_id, m.body, m.kind, m.rendered
-FROM added, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
+INSERT INTO response_items (response_id, position, is_output, item_id, body, kind, rendered, run_id, run_position)
+SELECT added.id, (m.ord - 1)::integer, m.ord > :inputs, m.item_id, m.body, m.kind, m.rendered,
+    CASE WHEN placed.fresh THEN :new_run::bigint ELSE :extend_run::bigint END,
+    CASE WHEN placed.fresh THEN (m.ord - 1)::integer ELSE :extend_from::integer + (m.ord - 1)::integer END
+FROM added, placed, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
     WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
 """,
     durable=True,
@@ -189,6 +213,21 @@ ORDER BY depth, position
 """,
     durable=True,
 )
+# A chain's items read from its runs' prefixes (store/response_runs.py): one index range a run, in path order. The
+# lateral join keeps each run's read on the runs' index, whatever the planner thinks of the arrays.
+RUN_ITEMS: Final = PgStatement(
+    OfRuns,
+    """
+SELECT i.response_id, i.kind, i.rendered
+FROM unnest(:keys::bigint[], :ends::integer[]) WITH ORDINALITY AS p(run_id, run_end, ord)
+CROSS JOIN LATERAL (
+    SELECT response_id, kind, rendered, run_position FROM response_items
+    WHERE run_id = p.run_id AND run_position < p.run_end
+) AS i
+ORDER BY p.ord, i.run_position
+""",
+    durable=True,
+)
 # The items a response made on a conversation points at there.
 POINTED_ITEMS: Final = PgStatement(
     OfResponse,
@@ -222,6 +261,11 @@ class PgResponseStatements:
     async def chain_rows(self, head_id: str) -> list[asyncpg.Record]:
         """(depth, kind, rendered) of the chain ending at `head_id`, as CHAIN_CONTEXT orders them."""
         return await self._pg.fetch(CHAIN_CONTEXT, OfResponse(response_id=head_id))
+
+    async def run_items(self, keys: list[int], ends: list[int]) -> list[tuple[str, str, bytes]]:
+        """(response id, kind, rendered) of the runs' prefixes, as RUN_ITEMS orders them."""
+        rows = await self._pg.fetch(RUN_ITEMS, OfRuns(keys=keys, ends=ends))
+        return [(row[0], row[1], row[2]) for row in rows]
 
     async def pointed_items(self, response_id: str) -> list[tuple[str, bytes]]:
         rows = await self._pg.fetch(POINTED_ITEMS, OfResponse(response_id=response_id))

@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.store.leased_log import LeasedLog
 from statestore.store.response_records import NewResponse, ResponseRow
+from statestore.store.response_runs import Runs, decode, segments_of
 from statestore.store.response_statements import GetResponse, PgResponseStatements
 from statestore.store.schema import conversation_items, conversations, response_items, responses
 
@@ -59,6 +60,7 @@ class ResponseStore:
                 responses.c.context_kept,
                 responses.c.context_head_id,
                 holder.c.context_head,
+                responses.c.context_runs,
             )
             .select_from(
                 responses.outerjoin(root, root.c.id == responses.c.root_id)
@@ -75,7 +77,16 @@ class ResponseStore:
         """The (kind, rendering) of the items of each response of the chain ending at `head`, oldest first, from the
         database (responses/context.py joins them); None when an ancestor is gone (deleted, or erased). A response
         made on a conversation (only ever a chain's root) reads its items from the conversation: an item deleted
-        there is gone from its context too."""
+        there is gone from its context too.
+
+        A chain whose head knows its runs (store/response_runs.py) reads exactly its items, in one indexed read
+        whatever its depth; when that read is not exactly the path (an ancestor deleted, a run taken twice), or the
+        head has no runs (stored before revision 0013, or begun on a conversation), the parents are walked."""
+        if head.context_runs is not None:
+            runs = decode(head.context_runs)
+            found = segments_of(runs, await self._run_items(runs), head.depth)
+            if found is not None:
+                return found
         # Every member of the chain once, ahead of its items, so that a missing ancestor shows as a missing depth in
         # the same query; a member whose items are in its conversation is marked, and they are read apart (rare).
         # On PostgreSQL a prepared statement (response_statements.CHAIN_CONTEXT), else the same query through Core.
@@ -92,6 +103,24 @@ class ResponseStore:
         if len(seen) != head.depth + 1:
             return None
         return segments
+
+    async def _run_items(self, runs: Runs) -> list[tuple[str, str, bytes]]:
+        if self._pg is not None:
+            return await self._pg.run_items(runs.keys, runs.ends)
+        prefixes = [
+            select(
+                literal(order).label("run_order"),
+                response_items.c.run_position,
+                response_items.c.response_id,
+                response_items.c.kind,
+                response_items.c.rendered,
+            ).where(response_items.c.run_id == key, response_items.c.run_position < end)
+            for order, (key, end) in enumerate(runs.runs)
+        ]
+        both = union_all(*prefixes).subquery()
+        query = select(both.c.response_id, both.c.kind, both.c.rendered).order_by(both.c.run_order, both.c.run_position)
+        async with self.engine.connect() as conn:
+            return [(row[0], row[1], row[2]) for row in (await conn.execute(query)).all()]
 
     async def _chain_rows(self, head_id: str) -> list[Any]:
         walked = (responses.c.id, responses.c.parent_id, responses.c.depth, responses.c.conversation_position)

@@ -79,8 +79,18 @@ threads = Table(
     Column("expires_ms", BigInteger, nullable=False),
     Index(None, "owner", "updated_ms"),
     Index(None, "expires_ms"),
-    Index(None, "owner", "metadata_user_id"),
-    Index(None, "tenant_id"),
+    # Only erasure looks a thread up by its user or tenant: a thread with neither is not in these (revision 0013), so
+    # a turn's update of the row (a new version, since updated_ms and expires_ms are indexed) adds nothing to them.
+    Index(
+        None,
+        "owner",
+        "metadata_user_id",
+        postgresql_where=text("metadata_user_id IS NOT NULL"),
+        sqlite_where=text("metadata_user_id IS NOT NULL"),
+    ),
+    Index(
+        None, "tenant_id", postgresql_where=text("tenant_id IS NOT NULL"), sqlite_where=text("tenant_id IS NOT NULL")
+    ),
 )
 
 # One row a message, as canonical JSON bytes with earlier-turn cache_control already dropped. Replies carry the
@@ -228,10 +238,21 @@ responses = Table(
     Column("context_kept", BigInteger, nullable=True),
     Column("context_head_id", String(40), nullable=True),
     Column("context_head", LargeBinary, nullable=True),
+    # Where its context lies in response_items' runs (store/response_runs.py; revision 0013). NULL: walked.
+    Column("context_runs", LargeBinary, nullable=True),
+    # The purge's and the stats' (a tree goes when its last response expires); no index of expires_ms alone
+    # (revision 0013): nothing reads responses by it but a count of the stats, which this index serves too.
     Index(None, "root_id", "expires_ms"),
-    Index(None, "expires_ms"),
-    Index(None, "tenant_id"),
-    Index(None, "metadata_user_id"),
+    # Erasure's; a response with no tenant or user is in neither (revision 0013).
+    Index(
+        None, "tenant_id", postgresql_where=text("tenant_id IS NOT NULL"), sqlite_where=text("tenant_id IS NOT NULL")
+    ),
+    Index(
+        None,
+        "metadata_user_id",
+        postgresql_where=text("metadata_user_id IS NOT NULL"),
+        sqlite_where=text("metadata_user_id IS NOT NULL"),
+    ),
 )
 
 # A response's input items (then its output items), each as its Responses JSON and its rendered Chat Completions
@@ -246,6 +267,16 @@ response_items = Table(
     Column("body", LargeBinary, nullable=False),
     Column("kind", String(8), nullable=False),
     Column("rendered", LargeBinary, nullable=False),
+    # The item's place in its run (store/response_runs.py; revision 0013): NULL for items in none.
+    Column("run_id", BigInteger, nullable=True),
+    Column("run_position", Integer, nullable=True),
+    Index(
+        None,
+        "run_id",
+        "run_position",
+        postgresql_where=text("run_id IS NOT NULL"),
+        sqlite_where=text("run_id IS NOT NULL"),
+    ),
 )
 
 conversations = Table(
