@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import orjson
 
 from statestore.auth import Principal
@@ -11,9 +9,9 @@ from statestore.responses.chat_format import summary_text
 from statestore.responses.context import Summarize
 from statestore.responses.errors import BackendError
 from statestore.upstream.client import Upstream, UpstreamResponse
+from statestore.upstream.side_request import side_reply
 
 CHAT_PATH = "/v1/chat/completions"
-log = logging.getLogger(__name__)
 
 
 def backend_headers(headers: list[tuple[bytes, bytes]], principal: Principal) -> list[tuple[bytes, bytes]]:
@@ -62,21 +60,7 @@ def summarizer(upstream: Upstream, headers: list[tuple[bytes, bytes]], principal
     and any failure is None (the turn then truncates, and says so)."""
 
     async def summarize(body: bytes) -> str | None:
-        try:
-            response = await upstream.send("POST", CHAT_PATH, backend_headers(headers, principal), body)
-            try:
-                raw = await response.read()
-            finally:
-                await response.aclose()
-        except Exception as exc:  # the turn goes on without a summary, whatever went wrong
-            log.warning("summary request failed", extra={"error": type(exc).__name__})
-            return None
-        if response.status != 200:
-            log.warning("summary request refused", extra={"status": response.status})
-            return None
-        try:
-            return summary_text(orjson.loads(raw))
-        except orjson.JSONDecodeError:
-            return None
+        reply = await side_reply(upstream, CHAT_PATH, backend_headers(headers, principal), body, purpose="summary")
+        return None if reply is None else summary_text(reply)
 
     return summarize

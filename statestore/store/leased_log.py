@@ -21,6 +21,8 @@ from typing import Any, Final
 from sqlalchemy import Table, func, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.sql.dml import Update
+from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_commit import commit_response
@@ -118,52 +120,46 @@ LEASED_COLUMNS = (
 )
 
 
-def _free(table: Table) -> Any:
-    return or_(table.c.lease_token.is_(None), table.c.lease_expires_ms <= core_param("now_ms"))
+def _take(table: Table, *chosen: ColumnElement[bool]) -> Update:
+    """The lease taken on the row `chosen` picks, if it is live and free (no lease, or one that ran out)."""
+    free = or_(table.c.lease_token.is_(None), table.c.lease_expires_ms <= core_param("now_ms"))
+    return (
+        update(table)
+        .where(*chosen, table.c.expires_ms > core_param("now_ms"), free)
+        .values(lease_token=core_param("token"), lease_expires_ms=core_param("until_ms"))
+    )
 
 
 # Built once: SQLAlchemy would otherwise rebuild and re-hash each expression on every call before finding its
 # compiled form.
 CORE_TAKE_THREAD_BY_RESPONSE: Final = CoreStatement(
     TakeThreadByResponse,
-    update(threads)
-    .where(
+    _take(
+        threads,
         threads.c.id == core_param("thread_id"),
         threads.c.owner == core_param("owner"),
         threads.c.head_message_id == core_param("head_message_id"),
-        threads.c.expires_ms > core_param("now_ms"),
-        _free(threads),
-    )
-    .values(lease_token=core_param("token"), lease_expires_ms=core_param("until_ms"))
-    .returning(*LEASED_COLUMNS),
+    ).returning(*LEASED_COLUMNS),
 )
 CORE_TAKE_THREAD_BY_SESSION: Final = CoreStatement(
     TakeThreadBySession,
-    update(threads)
-    .where(
+    _take(
+        threads,
         threads.c.id
         == select(sessions.c.thread_id)
         .where(sessions.c.owner == core_param("owner"), sessions.c.name == core_param("session"))
         .scalar_subquery(),
         threads.c.owner == core_param("owner"),
         threads.c.head_message_id.is_not(None),
-        threads.c.expires_ms > core_param("now_ms"),
-        _free(threads),
-    )
-    .values(lease_token=core_param("token"), lease_expires_ms=core_param("until_ms"))
-    .returning(*LEASED_COLUMNS),
+    ).returning(*LEASED_COLUMNS),
 )
 CORE_TAKE_CONVERSATION: Final = CoreStatement(
     TakeConversation,
-    update(conversations)
-    .where(
+    _take(
+        conversations,
         conversations.c.id == core_param("conversation_id"),
         conversations.c.owner == core_param("owner"),
-        conversations.c.expires_ms > core_param("now_ms"),
-        _free(conversations),
-    )
-    .values(lease_token=core_param("token"), lease_expires_ms=core_param("until_ms"))
-    .returning(
+    ).returning(
         conversations.c.next_position,
         func.coalesce(conversations.c.context_tokens, 0).label("context_tokens"),
         func.coalesce(conversations.c.context_bytes, 0).label("context_bytes"),

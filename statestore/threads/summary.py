@@ -3,17 +3,13 @@ it holds the thread's lease (threads/service.py keeps it renewed), so a slow sum
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Protocol
-
-import orjson
 
 from statestore.threads import context
 from statestore.threads.context_step import Summarize
 from statestore.upstream.client import Upstream, request_headers_for_upstream
-
-log = logging.getLogger(__name__)
+from statestore.upstream.side_request import side_reply
 
 
 class Summaries(Protocol):
@@ -54,19 +50,5 @@ class BackendSummaries:
             for name, value in request_headers_for_upstream(headers, threaded=True, credential=credential)
             if name != b"accept"  # a summary is read whole, never streamed
         ]
-        try:
-            response = await self._upstream.send("POST", "/v1/messages", upstream_headers, body)
-            try:
-                reply = await response.read()
-            finally:
-                await response.aclose()
-        except Exception as exc:  # the turn goes on without a summary, whatever went wrong
-            log.warning("summary request failed", extra={"error": type(exc).__name__})
-            return None
-        if response.status != 200:
-            log.warning("summary request refused", extra={"status": response.status})
-            return None
-        try:
-            return context.summary_text(orjson.loads(reply))
-        except orjson.JSONDecodeError:
-            return None
+        reply = await side_reply(self._upstream, "/v1/messages", upstream_headers, body, purpose="summary")
+        return None if reply is None else context.summary_text(reply)
