@@ -9,7 +9,7 @@ RUNTIME_STAMP := $(VENV)/.runtime
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test lint install services system-packages upgrade-drill console-screenshots bench bench-responses bench-context campaign clean image admin
+.PHONY: run test test-real real-backend lint install services system-packages upgrade-drill console-screenshots bench bench-responses bench-context campaign clean image admin
 
 # setuptools notes, on every editable install of a package mapped from two folders (statestore/ and migrations/), that
 # it is served by an import hook; it is information, not a fault of ours, and would be the install's only output.
@@ -71,9 +71,18 @@ lint: $(STAMP)
 system-packages:
 	@scripts/ensure-system-packages.sh
 
+# llama.cpp's server and the tiny model tests/realbackend runs it with, built once into ~/.cache/statestore/ (about
+# nine minutes on two cores); later runs find them there.
+real-backend: system-packages $(STAMP)
+	@scripts/real-backend.sh $(BIN)/python >/dev/null
+
 # Prerequisites run in this order: the system packages first, so a machine without them stops at once.
-test: system-packages $(STAMP) lint services $(NODE_DEPS)
+test: system-packages $(STAMP) lint services $(NODE_DEPS) real-backend
 	@scripts/run-tests.sh
+
+# Only the real-backend suite (tests/realbackend): statestore in front of a real llama-server.
+test-real: system-packages $(STAMP) services real-backend
+	@scripts/run-tests.sh -m real_backend tests/realbackend
 
 # The README's pictures of the admin console (docs/console/*.png), taken by its browser tests.
 console-screenshots: system-packages $(STAMP) services
