@@ -11,7 +11,8 @@ cache="${STATESTORE_REAL_BACKEND_CACHE:-$HOME/.cache/statestore/llama/$version}"
 python="${1:-.venv/bin/python}"
 here="$(cd "$(dirname "$0")/.." && pwd)"
 binary="$cache/llama-server"
-model="$cache/tiny-qwen2.gguf"
+# Named for the generator's contents, so a change to it makes a new model and an unchanged one is reused.
+model="$cache/tiny-qwen2-$(sha256sum "$here/tests/realbackend/make_model.py" | cut -c1-12).gguf"
 say() { echo "real-backend: $*" >&2; }
 fail() { echo "real-backend: FAILED: $*" >&2; exit 1; }
 

@@ -34,6 +34,7 @@ from statestore.threads.policy_store import PolicyStore
 from statestore.threads.service import ThreadService
 from statestore.threads.summary import BackendSummaries
 from statestore.upstream.client import Upstream, UpstreamClient
+from statestore.upstream.windows import Windows
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -158,6 +159,7 @@ async def build_resources(
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,
                 summaries=BackendSummaries(upstream),
+                windows=Windows(upstream),
                 clock=clock,
             ),
             authenticator=authenticator,

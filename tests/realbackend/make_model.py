@@ -72,8 +72,11 @@ def write_model(tree: Path, out: Path) -> None:
     def weight(*shape: int) -> np.ndarray:
         return (rng.standard_normal(shape) * 0.02).astype(np.float32)
 
-    # Only the embedding is half precision: it is nearly all of the file, and the output projection reuses it.
+    # The two vocabulary-sized matrices are half precision: they are nearly all of the file. The output projection is
+    # its own: tied to the embedding, greedy decoding repeats the prompt's last token (a newline) forever, and a reply
+    # of whitespace is no text at all (a summary made of it is none).
     writer.add_tensor("token_embd.weight", weight(len(tokens), EMBEDDING).astype(np.float16))
+    writer.add_tensor("output.weight", weight(len(tokens), EMBEDDING).astype(np.float16))
     writer.add_tensor("output_norm.weight", np.ones(EMBEDDING, dtype=np.float32))
     for layer in range(LAYERS):
         prefix = f"blk.{layer}"
