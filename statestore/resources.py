@@ -184,6 +184,7 @@ async def build_resources(
                 clock=clock,
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,
+                windows=Windows(chat_upstream),
             )
             if settings.chat_upstream_url
             else None,

@@ -47,7 +47,9 @@ def build() -> Artifacts:
 
 
 class LlamaServer:
-    """One llama-server process with one slot of `context` tokens, greedy by default."""
+    """One llama-server process with one slot of `context` tokens, greedy by default. Its prompt is evaluated a token
+    at a time (`-ub 1`): the numbers then do not depend on how much of a prompt the cache held, so a reply is the same
+    bytes whichever request filled the cache before it (random weights leave near-ties that another batching flips)."""
 
     def __init__(self, artifacts: Artifacts, *, context: int, log_dir: Path) -> None:
         self.port = free_port()
@@ -58,7 +60,7 @@ class LlamaServer:
         self.process = subprocess.Popen(
             [str(artifacts.binary), "-m", str(artifacts.model), "--host", "127.0.0.1", "--port", str(self.port),
              "-c", str(context), "-np", "1", "--jinja", "--alias", MODEL_NAME, "--temp", "0", "--seed", "7",
-             "-t", "1", "--no-webui"],
+             "-t", "1", "--no-webui", "-ub", "1"],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env={**os.environ, "LLAMA_ARG_HOST": "127.0.0.1"},
