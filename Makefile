@@ -9,7 +9,7 @@ RUNTIME_STAMP := $(VENV)/.runtime
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test test-real real-backend lint install services system-packages upgrade-drill console-screenshots bench bench-responses bench-context campaign clean image admin
+.PHONY: run test test-real real-backend lint install services system-packages upgrade-drill console-screenshots bench bench-responses bench-context bench-link campaign clean image admin
 
 # setuptools notes, on every editable install of a package mapped from two folders (statestore/ and migrations/), that
 # it is served by an import hook; it is information, not a fault of ours, and would be the install's only output.
@@ -110,6 +110,11 @@ bench-responses: $(STAMP) services
 # rebuild. CONTEXT_BENCH_ARGS: --turns N --archive-mb M --context-kb K.
 bench-context: $(STAMP) services
 	$(BIN)/python -m bench.context_arm $(CONTEXT_BENCH_ARGS)
+
+# The client on a shaped link (a network namespace, a veth pair and tbf at 10, 50 and 200 Mbit/s): a threaded continue
+# against the whole history sent to the backend, and llama-server's prompt cache (bench/link.py; needs root).
+bench-link: $(STAMP) services real-backend
+	$(BIN)/python -m bench.link $(LINK_BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis statestore.db statestore.db-*

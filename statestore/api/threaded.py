@@ -140,7 +140,9 @@ class _ThreadedTurn:
 
     async def _relay_stream(self, prepared: PreparedTurn, response: UpstreamResponse) -> AsyncIterator[bytes]:
         parser = SSEParser()
-        capture = ReplyAccumulator(prepared.response_id, anthropic_beta=prepared.anthropic_beta)
+        capture = ReplyAccumulator(
+            prepared.response_id, anthropic_beta=prepared.anthropic_beta, model=prepared.replay[0] or ""
+        )
         try:
             async for chunk in response.chunks():
                 out: list[bytes] = []

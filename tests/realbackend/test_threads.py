@@ -203,3 +203,28 @@ def info_id(response_id: str) -> str:
     thread = thread_of_response(response_id)
     assert thread is not None
     return thread
+
+
+def test_a_stream_the_server_opens_without_message_start_is_given_one_and_stored(
+    claude: anthropic.Anthropic, stack: Stack, api_key: str
+) -> None:
+    """llama.cpp's server sends `message_start` with its first token's text, and none at all when that token is part
+    of a UTF-8 character (as this prompt's is): the stream then opens with `content_block_start`, which the SDK's
+    accumulator refuses. A threaded turn gets the `message_start` it lacked, so the reply is read and stored."""
+    text = ("a long shared history the quick brown fox jumps over the lazy dog " * 10)[:500]
+    body = {"model": MODEL_NAME, "max_tokens": 8, "stream": True, "messages": [user(text)]}
+    direct = httpx.post(f"{stack.llama.url}/v1/messages", json=body, timeout=60)
+    assert direct.text.startswith("event: content_block_start"), direct.text[:200]
+
+    thread = claude.beta.messages.thread(model=MODEL_NAME, max_tokens=8)
+    with thread.stream(user(text)) as stream:
+        streamed = stream.get_final_message()
+    assert streamed.id.startswith("msg_") and streamed.content
+    after = thread.send(user("And after it?"))
+    exported = httpx.get(
+        f"{stack.statestore.url}/statestore/v1/threads/{info_id(after.id)}/messages",
+        headers={"x-api-key": api_key},
+        timeout=30,
+    ).json()
+    assert [message["role"] for message in exported["messages"]] == ["user", "assistant", "user", "assistant"]
+    assert exported["messages"][1]["content"] == [block.to_dict() for block in streamed.content]
