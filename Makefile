@@ -9,7 +9,7 @@ RUNTIME_STAMP := $(VENV)/.runtime
 PORT ?= 8080
 ECHO_PORT ?= 8090
 
-.PHONY: run test lint install services system-packages upgrade-drill console-screenshots bench bench-responses bench-pg-statements bench-context bench-link campaign clean image admin
+.PHONY: run test test-real real-backend lint install services system-packages upgrade-drill console-screenshots bench bench-responses bench-pg-statements bench-context bench-link campaign clean image admin
 
 # setuptools notes, on every editable install of a package mapped from two folders (statestore/ and migrations/), that
 # it is served by an import hook; it is information, not a fault of ours, and would be the install's only output.
@@ -71,9 +71,18 @@ lint: $(STAMP)
 system-packages:
 	@scripts/ensure-system-packages.sh
 
+# llama.cpp's server and the tiny model tests/realbackend runs it with, built once into ~/.cache/statestore/ (about
+# nine minutes on two cores); later runs find them there.
+real-backend: system-packages $(STAMP)
+	@scripts/real-backend.sh $(BIN)/python >/dev/null
+
 # Prerequisites run in this order: the system packages first, so a machine without them stops at once.
-test: system-packages $(STAMP) lint services $(NODE_DEPS)
+test: system-packages $(STAMP) lint services $(NODE_DEPS) real-backend
 	@scripts/run-tests.sh
+
+# Only the real-backend suite (tests/realbackend): statestore in front of a real llama-server.
+test-real: system-packages $(STAMP) services real-backend
+	@scripts/run-tests.sh -m real_backend tests/realbackend
 
 # The README's pictures of the admin console (docs/console/*.png), taken by its browser tests.
 console-screenshots: system-packages $(STAMP) services
@@ -108,8 +117,8 @@ bench-context: $(STAMP) services
 	$(BIN)/python -m bench.context_arm $(CONTEXT_BENCH_ARGS)
 
 # A client on a shaped link (network namespace, veth, tbf at 10/50/200 Mbit/s): threaded continue vs the whole history
-# sent to the backend; writes bench/plots/link-*.png (bench/link.py). Needs root.
-bench-link: $(STAMP) services
+# sent to the backend, and llama-server's prompt cache; writes bench/plots/link-*.png (bench/link.py). Needs root.
+bench-link: $(STAMP) services real-backend
 	$(BIN)/python -m bench.link $(LINK_BENCH_ARGS)
 
 clean:

@@ -74,6 +74,12 @@ def policy_fields() -> tuple[PolicyField, ...]:
         members = typing.get_args(hint) if union else (hint,)
         kinds = [m for m in members if m is not type(None)]
         optional = len(kinds) < len(members)
+        literals = [m for m in kinds if typing.get_origin(m) is typing.Literal]
+        if int in kinds and len(literals) == 1 and len(kinds) == 2:
+            # A number or a word (context_window_tokens: a count or "auto"): a whole number whose choices are words.
+            words = tuple(str(choice) for choice in typing.get_args(literals[0]))
+            found.append(PolicyField(name=name, kind="int", optional=optional, choices=words))
+            continue
         only = kinds[0] if len(kinds) == 1 else str
         if typing.get_origin(only) is typing.Literal:
             choices = tuple(str(choice) for choice in typing.get_args(only))

@@ -18,7 +18,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from statestore.admin import AdminService, as_dict, day_label, erased_fields, passthrough_warning, purged_fields
 from statestore.config import Settings
 from statestore.errors import StatestoreError
-from statestore.policy_fields import POLICY_FIELDS
+from statestore.policy_fields import AUTO, POLICY_FIELDS
 from statestore.resources import build_resources
 from statestore.store.engine import create_engine
 
@@ -270,6 +270,16 @@ def _or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
     return parse
 
 
+def _or_auto(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """A number flag that also takes `auto` (a window the backend states)."""
+
+    def parse(value: str) -> Any:
+        return AUTO if value == AUTO else kind(value)
+
+    parse.__name__ = getattr(kind, "__name__", "value")
+    return parse
+
+
 def _switch(value: str) -> bool:
     """A true/false option, strictly: a typo must not switch threads off."""
     lowered = value.strip().lower()
@@ -345,6 +355,8 @@ def add_commands(commands: Any) -> None:
         else:
             kind: Callable[[str], Any] = {"int": int, "ratio": float, "text": str}[field.kind]
             metavar = "TEXT" if field.kind == "text" else "N"
+            if field.auto:
+                kind, metavar = _or_auto(kind), f"{metavar}|{AUTO}"
             if field.nullable:
                 kind, metavar = _or_none(kind), f"{metavar}|none"
             p.add_argument(flag, type=kind, metavar=metavar, help=field.help)

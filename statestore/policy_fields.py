@@ -13,6 +13,10 @@ from typing import Any, Literal
 Kind = Literal["bool", "int", "ratio", "choice", "text"]
 
 CONTEXT_STRATEGIES = ("none", "truncate", "summarize")
+# A window the backend states (PROTOCOL §9, "Windows discovered"): the value a field with `auto` accepts besides a
+# number, and how its integer column holds it (no window is that small: the field's minimum is far above it).
+AUTO = "auto"
+STORED_AUTO = 0
 MAX_TTL_SECONDS = 366 * 86_400
 INT32_MAX = 2**31 - 1  # policies.max_messages and threads.head_position are 32-bit integers
 INT64_MAX = 2**63 - 1
@@ -30,11 +34,22 @@ class PolicyField:
     maximum: float | None = None
     choices: tuple[str, ...] = ()
     max_length: int | None = None
+    auto: bool = False  # an "int" that may also be AUTO
 
     @property
     def python_type(self) -> Any:
         base: Any = {"bool": bool, "int": int, "ratio": float, "choice": str, "text": str}[self.kind]
+        if self.auto:
+            base = base | Literal["auto"]
         return base | None if self.nullable else base
+
+    def to_column(self, value: Any) -> Any:
+        return STORED_AUTO if self.auto and value == AUTO else value
+
+    def from_column(self, value: Any) -> Any:
+        if self.kind == "bool":
+            return bool(value)
+        return AUTO if self.auto and value == STORED_AUTO else value
 
     def describe(self) -> dict[str, Any]:
         """The field as data, for a client that renders policy forms."""
@@ -49,6 +64,7 @@ class PolicyField:
             "maximum": self.maximum,
             "choices": list(self.choices),
             "max_length": self.max_length,
+            "auto": self.auto,
         }
 
 
@@ -70,11 +86,12 @@ POLICY_FIELDS: tuple[PolicyField, ...] = (
     PolicyField(
         "context_window_tokens",
         "int",
-        "the model's context window in tokens (needed by truncate and summarize)",
+        "the model's context window in tokens (needed by truncate and summarize), or auto: as the backend states it",
         required=False,
         nullable=True,
         minimum=1024,
         maximum=INT32_MAX,
+        auto=True,
     ),
     PolicyField(
         "context_trigger_ratio",
@@ -141,8 +158,10 @@ def _check(field: PolicyField, value: Any) -> Any:
             raise PolicyValueError(f"{name} must be non-empty text without NUL (or null)")
         return value
     if field.kind == "int":
+        if field.auto and value == AUTO:
+            return AUTO
         if not isinstance(value, int) or isinstance(value, bool):
-            raise PolicyValueError(f"{name} must be a whole number")
+            raise PolicyValueError(f"{name} must be a whole number" + (f" or {AUTO}" if field.auto else ""))
     elif not isinstance(value, int | float) or isinstance(value, bool) or math.isnan(value):
         raise PolicyValueError(f"{name} must be a number")
     if field.minimum is not None and value < field.minimum:

@@ -35,6 +35,7 @@ from statestore.threads.policy_store import PolicyStore
 from statestore.threads.service import ThreadService
 from statestore.threads.summary import BackendSummaries
 from statestore.upstream.client import Upstream, UpstreamClient
+from statestore.upstream.windows import Windows
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer
@@ -160,6 +161,7 @@ async def build_resources(
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,
                 summaries=BackendSummaries(upstream),
+                windows=Windows(upstream),
                 clock=clock,
             ),
             authenticator=authenticator,
@@ -185,6 +187,7 @@ async def build_resources(
                 clock=clock,
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,
+                windows=Windows(chat_upstream),
             )
             if settings.chat_upstream_url
             else None,

@@ -15,10 +15,11 @@ from statestore.api.responses import bytes_response, streaming_response
 from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenOff
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
-from statestore.responses.backend import call_backend, summarizer
+from statestore.responses.backend import summarizer
 from statestore.responses.context import cache_key
 from statestore.responses.errors import BackendError, BadRequest, response_not_found
 from statestore.responses.ids import looks_like
+from statestore.responses.refusal_retry import send_turn
 from statestore.responses.reply import output_of
 from statestore.responses.request import read_turn
 from statestore.responses.stream import ChunkTranslator, SequencedEvents
@@ -78,8 +79,11 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     # The lease is given back on every way out of here, except a stream's: that one is the stream's to give back.
     streaming = False
     try:
-        await prepared.plan_context(summarizer(resources.chat_upstream, headers, principal))
-        upstream = await call_backend(resources.chat_upstream, headers, principal, prepared.backend_body())
+        summarize = summarizer(resources.chat_upstream, headers, principal)
+        await prepared.plan_context(summarize)
+        upstream = await send_turn(
+            resources.chat_upstream, headers, principal, prepared, summarize=summarize, windows=turns.windows
+        )
         if turn.stream:
 
             async def close() -> None:

@@ -17,6 +17,7 @@ from statestore.errors import StatestoreError, StreamBrokenOff
 from statestore.threads import assembly, context, rules
 from statestore.threads.diagnostics import storable_backend_id
 from statestore.threads.prepared import CompletedReply, PreparedTurn
+from statestore.threads.refusal_retry import cut_after_refusal
 from statestore.threads.service import ThreadService
 from statestore.threads.turn import ThreadTurn
 from statestore.threads.usage import usage_of
@@ -27,6 +28,7 @@ from statestore.upstream.client import (
     request_headers_for_upstream,
     response_headers_for_client,
 )
+from statestore.upstream.refusals import recognise
 from statestore.upstream.reply_capture import ReplyAccumulator
 from statestore.upstream.sse import SSEParser
 
@@ -78,18 +80,29 @@ class _ThreadedTurn:
             headers, threaded=True, credential=principal.upstream_credential
         )
         path = "/v1/messages" + (f"?{query}" if query else "")
-        response = await self.upstream.send("POST", path, upstream_headers, prepared.upstream_body)
-        content_type = response.header(b"content-type") or b""
-        if response.status != 200 or not content_type.startswith(b"text/event-stream"):
+        while True:
+            response = await self.upstream.send("POST", path, upstream_headers, prepared.upstream_body)
+            if response.status == 200:
+                break
             try:
                 body = await response.read()
             finally:
                 await response.aclose()
-            if response.status != 200:
+            # A refusal as too long, on a managed context, is cut and sent once more: nothing has reached the client.
+            refusal = recognise(response.status, body)
+            if refusal is None or not await cut_after_refusal(
+                self.service.repository, self.service.windows, prepared, refusal
+            ):
                 await self.service.give_back(prepared)
                 return bytes_response(
                     response.status, body, response_headers_for_client(response.headers, keep_length=False)
                 )
+        content_type = response.header(b"content-type") or b""
+        if not content_type.startswith(b"text/event-stream"):
+            try:
+                body = await response.read()
+            finally:
+                await response.aclose()
             return await self._complete_json(prepared, response.headers, body)
 
         async def settle() -> None:
@@ -127,7 +140,9 @@ class _ThreadedTurn:
 
     async def _relay_stream(self, prepared: PreparedTurn, response: UpstreamResponse) -> AsyncIterator[bytes]:
         parser = SSEParser()
-        capture = ReplyAccumulator(prepared.response_id, anthropic_beta=prepared.anthropic_beta)
+        capture = ReplyAccumulator(
+            prepared.response_id, anthropic_beta=prepared.anthropic_beta, model=prepared.replay[0] or ""
+        )
         try:
             async for chunk in response.chunks():
                 out: list[bytes] = []

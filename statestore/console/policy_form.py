@@ -55,8 +55,10 @@ def _parse(field: PolicyField, form: Mapping[str, str]) -> Any:
             return None
         raise ValueError("is required")
     if field.kind == "int":
+        if text in field.choices:
+            return text
         if not text.lstrip("-").isdigit() or len(text) > 20:
-            raise ValueError("must be a whole number")
+            raise ValueError("must be a whole number" + "".join(f" or {word}" for word in field.choices))
         return int(text)
     if field.kind == "choice" and text not in field.choices:
         raise ValueError(f"must be one of {', '.join(field.choices)}")

@@ -210,6 +210,7 @@ async def plan(
     ratio: float,
     summary_request: Callable[[list[bytes], int], bytes],
     summarize: Summarize | None,
+    force: bool = False,
 ) -> Move | None:
     """The move this turn's context needs (PROTOCOL §9), or None: no window, under the trigger, or nowhere to move.
     `fixed_bytes`: instructions and tools; `new`: the turn's input, joined. Past the trigger the base moves, in one
@@ -218,7 +219,9 @@ async def plan(
     if window is None:
         return None
     size = fixed_bytes + base.size + len(new)
-    if not planner.passes_trigger(window, planner.estimate(known_tokens=0, known_bytes=size, new_bytes=0, ratio=ratio)):
+    estimated = planner.estimate(known_tokens=0, known_bytes=size, new_bytes=0, ratio=ratio)
+    # `force`: the backend refused the turn as too long, whatever the estimate says (PROTOCOL §9).
+    if not force and not planner.passes_trigger(window, estimated):
         return None
     # Only a turn past the trigger parses its context (stored bytes are orjson's own: they round-trip exactly).
     messages = ([base.head] if base.head else []) + split(base.context)

@@ -15,6 +15,7 @@ from statestore.clock import Clock
 from statestore.metrics import Metrics, ResponseTurnKind, ThreadTurnOutcome
 from statestore.policy import Policy
 from statestore.responses import context
+from statestore.responses.backend_window import with_window
 from statestore.responses.context import (
     Base,
     Move,
@@ -48,6 +49,7 @@ from statestore.threads import planner
 from statestore.threads.ids import new_lease_token
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
+from statestore.upstream.windows import Windows
 
 
 def turn_kind(turn: TurnRequest) -> ResponseTurnKind:
@@ -97,13 +99,18 @@ class PreparedResponse:
         tools = self.turn.chat_params.get("tools")
         return len(system) + (len(orjson.dumps(tools)) if tools else 0)
 
-    async def plan_context(self, summarize: Summarize | None) -> None:
-        """Move the context's base when this turn passes the trigger (PROTOCOL §9): before `backend_body`."""
+    async def plan_context(
+        self, summarize: Summarize | None, *, forced: planner.Window | None = None, ratio: float | None = None
+    ) -> None:
+        """Move the context's base when this turn passes the trigger (PROTOCOL §9): before `backend_body`. `forced`:
+        the window of a turn the backend refused, cut whatever the estimate says, at the refusal's `ratio`."""
+        if forced is not None:
+            self.window = forced  # the base it moves to is recorded for the next turn (context_record)
         if self.window is None:
             return
         system = self._system()
         policy = self.policy
-        ratio = planner.tokens_per_byte(*self.measured)
+        ratio = ratio or planner.tokens_per_byte(*self.measured)
 
         def summary_request(summarised: list[bytes], budget: int) -> bytes:
             return context.summary_body(
@@ -123,6 +130,7 @@ class PreparedResponse:
             ratio=ratio,
             summary_request=summary_request,
             summarize=summarize,
+            force=forced is not None,
         )
 
     def backend_body(self) -> bytes:
@@ -164,8 +172,10 @@ class ResponseTurns:
         clock: Clock,
         lease_seconds: int,
         metrics: Metrics,
+        windows: Windows | None = None,
     ) -> None:
         self.metrics = metrics
+        self.windows = windows  # what the backend states of its windows, for a policy's `auto` (PROTOCOL §9)
         self.responses = responses
         self.conversations = conversations
         self.cache = cache
@@ -197,7 +207,7 @@ class ResponseTurns:
         await self.give_back(prepared)
 
     async def _prepare(self, turn: TurnRequest, principal: Principal, ttl_header: bytes | None) -> PreparedResponse:
-        policy = await self.policy(principal, storing=turn.store)
+        policy = await with_window(self.windows, await self.policy(principal, storing=turn.store), turn, principal)
         now = self.clock()
         prepared = PreparedResponse(
             turn=turn,

@@ -76,7 +76,7 @@ def _key(row: RowMapping) -> ApiKey:
 
 
 def _policy(row: RowMapping) -> Policy:
-    values: dict[str, Any] = {f.name: bool(row[f.name]) if f.kind == "bool" else row[f.name] for f in POLICY_FIELDS}
+    values: dict[str, Any] = {f.name: f.from_column(row[f.name]) for f in POLICY_FIELDS}
     return Policy(**values)
 
 
@@ -226,7 +226,7 @@ class AdminRepository:
 
     async def put_policy(self, scope: str, policy: Policy, *, before: Policy | None, actor: str, now_ms: int) -> None:
         """Store the policy and shorten live threads it now allows less time, in one transaction."""
-        values = {**asdict(policy), "updated_ms": now_ms}
+        values = {**{f.name: f.to_column(getattr(policy, f.name)) for f in POLICY_FIELDS}, "updated_ms": now_ms}
         async with self.engine.begin() as conn:
             changed = await conn.execute(update(policies).where(policies.c.scope == scope).values(**values))
             if changed.rowcount == 0:

@@ -39,22 +39,26 @@ async def step(
     new_messages: list[bytes],
     *,
     summarize: Summarize | None,
+    forced: planner.Window | None = None,
+    ratio: float | None = None,
 ) -> ContextStep | None:
-    """The base move this turn needs, or None when the estimate is under the trigger (or nothing can move)."""
+    """The base move this turn needs, or None when the estimate is under the trigger (or nothing can move).
+    `forced`: the window of a turn the backend refused as too long, cut to its target whatever the estimate says,
+    at `ratio` (the tokens per byte the refusal counted) when it stated one."""
     fields = turn.fields
     first_new_is_boundary = bool(turn.messages) and context.is_boundary_message(turn.messages[0])
-    window = planner.window_of(policy)
+    window = forced or planner.window_of(policy)
     if window is None:
         return None
     fixed = len(leased.system or b"") + len(leased.tools or b"")
     new_bytes = sum(map(len, new_messages)) + len(new_messages)
-    if not planner.passes_trigger(window, context.estimate(leased, fixed, new_bytes)):
+    if forced is None and not planner.passes_trigger(window, context.estimate(leased, fixed, new_bytes)):
         return None
     rows = await repository.load_context(leased.id)
     if sum(1 for position, _ in rows if position >= 0) != leased.head_position - leased.base_position:
         log.error("thread rows disagree with its head position", extra={"thread_id": leased.id})
         raise InternalError("the stored thread is inconsistent")
-    ratio = context.tokens_per_byte(leased, fixed)
+    ratio = ratio or context.tokens_per_byte(leased, fixed)
     target = window.target_tokens
 
     def cut_under(budget: float) -> context.Cut | None:

@@ -9,7 +9,7 @@ planner its stored messages, so every other turn stays a join of stored bytes.""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Protocol
 
 import orjson
@@ -66,10 +66,32 @@ def window_of(policy: Policy, strategy: str | None = None) -> Window | None:
     """The window the policy manages with `strategy` (by default the policy's own), or None when the context is
     forwarded as rebuilt: strategy `none`, or no window to manage."""
     chosen = policy.context_strategy if strategy is None else strategy
-    if chosen not in ("truncate", "summarize") or not policy.context_window_tokens:
+    tokens = policy.context_window_tokens
+    # "auto" is resolved to what the backend states before a turn plans (resolved_window); unresolved, it is unknown.
+    if chosen not in ("truncate", "summarize") or not isinstance(tokens, int) or not tokens:
         return None
     kind: Strategy = "summarize" if chosen == "summarize" else "truncate"
-    return Window(kind, policy.context_window_tokens, policy.context_trigger_ratio, policy.context_target_ratio)
+    return Window(kind, tokens, policy.context_trigger_ratio, policy.context_target_ratio)
+
+
+def resolved_window(policy: Policy, discovered: int | None) -> Policy:
+    """The policy with an `auto` window replaced by the one the backend states (None while it is unknown)."""
+    if policy.context_window_tokens != "auto":
+        return policy
+    return replace(policy, context_window_tokens=discovered)
+
+
+def window_after_refusal(
+    policy: Policy, window: Window | None, stated: int | None, strategy: str | None = None
+) -> Window | None:
+    """The window a refused turn is cut to (PROTOCOL §9, "Real backends refuse in their own words"): the one the turn
+    managed, narrowed to what the refusal stated; or, when the turn had no window yet (`auto`, not yet known), the
+    stated one under the policy's strategy. None when the policy does not manage the context."""
+    if window is not None:
+        return replace(window, tokens=min(window.tokens, stated)) if stated else window
+    if stated is None:
+        return None
+    return window_of(replace(policy, context_window_tokens=stated), strategy)
 
 
 def tokens_per_byte(measured_tokens: int, measured_bytes: int) -> float:

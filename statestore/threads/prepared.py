@@ -7,8 +7,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
-from statestore.store.turn_records import TurnUsage
-from statestore.threads.context_step import ContextStep
+from statestore.policy import Policy
+from statestore.store.turn_records import LeasedThread, TurnUsage
+from statestore.threads.context_step import ContextStep, Summarize
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.turn import ThreadTurn
 
@@ -19,6 +20,17 @@ CONTEXT_FALLBACK_HEADER = b"statestore-context-fallback"
 
 def rfc3339(ms: int) -> bytes:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms // 1000)).encode()
+
+
+@dataclass(frozen=True, slots=True)
+class Recut:
+    """A continue's state as it was prepared: enough to plan its context again."""
+
+    leased: LeasedThread
+    turn: ThreadTurn
+    policy: Policy
+    forwarded: list[bytes]  # the turn's new messages as forwarded
+    summarize: Summarize | None
 
 
 @dataclass(slots=True)
@@ -51,6 +63,13 @@ class PreparedTurn:
     rebind_session: tuple[str, str] | None = None
     # The turn's model and max_tokens, kept on the thread for its export (`replay_fields`).
     replay: tuple[str | None, int | None] = (None, None)
+    # A continue whose context the policy manages: what a cut after the backend's refusal needs (refusal_retry.py).
+    recut: Recut | None = None
+
+    def stop_keeper(self) -> None:
+        if self.keeper is not None:
+            self.keeper.stop()
+            self.keeper = None
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         """The response headers that name the thread (PROTOCOL §2, §6)."""

@@ -34,9 +34,11 @@ from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
-from statestore.threads.prepared import CompletedReply, PreparedTurn, replay_fields
+from statestore.threads.prepared import CompletedReply, PreparedTurn, Recut, replay_fields
+from statestore.threads.refusal_retry import with_window
 from statestore.threads.summary import Summaries, summarizer
 from statestore.threads.turn import ThreadTurn
+from statestore.upstream.windows import Windows
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +53,13 @@ class ThreadService:
         lease_seconds: int,
         metrics: Metrics,
         summaries: Summaries | None = None,
+        windows: Windows | None = None,
         clock: Callable[[], int] = wall_clock_ms,
     ) -> None:
         """`summaries`: where a `summarize` policy's summary requests go (PROTOCOL §9); without it, such a policy
-        truncates."""
+        truncates. `windows`: what the backend states of its windows, for a policy whose window is `auto`."""
         self.metrics = metrics
+        self.windows = windows
         self.summaries = summaries
         self.repository = repository
         self.cache = cache
@@ -71,7 +75,9 @@ class ThreadService:
         503) with nothing held when the turn cannot go ahead."""
         kind: Literal["create", "continue"] = "continue" if turn.mode == "continue" else "create"
         try:
-            policy = await self.policies.for_tenant(principal.tenant_id)
+            policy = await with_window(
+                self.windows, await self.policies.for_tenant(principal.tenant_id), turn, headers, principal
+            )
             rules.check_policy(policy, turn)
             prepared = await self._prepare(
                 turn, principal, policy, summarizer(self.summaries, headers, principal.upstream_credential)
@@ -270,6 +276,7 @@ class ThreadService:
             fixed_bytes=fixed_bytes,
             moved=moved,
             replay=replay_fields(turn),
+            recut=Recut(leased, turn, policy, new.forwarded, summarize) if policy.context_strategy != "none" else None,
         )
 
     # -- settling the turn -------------------------------------------------------------------------------------
@@ -277,7 +284,7 @@ class ThreadService:
     async def commit(self, prepared: PreparedTurn, reply: CompletedReply) -> None:
         """Store the turn and move the head. Raises ServiceUnavailable (database) or ThreadContinueInFlight (the
         lease ran out and another request took the head); the turn is then not stored."""
-        self._stop_keeper(prepared)
+        prepared.stop_keeper()
         rows: list[tuple[bytes, str | None]] = [(body, None) for body in prepared.new_rows]
         rows.append((reply.row, prepared.response_id))
         now = self.clock()
@@ -346,7 +353,7 @@ class ThreadService:
 
     async def give_back(self, prepared: PreparedTurn) -> None:
         """Store nothing and free the head (a create's row goes). Safe to call more than once, and after commit."""
-        self._stop_keeper(prepared)
+        prepared.stop_keeper()
         if prepared.outcome != "open":
             return
         prepared.outcome = "given_back"
@@ -373,12 +380,6 @@ class ThreadService:
         keeper = LeaseKeeper(renew, interval=self.lease_ms / 3000, thread_id=thread_id)
         keeper.start()
         return keeper
-
-    @staticmethod
-    def _stop_keeper(prepared: PreparedTurn) -> None:
-        if prepared.keeper is not None:
-            prepared.keeper.stop()
-            prepared.keeper = None
 
     async def _release_quietly(self, thread_id: str, token: str) -> None:
         try:

@@ -46,6 +46,7 @@ class ReplyAccumulator:
         "_failure",
         "_message",
         "_message_id",
+        "_model",
         "_parts",
         "_stopped",
         "_tool_json",
@@ -54,10 +55,13 @@ class ReplyAccumulator:
         "error_seen",
     )
 
-    def __init__(self, message_id: str, *, anthropic_beta: str = "") -> None:
+    def __init__(self, message_id: str, *, anthropic_beta: str = "", model: str | None = None) -> None:
         """`message_id`: the id statestore minted. `anthropic_beta`: the request's `anthropic-beta` header, which
-        decides, as in the SDK, how a tool input cut short (max_tokens) is parsed."""
+        decides, as in the SDK, how a tool input cut short (max_tokens) is parsed. `model`: given, a stream that
+        opens a content block with no `message_start` before it gets one, for this model (llama.cpp's server sends
+        `message_start` with its first token's text, and none when that token is part of a UTF-8 character)."""
         self._message_id = message_id
+        self._model = model
         self._trailing_strings = _FINE_GRAINED_TOOL_STREAMING in anthropic_beta
         self._message: dict[str, Any] | None = None
         self._content: list[Any] = []
@@ -151,6 +155,10 @@ class ReplyAccumulator:
                 return self._start(name, payload)
             elif self._message is not None:
                 self._apply(kind, payload)
+            elif kind == "content_block_start" and self._model is not None:
+                opened = self._start("message_start", _missing_start(self._model))
+                self._apply(kind, payload)
+                return opened + event.raw
         except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as exc:
             self._fail(f"malformed {name} event ({type(exc).__name__})")
         return event.raw
@@ -297,3 +305,11 @@ def _dumps(value: Any) -> bytes:
         return orjson.dumps(value)
     except TypeError:  # an integer beyond 64 bits
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _missing_start(model: str) -> dict[str, Any]:
+    """The `message_start` a stream left out: what the backend would have said before its first block, but the
+    prompt's token count, which only it knew (the turn's usage counts none)."""
+    message: dict[str, Any] = {"type": "message", "role": "assistant", "content": [], "model": model}
+    message |= {"stop_reason": None, "stop_sequence": None, "usage": {"output_tokens": 0}}
+    return {"type": "message_start", "message": message}

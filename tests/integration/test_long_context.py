@@ -160,6 +160,29 @@ def test_a_turn_larger_than_the_window_gets_the_backends_error_and_stores_nothin
     assert conversation.info()["message_count"] == 4
 
 
+def test_a_window_set_too_large_meets_the_backends_prompt_is_too_long_which_is_cut_and_sent_once_more(
+    servers: Servers, conversation: Conversation, fake_backend_process: FakeBackend
+) -> None:
+    """§9, real backends refuse in their own words: the policy claims ten times the backend's window, so the estimate
+    never reaches the trigger; the turn the backend refuses ("prompt is too long: N tokens > M maximum") is cut to the
+    target of the stated window and sent once more, and the client sees a truncated turn, never the refusal."""
+    backend = fake_backend_process
+    backend.watch_context(window=WINDOW)
+    servers.set_policy(managed("truncate", context_window_tokens=10 * WINDOW))
+    for turn in range(80):
+        conversation.send_fast(words(turn, size=2000))  # each answered 200, or the helper fails
+    turns = backend.context_log()["turns"]
+    refused = [index for index, entry in enumerate(turns) if entry["status"] == 400]
+    assert refused, "the backend never refused"
+    moved = conversation.moves("truncated")
+    assert moved
+    # Each refusal was followed at once by the cut request, which fitted: one retry, then a 200.
+    for index in refused:
+        assert turns[index + 1]["status"] == 200
+        assert turns[index + 1]["input_tokens"] <= 0.5 * WINDOW + 1000
+    assert len(refused) == len(moved)
+
+
 def test_policy_changes_apply_from_the_next_turn(
     servers: Servers, conversation: Conversation, fake_backend_process: FakeBackend
 ) -> None:

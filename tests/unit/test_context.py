@@ -162,4 +162,5 @@ def test_the_policy_record_and_its_field_definitions_agree() -> None:
     assert [f.name for f in dataclasses.fields(Policy)] == [f.name for f in POLICY_FIELDS]
     form_kinds = {"bool": "bool", "int": "int", "ratio": "float", "choice": "choice", "text": "str"}
     for spec, shown in zip(POLICY_FIELDS, policy_fields(), strict=True):
-        assert (shown.kind, shown.optional, shown.choices) == (form_kinds[spec.kind], spec.nullable, spec.choices)
+        words = ("auto",) if spec.auto else spec.choices
+        assert (shown.kind, shown.optional, shown.choices) == (form_kinds[spec.kind], spec.nullable, words)

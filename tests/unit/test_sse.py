@@ -811,3 +811,34 @@ def test_capture_matches_the_sdk(
     assert reply.stop_reason == snapshot.get("stop_reason")
     iterations = snapshot["usage"].get("iterations") or []
     assert reply.served_by_fallback == any(item["type"] == "fallback_message" for item in iterations)
+
+
+def test_a_stream_without_message_start_gets_one_for_the_turns_model() -> None:
+    """llama.cpp's server leaves message_start out when its first token is part of a UTF-8 character: the capture
+    opens the message itself (minted id, the turn's model), so the SDK can read the stream and the reply is stored."""
+    text_block = {"type": "text", "text": ""}
+    events = [
+        ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": text_block}),
+        (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "é"}},
+        ),
+        ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        (
+            "message_delta",
+            {"type": "message_delta", "delta": {"stop_reason": "max_tokens"}, "usage": {"output_tokens": 3}},
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ]
+    stream = b"".join(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events)
+    capture = ReplyAccumulator("msg_minted", model="tiny")
+    forwarded = b"".join(capture.add(event) for event in SSEParser().feed(stream))
+    assert capture.complete and capture.backend_id is None
+    assert capture.message["id"] == "msg_minted" and capture.message["model"] == "tiny"
+    assert capture.message["content"] == [{"type": "text", "text": "é"}]
+    assert capture.usage == {"output_tokens": 3}
+    assert forwarded.startswith(b"event: message_start\n") and forwarded.endswith(stream)
+    # Without a model (the default), such a stream is forwarded as it came and nothing is captured.
+    plain = ReplyAccumulator("msg_minted")
+    assert b"".join(plain.add(event) for event in SSEParser().feed(stream)) == stream
+    assert not plain.message_started
