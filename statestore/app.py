@@ -80,6 +80,8 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
             purger = asyncio.create_task(
                 run_purger(resources.retention, settings.purge_interval_seconds), name="purger"
             )
+            if resources.background is not None and settings.background_workers > 0:
+                resources.background.runner.start()
             log.info(
                 "statestore ready",
                 extra={
@@ -96,6 +98,8 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
                 purger.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await purger
+                if resources.background is not None:
+                    await resources.background.runner.aclose(settings.background_grace_seconds)
                 if tracer_provider is not None:
                     await asyncio.to_thread(tracer_provider.shutdown)  # exports what is still batched
 

@@ -59,6 +59,14 @@ class Settings(BaseSettings):
     console_sign_in_failures: int = Field(default=10, ge=1)
     console_sign_ins_per_token: int = Field(default=30, ge=1)
 
+    # Background responses (RESPONSES.md): how many this replica runs at once (more wait queued for any replica), how
+    # often it looks for queued turns and for turns whose replica stopped, and how many events a turn's stream keeps.
+    background_workers: int = Field(default=32, ge=0, le=10_000)
+    background_poll_seconds: float = Field(default=1.0, gt=0, le=60)
+    background_events_max: int = Field(default=20_000, ge=100)
+    # At shutdown, how long running background turns may finish before they are handed back to another replica.
+    background_grace_seconds: float = Field(default=10.0, ge=0)
+
     purge_interval_seconds: float = Field(default=60.0, gt=0)
     purge_batch_size: int = Field(default=500, ge=1, le=100_000)
     # Tests only: a file holding seconds to add to the wall clock, read on every clock call.

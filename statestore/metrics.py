@@ -25,6 +25,8 @@ ThreadTurnKind = Literal["create", "continue"]
 ThreadTurnOutcome = Literal["stored", "not_stored", "rejected"]
 # A Responses turn starts a chain, continues one (previous_response_id), or is made on a conversation.
 ResponseTurnKind = Literal["create", "continue", "conversation"]
+BackgroundOutcome = Literal["completed", "incomplete", "failed", "cancelled", "rerun"]
+_BACKGROUND_OUTCOMES: tuple[BackgroundOutcome, ...] = ("completed", "incomplete", "failed", "cancelled", "rerun")
 CacheLookupResult = Literal["hit", "miss", "stale", "error"]
 UpstreamErrorKind = Literal["unreachable", "timeout"]
 # Time to the backend's response headers, by what came back: a 2xx/3xx, a 4xx, a 5xx, or no headers at all.
@@ -102,6 +104,13 @@ class Metrics:
             ["kind", "outcome"],
             registry=self.registry,
         )
+        self.background_turns_total = Counter(
+            "background_turns",
+            "Background responses by how they ended on this replica: completed, incomplete, failed, cancelled, or "
+            "rerun (claimed from a replica that stopped before its run had published anything).",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.cache_lookups_total = Counter(
             "cache_lookups",
             "Thread cache lookups by result.",
@@ -129,6 +138,8 @@ class Metrics:
                 self.turns_total.labels(door="responses", kind=response_kind, outcome=outcome)
         for result in _CACHE_RESULTS:
             self.cache_lookups_total.labels(result=result)
+        for background in _BACKGROUND_OUTCOMES:
+            self.background_turns_total.labels(outcome=background)
         for error_kind in _UPSTREAM_ERROR_KINDS:
             self.upstream_errors_total.labels(kind=error_kind)
 
@@ -149,6 +160,9 @@ class Metrics:
 
     def count_response_turn(self, kind: ResponseTurnKind, outcome: ThreadTurnOutcome) -> None:
         self._child(self.turns_total, "responses", kind, outcome).inc()
+
+    def count_background_turn(self, outcome: BackgroundOutcome) -> None:
+        self._child(self.background_turns_total, outcome).inc()
 
     def count_cache_lookup(self, result: CacheLookupResult) -> None:
         self._child(self.cache_lookups_total, result).inc()

@@ -25,6 +25,8 @@ class Policy:
     context_target_ratio: float = 0.5
     summary_model: str | None = None
     summary_instructions: str | None = None
+    # Background responses queued or running at once per owner (RESPONSES.md, "Bounds").
+    max_background_turns: int = 16
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Policy:

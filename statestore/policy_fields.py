@@ -127,6 +127,15 @@ POLICY_FIELDS: tuple[PolicyField, ...] = (
         nullable=True,
         max_length=20_000,
     ),
+    PolicyField(
+        "max_background_turns",
+        "int",
+        "background responses an owner may have queued or running at once (0: background off)",
+        required=False,
+        default=16,
+        minimum=0,
+        maximum=INT32_MAX,
+    ),
 )
 
 FIELD_NAMES = tuple(field.name for field in POLICY_FIELDS)

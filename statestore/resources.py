@@ -16,13 +16,17 @@ from statestore.clock import Clock, clock_from
 from statestore.config import Settings
 from statestore.metrics import Metrics
 from statestore.policy import Policy
+from statestore.responses.background import BackgroundTurns
+from statestore.responses.background_runs import BackgroundRunner
 from statestore.responses.turns import ResponseTurns
 from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
+from statestore.store.background_store import BackgroundStore
 from statestore.store.cache import HistoryCache, create_cache
 from statestore.store.console_guard import ConsoleGuard
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.engine import create_engine
+from statestore.store.event_log import create_event_log
 from statestore.store.leased_log import LeasedLog
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_statements import PgResponseStatements
@@ -59,6 +63,8 @@ class Resources:
     # The Responses front door: None when no Chat Completions backend is configured.
     chat_upstream: Upstream
     responses: ResponseTurns | None
+    # Background responses (the Responses door's turns that outlive their request): None without that door.
+    background: BackgroundTurns | None
 
     async def relay_credential(self, headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes] | None:
         """keys mode: every request needs a statestore key, and the backend gets the configured credential.
@@ -149,6 +155,43 @@ async def build_resources(
             clock=clock,
             batch_size=settings.purge_batch_size,
         )
+        responses = (
+            ResponseTurns(
+                responses=ResponseStore(engine, leased_log, pg_responses),
+                conversations=ConversationStore(engine, leased_log, pg_responses),
+                cache=cache,
+                policies=policies,
+                clock=clock,
+                lease_seconds=settings.lease_seconds,
+                metrics=metrics,
+                windows=Windows(chat_upstream),
+            )
+            if settings.chat_upstream_url
+            else None
+        )
+        background = None
+        if responses is not None:
+            events = create_event_log(settings.redis_url, settings.redis_prefix, cap=settings.background_events_max)
+            stack.push_async_callback(events.aclose)
+            background_store = BackgroundStore(engine)
+            background = BackgroundTurns(
+                turns=responses,
+                store=background_store,
+                events=events,
+                runner=BackgroundRunner(
+                    turns=responses,
+                    store=background_store,
+                    events=events,
+                    chat_upstream=chat_upstream,
+                    authenticator=authenticator,
+                    clock=clock,
+                    metrics=metrics,
+                    lease_seconds=settings.lease_seconds,
+                    workers=settings.background_workers,
+                    poll_seconds=settings.background_poll_seconds,
+                ),
+                clock=clock,
+            )
         yield Resources(
             settings=settings,
             engine=engine,
@@ -179,16 +222,6 @@ async def build_resources(
             clock=clock,
             metrics=metrics,
             chat_upstream=chat_upstream,
-            responses=ResponseTurns(
-                responses=ResponseStore(engine, leased_log, pg_responses),
-                conversations=ConversationStore(engine, leased_log, pg_responses),
-                cache=cache,
-                policies=policies,
-                clock=clock,
-                lease_seconds=settings.lease_seconds,
-                metrics=metrics,
-                windows=Windows(chat_upstream),
-            )
-            if settings.chat_upstream_url
-            else None,
+            responses=responses,
+            background=background,
         )

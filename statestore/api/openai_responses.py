@@ -3,30 +3,31 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
 from statestore.api.hot_routes import hot_route
 from statestore.api.responses import bytes_response, streaming_response
-from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenOff
+from statestore.auth import Principal
+from statestore.errors import ServiceUnavailable
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
 from statestore.responses.backend import summarizer
+from statestore.responses.background import BackgroundTurns
 from statestore.responses.context import cache_key
 from statestore.responses.errors import BackendError, BadRequest, response_not_found
 from statestore.responses.ids import looks_like
 from statestore.responses.refusal_retry import send_turn
 from statestore.responses.reply import output_of
-from statestore.responses.request import read_turn
-from statestore.responses.stream import ChunkTranslator, SequencedEvents
+from statestore.responses.request import TurnRequest, read_turn
+from statestore.responses.stream import SequencedEvents
+from statestore.responses.turn_events import turn_events
 from statestore.responses.turns import PreparedResponse, ResponseTurns
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
-from statestore.upstream.client import StreamInterrupted, UpstreamResponse
-from statestore.upstream.sse import SSEParser
 
 router = APIRouter(tags=["responses"], responses=schemas.ERRORS)
 JSON = [(b"content-type", b"application/json")]
@@ -75,6 +76,8 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     principal = await resources.authenticator.authenticate(headers)
     turns = turns_of(resources)
     turn = read_turn(body)
+    if turn.background:
+        return await _queue(background_of(resources), turn, principal, headers, body)
     prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"))
     # The lease is given back on every way out of here, except a stream's: that one is the stream's to give back.
     streaming = False
@@ -90,7 +93,7 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
                 await upstream.aclose()
                 await turns.give_back(prepared)
 
-            events = _events(turns, prepared, upstream)
+            events = turn_events(turns, prepared, upstream, SequencedEvents())
             streaming = True
             return streaming_response(200, events, [*SSE, *_context_header(prepared)], on_close=close)
         try:
@@ -111,6 +114,37 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
             await turns.give_back(prepared)  # a no-op once the turn is committed
 
 
+async def _queue(
+    background: BackgroundTurns,
+    turn: TurnRequest,
+    principal: Principal,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+) -> Response:
+    """A background turn: the Response as queued (JSON), or its events from `response.created` on, live."""
+    response_id, queued, frames = await background.admit(turn, principal, headers, body)
+    if not turn.stream:
+        return bytes_response(200, queued, JSON)
+
+    async def events() -> AsyncIterator[bytes]:
+        for frame in frames:
+            yield frame
+        async for frame in background.follow(principal.owner, response_id, after=len(frames) - 1):
+            yield frame
+
+    return streaming_response(200, events(), SSE, on_close=_nothing)
+
+
+async def _nothing() -> None:
+    """A background turn runs on whatever its client does: a client that leaves only stops following it."""
+
+
+def background_of(resources: Resources) -> BackgroundTurns:
+    turns_of(resources)
+    assert resources.background is not None  # built whenever the Responses door is
+    return resources.background
+
+
 def _context_header(prepared: PreparedResponse) -> list[tuple[bytes, bytes]]:
     """As for threads (PROTOCOL §9): a turn whose context moved says how, and a summary that failed says so."""
     moved = prepared.moved
@@ -120,54 +154,59 @@ def _context_header(prepared: PreparedResponse) -> list[tuple[bytes, bytes]]:
     return [*said, (b"statestore-context-fallback", b"summary_failed")] if moved.summary_failed else said
 
 
-async def _events(turns: ResponseTurns, prepared: PreparedResponse, upstream: UpstreamResponse) -> AsyncIterator[bytes]:
-    numbered = SequencedEvents()
-    skeleton = turns.response(prepared, status="in_progress", output=[], usage=None)
-    yield numbered.frame({"type": "response.created", "response": skeleton})
-    yield numbered.frame({"type": "response.in_progress", "response": skeleton})
-    parser, translator = SSEParser(), ChunkTranslator()
-    try:
-        async for chunk in upstream.chunks():
-            for event in parser.feed(chunk):
-                for translated in translator.feed(event.data):
-                    yield numbered.frame(translated)
-    except StreamInterrupted as exc:
-        raise StreamBrokenOff(f"the backend stream broke off ({exc}); nothing stored") from exc
-    except StatestoreError as exc:
-        raise StreamBrokenOff(f"the backend stream was malformed ({exc.message}); nothing stored") from exc
-    if not translator.complete:
-        raise StreamBrokenOff("the backend stream ended before its reply did; nothing stored")
-    closing, output, status, incomplete, usage = translator.finish()
-    for closing_event in closing:
-        yield numbered.frame(closing_event)
-    response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
-    body = orjson.dumps(response)
-    try:
-        committed = await turns.commit(prepared, response, body)
-    except DATABASE_ERRORS as exc:
-        raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); completion withheld") from exc
-    if not committed:
-        raise StreamBrokenOff("the conversation's lease was lost; completion withheld")
-    final = "response.completed" if status == "completed" else "response.incomplete"
-    yield numbered.frame_response(final, body)
-
-
 async def _owner(request: Request, resources: Resources) -> str:
     return (await resources.authenticator.authenticate(request.headers.raw)).owner
 
 
-@router.get("/v1/responses/{response_id}", responses=schemas.ok(schemas.Response, "the stored Response"))
-async def retrieve_response(response_id: str, request: Request, resources: ResourcesDep) -> Response:
+@router.get(
+    "/v1/responses/{response_id}",
+    responses=schemas.ok(
+        schemas.Response,
+        "the Response as it stands (a background one: queued, in_progress, or how it ended); with `stream=true`, "
+        "a background response's events after `starting_after`, live until its final event",
+        content={"text/event-stream": {"schema": {"$ref": "#/components/schemas/ResponseStreamEvent"}}},
+    ),
+)
+async def retrieve_response(
+    response_id: str,
+    request: Request,
+    resources: ResourcesDep,
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=-1, description="the sequence number to resume after")] = None,
+) -> Response:
     owner = await _owner(request, resources)
     turns = turns_of(resources)
-    row = (
-        await turns.responses.get(owner, response_id, now_ms=resources.clock())
-        if looks_like("resp_", response_id)
-        else None
-    )
-    if row is None:
+    background = background_of(resources)
+    if not looks_like("resp_", response_id):
         raise response_not_found(response_id)
-    return bytes_response(200, row.body, JSON)
+    if stream:
+        if await background.state(owner, response_id) is None:
+            if await turns.responses.get(owner, response_id, now_ms=resources.clock()) is not None:
+                raise BadRequest("Only responses created with background=true can be streamed again.", param="stream")
+            raise response_not_found(response_id)
+        after = -1 if starting_after is None else starting_after
+        return streaming_response(200, background.follow(owner, response_id, after), SSE, on_close=_nothing)
+    row = await turns.responses.get(owner, response_id, now_ms=resources.clock())
+    if row is not None:
+        return bytes_response(200, row.body, JSON)
+    found = await background.state(owner, response_id)
+    if found is None:
+        raise response_not_found(response_id)
+    return bytes_response(200, found[1], JSON)
+
+
+@router.post(
+    "/v1/responses/{response_id}/cancel",
+    responses=schemas.ok(
+        schemas.Response, "the background Response as it ended (cancelled, or as it finished before the cancel)"
+    ),
+)
+async def cancel_response(response_id: str, request: Request, resources: ResourcesDep) -> Response:
+    owner = await _owner(request, resources)
+    background = background_of(resources)
+    if not looks_like("resp_", response_id):
+        raise response_not_found(response_id)
+    return bytes_response(200, await background.cancel(owner, response_id), JSON)
 
 
 @router.delete(
@@ -181,9 +220,10 @@ async def delete_response(response_id: str, request: Request, resources: Resourc
         if looks_like("resp_", response_id)
         else None
     )
-    if tree is None:
+    forgotten = await background_of(resources).forget(owner, response_id) if looks_like("resp_", response_id) else False
+    if tree is None and not forgotten:
         raise response_not_found(response_id)
-    await resources.retention.forget_in_cache([cache_key(i) for i in tree])
+    await resources.retention.forget_in_cache([cache_key(i) for i in tree or ()])
     return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
 

@@ -263,6 +263,13 @@ class Stats(BaseModel):
     erased_responses_total: int
     purged_conversations_total: int
     erased_conversations_total: int
+    # Background responses not yet expired, by status (RESPONSES.md, "Turns that outlive their connection").
+    background_queued: int = Field(description="background responses waiting for a replica")
+    background_running: int = Field(description="background responses a replica is running")
+    background_completed: int
+    background_incomplete: int
+    background_failed: int
+    background_cancelled: int
     purger_last_run_at: str | None = Field(
         description="when a purge last ran on this database, the background purger's or an admin's (ISO 8601, "
         "UTC); null before the first"

@@ -102,7 +102,7 @@ def response_object(
         "object": "response",
         "created_at": created_at,
         "status": status,
-        "background": False,
+        "background": turn.background,
         "error": None,
         "incomplete_details": incomplete_details,
         "instructions": turn.instructions,

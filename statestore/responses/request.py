@@ -25,6 +25,7 @@ class TurnRequest:
     stream: bool
     metadata: dict[str, str]
     truncation: str
+    background: bool = False  # run detached from the request (RESPONSES.md, "Turns that outlive their connection")
     # Echoed into the Response object as the client sent them.
     echo: dict[str, Any] = field(default_factory=dict)
     # The Chat Completions request's fields other than `messages`.
@@ -51,7 +52,10 @@ def read_turn(raw: bytes) -> TurnRequest:
         stream=bool(body.stream),
         metadata=body.metadata or {},
         truncation=body.truncation or "disabled",
+        background=bool(body.background),
     )
+    if turn.background and not turn.store:
+        raise BadRequest("Background mode requires store to be true.", param="background", code="invalid_value")
     _translate_params(body, turn)
     return turn
 

@@ -227,7 +227,11 @@ class ResponseCreateRequest(BaseModel):
     prompt_cache_key: Any = Field(default=None, description="accepted, not used")
     include: Any = Field(default=None, description="accepted, not used")
     reasoning: Any = Field(default=None, description="accepted, not used")
-    background: Any = Field(default=None, description="accepted, not used")
+    background: bool | None = Field(
+        default=None,
+        description="run the turn detached from this request: answered at once `queued`, then polled, streamed from "
+        "any replica (`GET /v1/responses/{id}?stream=true&starting_after=N`) or cancelled; needs `store`",
+    )
     service_tier: Any = Field(default=None, description="accepted, not used")
     stream_options: Any = Field(default=None, description="accepted, not used")
     top_logprobs: Any = Field(default=None, description="accepted, not used")

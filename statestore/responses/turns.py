@@ -77,6 +77,7 @@ class PreparedResponse:
     done: bool = field(default=False)
     moved: Move | None = None  # the context's base moved for this request (`plan_context`)
     outcome: ThreadTurnOutcome | None = None  # as counted in the metrics, once
+    committing: bool = False  # the commit has begun: a background turn's cancel no longer stops it
     sent_bytes: int = 0  # the bytes of `messages` and tools the backend counts the prompt of
     # The backend's token count of the last turn (the parent's, or the conversation's) and the bytes it counted.
     measured: tuple[int, int] = (0, 0)
@@ -193,9 +194,19 @@ class ResponseTurns:
             )
         return policy
 
-    async def prepare(self, turn: TurnRequest, principal: Principal, ttl_header: bytes | None) -> PreparedResponse:
+    async def prepare(
+        self,
+        turn: TurnRequest,
+        principal: Principal,
+        ttl_header: bytes | None,
+        *,
+        response_id: str | None = None,
+        created_at: int | None = None,
+    ) -> PreparedResponse:
+        """Check the turn and take what it needs (a conversation's lease). `response_id` and `created_at`: a
+        background turn's, run again as it was admitted."""
         try:
-            return await self._prepare(turn, principal, ttl_header)
+            return await self._prepare(turn, principal, ttl_header, response_id, created_at)
         except Exception:
             if turn.store:
                 self.metrics.count_response_turn(turn_kind(turn), "rejected")
@@ -206,14 +217,21 @@ class ResponseTurns:
         prepared.outcome = "rejected"
         await self.give_back(prepared)
 
-    async def _prepare(self, turn: TurnRequest, principal: Principal, ttl_header: bytes | None) -> PreparedResponse:
+    async def _prepare(
+        self,
+        turn: TurnRequest,
+        principal: Principal,
+        ttl_header: bytes | None,
+        response_id: str | None,
+        created_at: int | None,
+    ) -> PreparedResponse:
         policy = await with_window(self.windows, await self.policy(principal, storing=turn.store), turn, principal)
         now = self.clock()
         prepared = PreparedResponse(
             turn=turn,
             principal=principal,
-            response_id=new_id("resp_"),
-            created_at=int(time.time()),
+            response_id=response_id or new_id("resp_"),
+            created_at=created_at or int(time.time()),
             ttl_ms=policy.ttl_for(ttl_header, None) * 1000,
             parent=None,
             context=b"",
@@ -384,6 +402,12 @@ class ResponseTurns:
         if prepared.turn.store and prepared.outcome is None:
             prepared.outcome = outcome
             self.metrics.count_response_turn(turn_kind(prepared.turn), outcome)
+
+    async def hand_over(self, prepared: PreparedResponse) -> None:
+        """A background turn admitted for another replica to run: what `prepare` took is given back, and the turn is
+        counted by the run that stores it, not here."""
+        prepared.outcome = prepared.outcome or "not_stored"
+        await self.give_back(prepared)
 
     async def give_back(self, prepared: PreparedResponse) -> None:
         """The turn ends without a commit: its conversation is free again. Safe to call after a commit."""

@@ -1,5 +1,5 @@
 """The Responses front door's share of the admin stats: live responses and conversations, those awaiting purge, and
-the running totals of those purged and erased."""
+the running totals of those purged and erased, and background turns by status."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from statestore.store.background_store import background_counts
 from statestore.store.schema import conversations, responses
 
 _TOTALS = ("purged_responses", "erased_responses", "purged_conversations", "erased_conversations")
@@ -24,6 +25,7 @@ async def responses_stats(
         stats[name] = int((await conn.execute(select(func.count()).select_from(table).where(*where))).scalar_one())
     stats.update(await _awaiting_purge(conn, now_ms=now_ms, tenant_id=tenant_id))
     stats.update({f"{name}_total": int(totals.get(name, 0)) for name in _TOTALS})
+    stats.update(await background_counts(conn, now_ms=now_ms, tenant_id=tenant_id))
     return stats
 
 

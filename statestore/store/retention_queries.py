@@ -9,7 +9,8 @@ from typing import Any
 from sqlalchemy import Table, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from statestore.store.schema import conversation_items, conversations, responses, threads
+from statestore.store.background_store import OPEN
+from statestore.store.schema import background_responses, conversation_items, conversations, responses, threads
 from statestore.store.thread_reads import live
 
 
@@ -101,7 +102,14 @@ class RetentionQueries:
     # -- each holds items its descendants' contexts are made of), conversations one by one.
 
     async def purge_expired_responses(self, *, now_ms: int, batch_size: int) -> list[str]:
-        """Delete the responses of a batch of trees whose every response has expired; returns their ids."""
+        """Delete the responses of a batch of trees whose every response has expired; returns their ids. Expired
+        background turns that ended go with them (a completed one's content is its response's)."""
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                delete(background_responses).where(
+                    background_responses.c.expires_ms <= now_ms, background_responses.c.status.not_in(OPEN)
+                )
+            )
         trees = (
             select(responses.c.root_id)
             .group_by(responses.c.root_id)
@@ -134,6 +142,9 @@ class RetentionQueries:
         """Delete a batch of the trees holding a response that matches every criterion (a whole tree: its
         descendants' contexts hold the matching items), and the items the matching ones brought into conversations."""
         criteria = _criteria(responses, tenant_id, user_id)
+        async with self.engine.begin() as conn:
+            # Background turns too, whatever their status: one running stops when its claim is found gone.
+            await conn.execute(delete(background_responses).where(*_criteria(background_responses, tenant_id, user_id)))
         chosen = select(responses.c.root_id).where(*criteria).distinct().limit(batch_size)
         return await self._delete_trees_erasing(chosen, criteria)
 

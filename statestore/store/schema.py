@@ -165,6 +165,8 @@ policies = Table(
     Column("context_target_ratio", Float, nullable=False, server_default="0.5"),
     Column("summary_model", String(200), nullable=True),
     Column("summary_instructions", Text, nullable=True),
+    # Background turns queued or running at once per owner (revision 0016); 0 turns background off.
+    Column("max_background_turns", Integer, nullable=False, server_default="16"),
     Column("updated_ms", BigInteger, nullable=False),
 )
 
@@ -328,4 +330,57 @@ console_sign_outs = Table(
     metadata,
     Column("nonce", String(64), primary_key=True),
     Column("expires_ms", BigInteger, nullable=False, index=True),
+)
+
+
+# Background responses (RESPONSES.md "Turns that outlive their connection"; revision 0016): a turn queued in the
+# database and claimed under a lease by any replica, so none is lost or stuck when a replica dies. The request is kept
+# as sent, with the few headers a replica needs to run it as its client would have (the credential, cleared once the
+# turn ends); `body` is the Response as of its last change of status (the stored response, once it completed, is the
+# responses row's). `claim_*` is the lease of the replica running it; `attempt` counts claims, and tags the events a
+# run publishes, so two runs never write one stream.
+background_responses = Table(
+    "background_responses",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("owner", String(80), nullable=False),
+    Column("tenant_id", String(40), nullable=True),
+    Column("metadata_user_id", String(512), nullable=True),
+    Column("conversation_id", String(40), nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("request", LargeBinary, nullable=False),
+    Column("headers", LargeBinary, nullable=True),
+    Column("body", LargeBinary, nullable=False),
+    Column("claim_token", String(40), nullable=True),
+    Column("claim_expires_ms", BigInteger, nullable=True),
+    Column("conversation_lease", String(40), nullable=True),
+    Column("cancel_requested", Boolean, nullable=False, server_default=false()),
+    Column("attempt", Integer, nullable=False, server_default="0"),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("updated_ms", BigInteger, nullable=False),
+    Column("expires_ms", BigInteger, nullable=False),
+    # The claimers' scan and each owner's bound read only the turns not yet ended.
+    Index(
+        None,
+        "status",
+        "claim_expires_ms",
+        postgresql_where=text("status IN ('queued', 'in_progress')"),
+        sqlite_where=text("status IN ('queued', 'in_progress')"),
+    ),
+    Index(
+        None,
+        "owner",
+        postgresql_where=text("status IN ('queued', 'in_progress')"),
+        sqlite_where=text("status IN ('queued', 'in_progress')"),
+    ),
+    Index(None, "expires_ms"),
+    Index(
+        None, "tenant_id", postgresql_where=text("tenant_id IS NOT NULL"), sqlite_where=text("tenant_id IS NOT NULL")
+    ),
+    Index(
+        None,
+        "metadata_user_id",
+        postgresql_where=text("metadata_user_id IS NOT NULL"),
+        sqlite_where=text("metadata_user_id IS NOT NULL"),
+    ),
 )

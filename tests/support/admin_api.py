@@ -74,6 +74,7 @@ def policy(**overrides: Any) -> dict[str, Any]:
         "context_target_ratio": 0.5,
         "summary_model": None,
         "summary_instructions": None,
+        "max_background_turns": 16,
     }
     return {**values, **overrides}
 

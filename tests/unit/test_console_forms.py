@@ -82,6 +82,7 @@ FORM = {
     "context_strategy": "none",
     "context_trigger_ratio": "0.8",
     "context_target_ratio": "0.5",
+    "max_background_turns": "16",
 }
 
 

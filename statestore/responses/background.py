@@ -1,0 +1,219 @@
+"""Background responses as the Responses door serves them (RESPONSES.md, "Turns that outlive their connection"):
+admit a turn (answered at once, `queued`), tell where one stands, cancel one, and follow one's events from any
+replica. The runs themselves are responses/background_runs.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import orjson
+
+from statestore.auth import Principal
+from statestore.clock import Clock
+from statestore.responses.background_runs import BackgroundRunner, Held, final_frame, with_status
+from statestore.responses.errors import BadRequest, OpenAIError, response_not_found
+from statestore.responses.replay import replayed_frames
+from statestore.responses.request import TurnRequest
+from statestore.responses.stream import SequencedEvents
+from statestore.responses.turns import ResponseTurns
+from statestore.store.background_store import BackgroundJob, BackgroundStore, NewJob
+from statestore.store.event_log import Event, EventLog, EventLogUnavailable, Superseded
+
+log = logging.getLogger(__name__)
+
+# What a replica needs to run the turn as its client would have: the credential, and the TTL asked for.
+_KEPT_HEADERS = (b"authorization", b"x-api-key", b"statestore-ttl")
+FOLLOW_WAIT_MS = 1000
+CANCEL_WAIT_SECONDS = 5.0
+
+
+class RateLimited(OpenAIError):
+    status = 429
+    error_type = "rate_limit_error"
+
+
+def _queued_frames(body: bytes) -> list[bytes]:
+    numbered = SequencedEvents()
+    return [numbered.frame_response("response.created", body), numbered.frame_response("response.queued", body)]
+
+
+class BackgroundTurns:
+    def __init__(
+        self, *, turns: ResponseTurns, store: BackgroundStore, events: EventLog, runner: BackgroundRunner, clock: Clock
+    ) -> None:
+        self.turns = turns
+        self.store = store
+        self.events = events
+        self.runner = runner
+        self.clock = clock
+
+    async def admit(
+        self, turn: TurnRequest, principal: Principal, headers: list[tuple[bytes, bytes]], raw: bytes
+    ) -> tuple[str, bytes, list[bytes]]:
+        """Queue the turn: (its id, the Response as queued, the events that said so: response.created,
+        response.queued)."""
+        policy = await self.turns.policy(principal, storing=True)
+        bound = policy.max_background_turns
+        if bound == 0:
+            raise BadRequest(
+                "Background responses are disabled by this deployment's policy.",
+                param="background",
+                code="background_disabled",
+            )
+        ttl = next((value for name, value in headers if name == b"statestore-ttl"), None)
+        # The same checks as a foreground turn, answered now: the previous response, the conversation and its lease.
+        prepared = await self.turns.prepare(turn, principal, ttl)
+        runner = self.runner
+        # A turn on a conversation holds its lease while it waits, so it waits here, for a worker of this replica.
+        room = runner.has_room()
+        claimed = room or (turn.conversation_id is not None and runner.workers > 0)
+        now = self.clock()
+        body = orjson.dumps(self.turns.response(prepared, status="queued", output=[], usage=None))
+        job = NewJob(
+            id=prepared.response_id,
+            owner=principal.owner,
+            tenant_id=principal.tenant_id,
+            metadata_user_id=turn.metadata.get("user_id"),
+            conversation_id=turn.conversation_id,
+            conversation_lease=prepared.lease,
+            request=raw,
+            headers=orjson.dumps(
+                [[name.decode("latin-1"), value.decode("latin-1")] for name, value in headers if name in _KEPT_HEADERS]
+            ),
+            body=body,
+            now_ms=now,
+            expires_ms=now + prepared.ttl_ms,
+        )
+        try:
+            admitted = await self.store.admit(
+                job,
+                bound=bound,
+                claim_token=runner.token if claimed else None,
+                claim_until_ms=now + runner.lease_ms,
+                started=room,
+            )
+        except BaseException:
+            await self.turns.give_back(prepared)
+            raise
+        if not admitted:
+            await self.turns.give_back(prepared)
+            raise RateLimited(
+                f"Too many background responses queued or running at once (this deployment allows {bound}); try "
+                "again when one has finished.",
+                param="background",
+                code="rate_limit_exceeded",
+            )
+        frames = _queued_frames(body)
+        try:
+            await self.events.publish(
+                job.id, 0, [Event(0, frames[0]), Event(1, frames[1])], ttl_ms=max(prepared.ttl_ms, 1000)
+            )
+        except (EventLogUnavailable, Superseded) as exc:
+            log.warning("background events not kept", extra={"response_id": job.id, "error": str(exc)})
+        stored = await self.store.get(principal.owner, job.id, now_ms=now) if claimed else None
+        if stored is not None:
+            runner.launch(Held(stored, started=room, prepared=prepared))
+        else:
+            await self.turns.hand_over(prepared)
+        return job.id, body, frames
+
+    async def state(self, owner: str, response_id: str) -> tuple[BackgroundJob, bytes] | None:
+        """A background response and its Response as of now; None when the owner has no such background response."""
+        now = self.clock()
+        job = await self.store.get(owner, response_id, now_ms=now)
+        if job is None:
+            return None
+        if job.status in ("completed", "incomplete"):
+            row = await self.turns.responses.get(owner, response_id, now_ms=now)
+            return (job, row.body) if row is not None else None
+        return job, with_status(job.body, job.status) if job.open else job.body
+
+    async def cancel(self, owner: str, response_id: str) -> bytes:
+        """Cancel a queued or running background turn (from any replica), and the Response as it ended; a finished
+        one is returned as it is."""
+        now = self.clock()
+        status = await self.store.request_cancel(owner, response_id, now_ms=now)
+        held = self.runner.held.get(response_id)
+        if held is not None:
+            self.runner.stop_local(response_id, "cancel")
+            await asyncio.wait_for(asyncio.shield(held.done.wait()), CANCEL_WAIT_SECONDS)
+        elif status == "queued":
+            await self._cancel_unclaimed(owner, response_id)
+        elif status is not None:
+            # Running on another replica, which looks for cancels four times a second.
+            deadline = time.monotonic() + CANCEL_WAIT_SECONDS
+            while time.monotonic() < deadline:
+                found = await self.store.get(owner, response_id, now_ms=self.clock())
+                if found is None or not found.open:
+                    break
+                await asyncio.sleep(0.05)
+        found_state = await self.state(owner, response_id)
+        if found_state is None:
+            if await self.turns.responses.get(owner, response_id, now_ms=self.clock()) is not None:
+                raise BadRequest("Only responses created with background=true can be cancelled.", param="response_id")
+            raise response_not_found(response_id)
+        return found_state[1]
+
+    async def forget(self, owner: str, response_id: str) -> bool:
+        """Delete a background response's own row (a run of it stops: its claim is gone); False when there was none."""
+        if await self.store.request_cancel(owner, response_id, now_ms=self.clock()) is not None:
+            self.runner.stop_local(response_id, "cancel")
+        return await self.store.delete(owner, response_id)
+
+    async def _cancel_unclaimed(self, owner: str, response_id: str) -> None:
+        job = await self.store.get(owner, response_id, now_ms=self.clock())
+        if job is None:
+            return
+        body = with_status(job.body, "cancelled")
+        ended = await self.store.end_unclaimed(response_id, status="cancelled", body=body, now_ms=self.clock())
+        if ended is None:
+            return  # a replica claimed it meanwhile: it sees the cancel as it starts
+        if ended.conversation_id is not None and ended.conversation_lease is not None:
+            await self.turns.conversations.release(ended.conversation_id, ended.conversation_lease)
+        try:
+            last = await self.events.last(response_id)
+            seq = last[0] + 1 if last is not None else 2
+            frame = final_frame(body, seq)
+            await self.events.publish(response_id, ended.attempt + 1, [Event(seq, frame, final=True)], 60_000)
+        except (EventLogUnavailable, Superseded):
+            pass
+        self.runner.metrics.count_background_turn("cancelled")
+
+    async def follow(self, owner: str, response_id: str, after: int) -> AsyncIterator[bytes]:
+        """The events of a background response numbered above `after`, live until its final event. When its events
+        are gone, what is stored tells the rest: all of it to a client that saw nothing of the run, else the final
+        Response."""
+        last = after
+        while True:
+            try:
+                events = await self.events.read(response_id, last, block_ms=FOLLOW_WAIT_MS)
+            except EventLogUnavailable:
+                events = []
+                await asyncio.sleep(FOLLOW_WAIT_MS / 1000)
+            if events and events[0].seq == last + 1:
+                for event in events:
+                    if event.seq != last + 1:
+                        break  # a gap: the stream was cut; what is stored tells the rest
+                    yield event.frame
+                    last = event.seq
+                    if event.final:
+                        return
+                else:
+                    continue
+            found = await self.state(owner, response_id)
+            if found is None:
+                return  # deleted or expired meanwhile
+            job, body = found
+            if job.open:
+                if events:
+                    await asyncio.sleep(FOLLOW_WAIT_MS / 1000)
+                continue
+            if last <= 1:
+                for frame in replayed_frames(body, after=last):
+                    yield frame
+            else:
+                yield final_frame(body, last + 1)
+            return

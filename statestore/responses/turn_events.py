@@ -1,0 +1,62 @@
+"""A Responses turn told as its stream of events, from the backend's chunks to the commit: what a streamed
+`POST /v1/responses` sends its client, and what a background turn publishes for any client to resume.
+
+`response.completed` (or `.incomplete`) is framed after the commit, so a client that saw it can continue from the
+response; a turn that cannot be completed raises StreamBrokenOff, having stored nothing."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import orjson
+
+from statestore.errors import StatestoreError, StreamBrokenOff
+from statestore.responses.stream import ChunkTranslator, SequencedEvents
+from statestore.responses.turns import PreparedResponse, ResponseTurns
+from statestore.store.engine import DATABASE_ERRORS
+from statestore.upstream.client import StreamInterrupted, UpstreamResponse
+from statestore.upstream.sse import SSEParser
+
+FINAL_EVENTS = frozenset({"response.completed", "response.incomplete", "response.failed", "response.cancelled"})
+
+
+async def turn_events(
+    turns: ResponseTurns,
+    prepared: PreparedResponse,
+    upstream: UpstreamResponse,
+    numbered: SequencedEvents,
+    *,
+    announce: bool = True,
+) -> AsyncIterator[bytes]:
+    """The turn's SSE frames, numbered by `numbered`. `announce`: open with `response.created` (a background turn's
+    was sent when it was queued); `response.in_progress` always comes first of what the run itself sends."""
+    skeleton = turns.response(prepared, status="in_progress", output=[], usage=None)
+    if announce:
+        yield numbered.frame({"type": "response.created", "response": skeleton})
+    yield numbered.frame({"type": "response.in_progress", "response": skeleton})
+    parser, translator = SSEParser(), ChunkTranslator()
+    try:
+        async for chunk in upstream.chunks():
+            for event in parser.feed(chunk):
+                for translated in translator.feed(event.data):
+                    yield numbered.frame(translated)
+    except StreamInterrupted as exc:
+        raise StreamBrokenOff(f"the backend stream broke off ({exc}); nothing stored") from exc
+    except StatestoreError as exc:
+        raise StreamBrokenOff(f"the backend stream was malformed ({exc.message}); nothing stored") from exc
+    if not translator.complete:
+        raise StreamBrokenOff("the backend stream ended before its reply did; nothing stored")
+    closing, output, status, incomplete, usage = translator.finish()
+    for closing_event in closing:
+        yield numbered.frame(closing_event)
+    response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
+    body = orjson.dumps(response)
+    prepared.committing = True  # from here on a cancel lets the turn complete (responses/background_runs.py)
+    try:
+        committed = await turns.commit(prepared, response, body)
+    except DATABASE_ERRORS as exc:
+        raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); completion withheld") from exc
+    if not committed:
+        raise StreamBrokenOff("the conversation's lease was lost; completion withheld")
+    final = "response.completed" if status == "completed" else "response.incomplete"
+    yield numbered.frame_response(final, body)

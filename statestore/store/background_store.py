@@ -1,0 +1,286 @@
+"""The SQL of background responses (schema.background_responses): admit a turn under its owner's bound, claim it
+under a lease (any replica, compare-and-set on the claim), renew the claims a replica holds, ask for a cancel, and end
+a turn in one of its final statuses.
+
+Background turns are not the hot path: SQLAlchemy Core on both databases. A claim is a conditional update of one row
+(its status open, its claim absent or run out), so of two replicas exactly one gets it, on PostgreSQL and SQLite
+alike, without a lock held between statements."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from statestore.store.schema import background_responses as bg
+
+OPEN = ("queued", "in_progress")
+FINAL = ("completed", "incomplete", "failed", "cancelled")
+STATUSES = (*OPEN, *FINAL)
+
+
+@dataclass(frozen=True, slots=True)
+class BackgroundJob:
+    id: str
+    owner: str
+    tenant_id: str | None
+    conversation_id: str | None
+    status: str
+    request: bytes
+    headers: bytes | None
+    body: bytes
+    attempt: int
+    conversation_lease: str | None
+    cancel_requested: bool
+    created_ms: int
+    expires_ms: int
+
+    @property
+    def open(self) -> bool:
+        return self.status in OPEN
+
+
+_COLUMNS = (
+    bg.c.id,
+    bg.c.owner,
+    bg.c.tenant_id,
+    bg.c.conversation_id,
+    bg.c.status,
+    bg.c.request,
+    bg.c.headers,
+    bg.c.body,
+    bg.c.attempt,
+    bg.c.conversation_lease,
+    bg.c.cancel_requested,
+    bg.c.created_ms,
+    bg.c.expires_ms,
+)
+
+
+def _job(row: Any) -> BackgroundJob:
+    return BackgroundJob(**dict(zip(_FIELDS, row, strict=True)))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NewJob:
+    id: str
+    owner: str
+    tenant_id: str | None
+    metadata_user_id: str | None
+    conversation_id: str | None
+    conversation_lease: str | None
+    request: bytes
+    headers: bytes
+    body: bytes
+    now_ms: int
+    expires_ms: int
+
+
+class BackgroundStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def admit(
+        self, job: NewJob, *, bound: int, claim_token: str | None, claim_until_ms: int, started: bool
+    ) -> bool:
+        """Insert the turn unless its owner already has `bound` open ones (False). With `claim_token` the turn is
+        claimed by the caller at once (attempt 1), and `started` says it runs now (else it waits queued for a worker
+        of the caller's); without, it waits queued for any replica."""
+        open_of_owner = (
+            select(func.count()).select_from(bg).where(bg.c.owner == job.owner, bg.c.status.in_(OPEN)).scalar_subquery()
+        )
+        claimed = claim_token is not None
+        values = {
+            "id": job.id,
+            "owner": job.owner,
+            "tenant_id": job.tenant_id,
+            "metadata_user_id": job.metadata_user_id,
+            "conversation_id": job.conversation_id,
+            "conversation_lease": job.conversation_lease,
+            "status": "in_progress" if claimed and started else "queued",
+            "request": job.request,
+            "headers": job.headers,
+            "body": job.body,
+            "claim_token": claim_token,
+            "claim_expires_ms": claim_until_ms if claimed else None,
+            "attempt": 1 if claimed else 0,
+            "cancel_requested": False,
+            "created_ms": job.now_ms,
+            "updated_ms": job.now_ms,
+            "expires_ms": job.expires_ms,
+        }
+        async with self.engine.begin() as conn:
+            if (await conn.execute(select(open_of_owner))).scalar_one() >= bound:
+                return False
+            await conn.execute(insert(bg).values(**values))
+        return True
+
+    async def get(self, owner: str, response_id: str, *, now_ms: int) -> BackgroundJob | None:
+        query = select(*_COLUMNS).where(bg.c.id == response_id, bg.c.owner == owner, bg.c.expires_ms > now_ms)
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        return _job(row) if row is not None else None
+
+    async def claimable(self, *, now_ms: int, limit: int) -> list[str]:
+        """Open turns no live claim holds, oldest first: queued ones, and those whose replica stopped renewing."""
+        query = (
+            select(bg.c.id)
+            .where(bg.c.status.in_(OPEN), or_(bg.c.claim_expires_ms.is_(None), bg.c.claim_expires_ms <= now_ms))
+            .order_by(bg.c.created_ms)
+            .limit(limit)
+        )
+        async with self.engine.connect() as conn:
+            return [row[0] for row in (await conn.execute(query)).all()]
+
+    async def claim(self, response_id: str, *, token: str, now_ms: int, until_ms: int) -> BackgroundJob | None:
+        """Take an open turn that no live claim holds; None when another replica took it first. The row as it was
+        before the claim (its status says whether an earlier run had begun), with the new attempt number."""
+        async with self.engine.begin() as conn:
+            before = (await conn.execute(select(bg.c.status).where(bg.c.id == response_id))).first()
+            if before is None:
+                return None
+            taken = (
+                await conn.execute(
+                    update(bg)
+                    .where(
+                        bg.c.id == response_id,
+                        bg.c.status.in_(OPEN),
+                        or_(bg.c.claim_expires_ms.is_(None), bg.c.claim_expires_ms <= now_ms),
+                    )
+                    .values(
+                        claim_token=token,
+                        claim_expires_ms=until_ms,
+                        attempt=bg.c.attempt + 1,
+                        status="in_progress",
+                        updated_ms=now_ms,
+                    )
+                    .returning(*_COLUMNS)
+                )
+            ).first()
+        if taken is None:
+            return None
+        job = _job(taken)
+        # The status it had: "queued" never ran; "in_progress" ran on a replica that stopped renewing its claim.
+        return dataclasses.replace(job, status=before[0])
+
+    async def start(self, response_id: str, *, token: str, now_ms: int) -> bool:
+        """A queued turn this replica holds begins to run; False when it was cancelled or taken over meanwhile."""
+        statement = (
+            update(bg)
+            .where(
+                bg.c.id == response_id,
+                bg.c.claim_token == token,
+                bg.c.status == "queued",
+                bg.c.cancel_requested.is_(False),
+            )
+            .values(status="in_progress", updated_ms=now_ms)
+        )
+        async with self.engine.begin() as conn:
+            return (await conn.execute(statement)).rowcount == 1
+
+    async def release(self, response_id: str, *, token: str, now_ms: int) -> None:
+        """Hand a turn back (this replica is stopping): its claim runs out now, so any replica may claim it."""
+        statement = (
+            update(bg)
+            .where(bg.c.id == response_id, bg.c.claim_token == token, bg.c.status.in_(OPEN))
+            .values(claim_expires_ms=now_ms, updated_ms=now_ms)
+        )
+        async with self.engine.begin() as conn:
+            await conn.execute(statement)
+
+    async def renew(self, token: str, ids: Sequence[str], *, now_ms: int, until_ms: int) -> set[str]:
+        """Extend the claims this replica holds; the ids it still holds (a turn missing was taken over or ended)."""
+        if not ids:
+            return set()
+        statement = (
+            update(bg)
+            .where(bg.c.id.in_(list(ids)), bg.c.claim_token == token, bg.c.status.in_(OPEN))
+            .values(claim_expires_ms=until_ms, updated_ms=now_ms)
+            .returning(bg.c.id)
+        )
+        async with self.engine.begin() as conn:
+            return {row[0] for row in (await conn.execute(statement)).all()}
+
+    async def cancels(self, ids: Sequence[str]) -> list[str]:
+        """Of these running turns, those someone asked to cancel (from any replica)."""
+        if not ids:
+            return []
+        query = select(bg.c.id).where(bg.c.id.in_(list(ids)), bg.c.cancel_requested.is_(True))
+        async with self.engine.connect() as conn:
+            return [row[0] for row in (await conn.execute(query)).all()]
+
+    async def request_cancel(self, owner: str, response_id: str, *, now_ms: int) -> str | None:
+        """Mark an open turn to be cancelled; the status it had (None: no such open turn of the owner's)."""
+        statement = (
+            update(bg)
+            .where(bg.c.id == response_id, bg.c.owner == owner, bg.c.status.in_(OPEN), bg.c.expires_ms > now_ms)
+            .values(cancel_requested=True, updated_ms=now_ms)
+            .returning(bg.c.status, bg.c.claim_expires_ms)
+        )
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(statement)).first()
+        if row is None:
+            return None
+        status, claim_expires = row
+        # A turn whose claim ran out is as good as queued: nobody runs it, and whoever claims it next sees the flag.
+        return "queued" if claim_expires is None or claim_expires <= now_ms else str(status)
+
+    async def end_unclaimed(self, response_id: str, *, status: str, body: bytes, now_ms: int) -> BackgroundJob | None:
+        """End a turn no live claim holds (a queued one cancelled); None when a replica claimed it meanwhile."""
+        statement = (
+            update(bg)
+            .where(
+                bg.c.id == response_id,
+                bg.c.status.in_(OPEN),
+                or_(bg.c.claim_expires_ms.is_(None), bg.c.claim_expires_ms <= now_ms),
+            )
+            .values(status=status, body=body, headers=None, claim_token=None, claim_expires_ms=None, updated_ms=now_ms)
+            .returning(*_COLUMNS)
+        )
+        async with self.engine.begin() as conn:
+            row = (await conn.execute(statement)).first()
+        return _job(row) if row is not None else None
+
+    async def end(self, response_id: str, *, token: str, status: str, body: bytes | None, now_ms: int) -> bool:
+        """End a turn this replica holds: its final status, its Response (None: kept, as for a stored one, whose
+        responses row is the truth), its credential forgotten. False when the claim was lost."""
+        values: dict[str, Any] = {
+            "status": status,
+            "headers": None,
+            "claim_token": None,
+            "claim_expires_ms": None,
+            "updated_ms": now_ms,
+        }
+        if body is not None:
+            values["body"] = body
+        statement = (
+            update(bg).where(bg.c.id == response_id, bg.c.claim_token == token, bg.c.status.in_(OPEN)).values(**values)
+        )
+        async with self.engine.begin() as conn:
+            return (await conn.execute(statement)).rowcount == 1
+
+    async def delete(self, owner: str, response_id: str) -> bool:
+        async with self.engine.begin() as conn:
+            done = await conn.execute(delete(bg).where(bg.c.id == response_id, bg.c.owner == owner))
+        return done.rowcount > 0
+
+
+# The stats' name of each status (a turn in progress is "running" there).
+STAT_NAMES = {status: f"background_{'running' if status == 'in_progress' else status}" for status in STATUSES}
+
+
+async def background_counts(conn: AsyncConnection, *, now_ms: int, tenant_id: str | None) -> dict[str, int]:
+    """Live background turns by status, under their stats names (the admin stats and the console)."""
+    where = [bg.c.expires_ms > now_ms]
+    if tenant_id is not None:
+        where.append(bg.c.tenant_id == tenant_id)
+    query = select(bg.c.status, func.count()).where(and_(*where)).group_by(bg.c.status)
+    found = {str(status): int(count) for status, count in (await conn.execute(query)).all()}
+    return {name: found.get(status, 0) for status, name in STAT_NAMES.items()}
+
+
+_FIELDS = tuple(BackgroundJob.__dataclass_fields__)

@@ -1,0 +1,211 @@
+"""The events of background responses, kept so a client resumes a stream on any replica (RESPONSES.md, "Resumable
+streams"): a Redis Stream per response, or, on the embedded default without Redis, the process's memory.
+
+An event's stream id is its sequence number (`0-<n+1>`), so the stream itself refuses a number written twice, and
+every entry carries the attempt (the claim) of the run that wrote it. A publish is one script: it writes nothing when
+the stream already holds a later attempt's events or the numbers it would write, so two runs of one turn never make
+one stream that mixes their events. Streams are capped and expire with the response.
+
+Redis here is redis-py's asyncio client, not the history cache's lean one: a follower blocks on XREAD, which needs a
+connection of its own, and background turns are not the hot path."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from redis import asyncio as aioredis
+from redis.exceptions import RedisError, ResponseError
+
+from statestore.store.resp import split_cluster_flag
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    seq: int
+    frame: bytes  # the event as a client receives it (SSE)
+    final: bool = False  # the response's last event
+
+
+class Superseded(Exception):
+    """A later run of the turn owns its stream (or holds these numbers): this run must stop."""
+
+
+class EventLogUnavailable(Exception):
+    """The event store cannot be reached: events are not kept (a resume then replays from storage)."""
+
+
+class EventLog(Protocol):
+    async def publish(self, response_id: str, attempt: int, events: Sequence[Event], ttl_ms: int) -> None: ...
+
+    async def read(self, response_id: str, after: int, *, block_ms: int) -> list[Event]:
+        """Events numbered above `after`, oldest first; waits up to `block_ms` for one when there is none yet."""
+        ...
+
+    async def last(self, response_id: str) -> tuple[int, int] | None:
+        """(the last event's number, the attempt that wrote it), or None when the response has no events kept."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+# KEYS[1]: the stream. ARGV: attempt, ttl ms, cap, then (id, frame, final) per event. Checked before anything is
+# written, so a refused publish leaves the stream as it was.
+_PUBLISH = """
+local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #top > 0 then
+  local fields = top[1][2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'a' and tonumber(fields[i + 1]) > tonumber(ARGV[1]) then
+      return redis.error_reply('SUPERSEDED later attempt')
+    end
+  end
+  local last = tonumber(string.match(top[1][1], '%-(%d+)$'))
+  local first = tonumber(string.match(ARGV[4], '%-(%d+)$'))
+  if first <= last then
+    return redis.error_reply('SUPERSEDED numbers taken')
+  end
+end
+for i = 4, #ARGV, 3 do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], ARGV[i], 'a', ARGV[1], 'f', ARGV[i + 1], 'z', ARGV[i + 2])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+
+def _entry_id(seq: int) -> str:
+    return f"0-{seq + 1}"
+
+
+def _seq_of(entry_id: bytes | str) -> int:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return int(text.rpartition("-")[2]) - 1
+
+
+def _event(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Event:
+    return Event(_seq_of(entry_id), fields[b"f"], fields.get(b"z") == b"1")
+
+
+class RedisEventLog:
+    def __init__(self, url: str, prefix: str, *, cap: int) -> None:
+        plain, cluster = split_cluster_flag(url)
+        client: Any
+        if cluster:
+            client = aioredis.RedisCluster.from_url(plain, socket_timeout=None, socket_connect_timeout=2.0)
+        else:
+            client = aioredis.Redis.from_url(plain, socket_timeout=None, socket_connect_timeout=2.0)
+        self._redis: Any = client
+        self._prefix = prefix
+        self._cap = cap
+        self._script = client.register_script(_PUBLISH)
+
+    def _key(self, response_id: str) -> str:
+        return f"{self._prefix}bg:{{{response_id}}}:events"
+
+    async def publish(self, response_id: str, attempt: int, events: Sequence[Event], ttl_ms: int) -> None:
+        if not events:
+            return
+        args: list[Any] = [attempt, max(ttl_ms, 1000), self._cap]
+        for event in events:
+            args += [_entry_id(event.seq), event.frame, 1 if event.final else 0]
+        try:
+            await self._script(keys=[self._key(response_id)], args=args)
+        except ResponseError as exc:
+            if "SUPERSEDED" in str(exc):
+                raise Superseded(str(exc)) from None
+            raise EventLogUnavailable(type(exc).__name__) from exc
+        except (RedisError, OSError) as exc:
+            raise EventLogUnavailable(type(exc).__name__) from exc
+
+    async def read(self, response_id: str, after: int, *, block_ms: int) -> list[Event]:
+        key = self._key(response_id)
+        try:
+            found = await self._redis.xrange(key, min=_entry_id(after + 1), max="+", count=1000)
+            if not found and block_ms > 0:
+                streams = await self._redis.xread({key: _entry_id(after)}, count=1000, block=block_ms)
+                found = streams[0][1] if streams else []
+        except (RedisError, OSError) as exc:
+            raise EventLogUnavailable(type(exc).__name__) from exc
+        return [_event(entry_id, fields) for entry_id, fields in found]
+
+    async def last(self, response_id: str) -> tuple[int, int] | None:
+        try:
+            top = await self._redis.xrevrange(self._key(response_id), count=1)
+        except (RedisError, OSError) as exc:
+            raise EventLogUnavailable(type(exc).__name__) from exc
+        if not top:
+            return None
+        entry_id, fields = top[0]
+        return _seq_of(entry_id), int(fields.get(b"a", b"0"))
+
+    async def aclose(self) -> None:
+        await self._redis.aclose()
+
+
+@dataclass(slots=True)
+class _Kept:
+    attempt: int = 0
+    events: list[Event] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class MemoryEventLog:
+    """The embedded default's: one process serves every request, so its memory is every replica's. The most recent
+    `streams` responses are kept."""
+
+    def __init__(self, *, cap: int, streams: int = 1000) -> None:
+        self._cap = cap
+        self._streams = streams
+        self._kept: OrderedDict[str, _Kept] = OrderedDict()
+
+    async def publish(self, response_id: str, attempt: int, events: Sequence[Event], ttl_ms: int) -> None:
+        if not events:
+            return
+        kept = self._kept.get(response_id)
+        if kept is None:
+            kept = self._kept[response_id] = _Kept()
+            while len(self._kept) > self._streams:
+                self._kept.popitem(last=False)
+        if kept.events and (kept.attempt > attempt or events[0].seq <= kept.events[-1].seq):
+            raise Superseded("a later attempt owns the stream")
+        kept.attempt = attempt
+        kept.events.extend(events)
+        del kept.events[: max(0, len(kept.events) - self._cap)]
+        kept.changed.set()
+        kept.changed = asyncio.Event()
+
+    async def read(self, response_id: str, after: int, *, block_ms: int) -> list[Event]:
+        kept = self._kept.get(response_id)
+        found = [event for event in kept.events if event.seq > after] if kept is not None else []
+        if found or block_ms <= 0:
+            return found
+        if kept is None:
+            await asyncio.sleep(block_ms / 1000)
+            return []
+        try:
+            await asyncio.wait_for(kept.changed.wait(), block_ms / 1000)
+        except TimeoutError:
+            return []
+        return [event for event in kept.events if event.seq > after]
+
+    async def last(self, response_id: str) -> tuple[int, int] | None:
+        kept = self._kept.get(response_id)
+        if kept is None or not kept.events:
+            return None
+        return kept.events[-1].seq, kept.attempt
+
+    async def aclose(self) -> None:
+        self._kept.clear()
+
+
+def create_event_log(redis_url: str | None, prefix: str, *, cap: int) -> EventLog:
+    if redis_url:
+        return RedisEventLog(redis_url, prefix, cap=cap)
+    return MemoryEventLog(cap=cap)

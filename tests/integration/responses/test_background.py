@@ -1,0 +1,333 @@
+"""Background responses on real processes (RESPONSES.md, "Turns that outlive their connection"): two replicas of
+statestore on one PostgreSQL database and one Redis prefix, the `openai` SDK as the client. A turn created on one
+replica is polled, resumed and cancelled on the other; a replica killed mid-turn leaves nothing stuck."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+import redis
+
+from tests.integration.responses.conftest import ADMIN_TOKEN
+from tests.support.fake_backend import FakeBackend
+from tests.support.redis_keys import own_redis_prefix
+from tests.support.server import StatestoreServer
+
+CHAT = "/v1/chat/completions"
+LEASE = "3"  # seconds: a killed replica's turns are claimed by another within this
+
+
+def replica(url: str, backend: FakeBackend, redis_url: str, prefix: str, **settings: str) -> StatestoreServer:
+    return StatestoreServer(
+        database_url=url,
+        upstream_url=backend.url,
+        redis_url=redis_url,
+        redis_prefix=prefix,
+        env={
+            "STATESTORE_CHAT_UPSTREAM_URL": backend.url,
+            "STATESTORE_ADMIN_TOKENS": f"ops:{ADMIN_TOKEN}",
+            "STATESTORE_LEASE_SECONDS": LEASE,
+            "STATESTORE_BACKGROUND_POLL_SECONDS": "0.2",
+            **{f"STATESTORE_{name.upper()}": value for name, value in settings.items()},
+        },
+    )
+
+
+@pytest.fixture(scope="module")
+async def background_db(postgres_admin_url: str) -> AsyncIterator[str]:
+    from statestore.store.migrate import upgrade
+    from tests.conftest import scratch_pg_database
+
+    async with scratch_pg_database(postgres_admin_url) as url:
+        await asyncio.to_thread(upgrade, url)
+        yield url
+
+
+@pytest.fixture(scope="module")
+def prefix(redis_url: str) -> Iterator[str]:
+    with own_redis_prefix(redis_url) as own:
+        yield own
+
+
+@pytest.fixture(scope="module")
+def pair(
+    background_db: str, fake_backend_process: FakeBackend, redis_url: str, prefix: str
+) -> Iterator[tuple[StatestoreServer, StatestoreServer]]:
+    first = replica(background_db, fake_backend_process, redis_url, prefix)
+    second = replica(background_db, fake_backend_process, redis_url, prefix)
+    yield first, second
+    first.stop()
+    second.stop()
+
+
+@pytest.fixture
+def clients(
+    pair: tuple[StatestoreServer, StatestoreServer], api_key: str
+) -> Iterator[tuple[openai.OpenAI, openai.OpenAI]]:
+    with (
+        openai.OpenAI(base_url=pair[0].url + "/v1", api_key=api_key, max_retries=0) as a,
+        openai.OpenAI(base_url=pair[1].url + "/v1", api_key=api_key, max_retries=0) as b,
+    ):
+        yield a, b
+
+
+def wait_for(check: Callable[[], Any], *, seconds: float = 15.0, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + seconds
+    while True:
+        found = check()
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(every)
+
+
+def final(client: openai.OpenAI, response_id: str, seconds: float = 15.0) -> Any:
+    return wait_for(
+        lambda: (r := client.responses.retrieve(response_id)).status not in ("queued", "in_progress") and r,
+        seconds=seconds,
+    )
+
+
+def stall(backend: FakeBackend, seconds: float, events: int = 3) -> None:
+    backend.script({"kind": "echo", "path": CHAT, "stall_after_events": events, "stall_seconds": seconds})
+
+
+def raw_events(base: str, api_key: str, response_id: str, after: int | None) -> Iterator[dict[str, Any]]:
+    """The resumed stream as sent: every event, parsed, in order."""
+    params: dict[str, Any] = {"stream": "true"}
+    if after is not None:
+        params["starting_after"] = after
+    headers = {"authorization": f"Bearer {api_key}"}
+    with httpx.stream("GET", f"{base}/v1/responses/{response_id}", params=params, headers=headers, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                yield orjson.loads(line[6:])
+
+
+def test_a_background_turn_is_polled_to_completion_on_the_other_replica(
+    clients: tuple[openai.OpenAI, openai.OpenAI], backend: FakeBackend
+) -> None:
+    a, b = clients
+    queued = a.responses.create(model="echo-1", input="hello in the background", background=True)
+    assert queued.status == "queued" and queued.background is True and queued.output == []
+    done = final(b, queued.id)
+    assert done.status == "completed" and done.output_text == "echo: hello in the background"
+    assert done.background is True
+    # a completed background response is a stored response: continued like any other, from either replica
+    following = b.responses.create(model="echo-1", input="and then", previous_response_id=done.id)
+    assert following.output_text == "echo: and then"
+    sent = backend.requests()[-1].json()
+    assert [m["content"] for m in sent["messages"]] == ["hello in the background", done.output_text, "and then"]
+
+
+def test_a_background_stream_cut_short_resumes_on_the_other_replica_exactly(
+    clients: tuple[openai.OpenAI, openai.OpenAI],
+    pair: tuple[StatestoreServer, StatestoreServer],
+    api_key: str,
+    backend: FakeBackend,
+) -> None:
+    a, _ = clients
+    stall(backend, 1.0, events=2)
+    seen: list[Any] = []
+    with a.responses.create(model="echo-1", input="one two three four five", background=True, stream=True) as stream:
+        for event in stream:
+            seen.append(event)
+            if event.type == "response.output_text.delta":
+                break  # the connection drops mid-reply
+    assert [e.type for e in seen[:2]] == ["response.created", "response.queued"]
+    response_id = seen[0].response.id
+    last = seen[-1].sequence_number
+    rest = list(raw_events(pair[1].url, api_key, response_id, last))
+    numbers = [e.sequence_number for e in seen] + [e["sequence_number"] for e in rest]
+    assert numbers == list(range(len(numbers)))  # nothing twice, nothing missing
+    assert rest[-1]["type"] == "response.completed"
+    text = "".join(e.delta for e in seen if e.type == "response.output_text.delta") + "".join(
+        e["delta"] for e in rest if e["type"] == "response.output_text.delta"
+    )
+    assert text == "echo: one two three four five"
+    assert rest[-1]["response"]["output"][0]["content"][0]["text"] == text
+    # the whole stream again from the start, from storage or the event log alike
+    again = list(raw_events(pair[0].url, api_key, response_id, None))
+    assert again[0]["type"] == "response.created" and again[-1]["type"] == "response.completed"
+
+
+def test_cancel_a_running_turn_from_the_other_replica(
+    clients: tuple[openai.OpenAI, openai.OpenAI], backend: FakeBackend
+) -> None:
+    a, b = clients
+    conversation = a.conversations.create(items=[{"role": "user", "content": "before"}])
+    stall(backend, 20.0, events=2)
+    queued = a.responses.create(model="echo-1", input="a long one", background=True, conversation=conversation.id)
+    wait_for(lambda: b.responses.retrieve(queued.id).status == "in_progress")
+    started = time.monotonic()
+    cancelled = b.responses.cancel(queued.id)
+    assert cancelled.status == "cancelled"
+    assert time.monotonic() - started < 1.5
+    assert a.responses.retrieve(queued.id).status == "cancelled"
+    # nothing of it reached the conversation, which is free again
+    items = a.conversations.items.list(conversation.id, order="asc")
+    assert [item.model_dump()["content"][0]["text"] for item in items.data] == ["before"]
+    after = a.responses.create(model="echo-1", input="next", conversation=conversation.id)
+    assert after.output_text == "echo: next"
+    # cancelling again returns it as it is; cancelling a foreground response is refused
+    assert a.responses.cancel(queued.id).status == "cancelled"
+    with pytest.raises(openai.BadRequestError):
+        a.responses.cancel(after.id)
+
+
+def test_a_conversation_is_held_by_its_background_turn(
+    clients: tuple[openai.OpenAI, openai.OpenAI], backend: FakeBackend
+) -> None:
+    a, b = clients
+    conversation = a.conversations.create()
+    stall(backend, 1.5, events=2)
+    queued = a.responses.create(model="echo-1", input="first", background=True, conversation=conversation.id)
+    wait_for(lambda: b.responses.retrieve(queued.id).status == "in_progress")
+    with pytest.raises(openai.BadRequestError) as refused:
+        b.responses.create(model="echo-1", input="second", conversation=conversation.id)
+    assert refused.value.code == "conversation_locked"
+    assert final(b, queued.id).status == "completed"
+    items = b.conversations.items.list(conversation.id, order="asc")
+    assert [item.type for item in items.data] == ["message", "message"]
+
+
+def test_requests_background_cannot_serve(clients: tuple[openai.OpenAI, openai.OpenAI]) -> None:
+    a, _ = clients
+    with pytest.raises(openai.BadRequestError) as unstored:
+        a.responses.create(model="echo-1", input="x", background=True, store=False)
+    assert unstored.value.param == "background"
+    foreground = a.responses.create(model="echo-1", input="plain")
+    with pytest.raises(openai.BadRequestError):
+        list(a.responses.retrieve(foreground.id, stream=True))
+    with pytest.raises(openai.NotFoundError):
+        a.responses.cancel("resp_" + "x" * 40)
+    with pytest.raises(openai.BadRequestError) as unknown:
+        a.responses.create(model="echo-1", input="x", background=True, previous_response_id="resp_" + "y" * 40)
+    assert unknown.value.code == "previous_response_not_found"
+
+
+def test_events_gone_from_redis_mid_stream_end_from_storage(
+    clients: tuple[openai.OpenAI, openai.OpenAI],
+    pair: tuple[StatestoreServer, StatestoreServer],
+    api_key: str,
+    backend: FakeBackend,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    a, _ = clients
+    stall(backend, 1.0, events=2)
+    queued = a.responses.create(model="echo-1", input="flushed away", background=True)
+    stream = raw_events(pair[1].url, api_key, queued.id, None)
+    first = [next(stream) for _ in range(3)]
+    assert [e["type"] for e in first] == ["response.created", "response.queued", "response.in_progress"]
+    # everything this test's replicas keep in Redis goes (as a flush would take it)
+    store = redis.Redis.from_url(redis_url)
+    for key in store.scan_iter(match=f"{prefix}*"):
+        store.delete(key)
+    rest = list(stream)
+    assert rest[-1]["type"] == "response.completed"
+    assert rest[-1]["response"]["output"][0]["content"][0]["text"] == "echo: flushed away"
+    numbers = [e["sequence_number"] for e in first + rest]
+    assert numbers == sorted(set(numbers))
+    assert final(a, queued.id).output_text == "echo: flushed away"
+
+
+@pytest.fixture
+async def own_db(postgres_admin_url: str) -> AsyncIterator[str]:
+    from statestore.store.migrate import upgrade
+    from tests.conftest import scratch_pg_database
+
+    async with scratch_pg_database(postgres_admin_url) as url:
+        await asyncio.to_thread(upgrade, url)
+        yield url
+
+
+@pytest.fixture
+def own_db_replicas(
+    own_db: str, fake_backend_process: FakeBackend, redis_url: str
+) -> Iterator[Callable[..., StatestoreServer]]:
+    """Replicas on a database and prefix of this test's own (killed, or with settings of their own)."""
+    started: list[StatestoreServer] = []
+    with own_redis_prefix(redis_url) as own:
+
+        def start(**settings: str) -> StatestoreServer:
+            server = replica(own_db, fake_backend_process, redis_url, own, **settings)
+            started.append(server)
+            return server
+
+        yield start
+        for server in started:
+            server.stop()
+
+
+def test_a_replica_killed_mid_turn_leaves_nothing_stuck(
+    own_db_replicas: Callable[..., StatestoreServer], backend: FakeBackend, api_key: str
+) -> None:
+    doomed = own_db_replicas(background_workers="1")
+    survivor = own_db_replicas()
+    with (
+        openai.OpenAI(base_url=doomed.url + "/v1", api_key=api_key, max_retries=0) as a,
+        openai.OpenAI(base_url=survivor.url + "/v1", api_key=api_key, max_retries=0) as b,
+    ):
+        conversation = a.conversations.create()
+        stall(backend, 30.0, events=2)
+        running = a.responses.create(model="echo-1", input="cut off", background=True)
+        wait_for(lambda: b.responses.retrieve(running.id).status == "in_progress")
+        # its one worker is busy: a turn on a conversation waits queued on this replica, holding the conversation
+        waiting = a.responses.create(
+            model="echo-1", input="after the crash", background=True, conversation=conversation.id
+        )
+        assert b.responses.retrieve(waiting.id).status == "queued"
+        os.kill(doomed.process.pid, signal.SIGKILL)
+        doomed.process.wait()
+        # the running one had published events of its own: it ends failed, never stuck and never run twice
+        failed = final(b, running.id, seconds=20)
+        assert failed.status == "failed" and failed.error is not None and failed.error.code == "server_error"
+        events = list(raw_events(survivor.url, api_key, running.id, None))
+        assert events[-1]["type"] == "response.failed"
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        # the queued one runs on the survivor
+        done = final(b, waiting.id, seconds=20)
+        assert done.status == "completed" and done.output_text == "echo: after the crash"
+        items = b.conversations.items.list(conversation.id, order="asc")
+        assert len(items.data) == 2
+
+
+def test_cancel_a_queued_turn_from_another_replica_and_the_owners_bound(
+    own_db_replicas: Callable[..., StatestoreServer], api_key: str
+) -> None:
+    # replicas that run no background turns themselves: what they admit stays queued
+    first = own_db_replicas(background_workers="0")
+    second = own_db_replicas(background_workers="0")
+    admin = httpx.Client(base_url=first.url, headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    policy = admin.get("/admin/v1/policies/default").json()["policy"]
+    assert policy["max_background_turns"] == 16
+    put = admin.put("/admin/v1/policies/default", json={**policy, "max_background_turns": 2})
+    assert put.status_code == 200, put.text
+    with (
+        openai.OpenAI(base_url=first.url + "/v1", api_key=api_key, max_retries=0) as a,
+        openai.OpenAI(base_url=second.url + "/v1", api_key=api_key, max_retries=0) as b,
+    ):
+        kept = [a.responses.create(model="echo-1", input=f"n{i}", background=True) for i in range(2)]
+        wait_for(lambda: all(b.responses.retrieve(r.id).status == "queued" for r in kept), seconds=8)
+        with pytest.raises(openai.RateLimitError) as over:
+            b.responses.create(model="echo-1", input="one too many", background=True)
+        assert over.value.code == "rate_limit_exceeded"
+        cancelled = b.responses.cancel(kept[0].id)
+        assert cancelled.status == "cancelled"
+        assert a.responses.retrieve(kept[0].id).status == "cancelled"
+        # its place is free again
+        assert b.responses.create(model="echo-1", input="now there is room", background=True).status == "queued"
+        stats = admin.get("/admin/v1/stats").json()
+        assert stats["background_queued"] == 2 and stats["background_cancelled"] == 1
