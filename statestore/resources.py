@@ -16,6 +16,7 @@ from statestore.clock import Clock, clock_from
 from statestore.config import Settings
 from statestore.metrics import Metrics
 from statestore.policy import Policy
+from statestore.responses.compaction_seal import compaction_seal
 from statestore.responses.turns import ResponseTurns
 from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
@@ -188,6 +189,7 @@ async def build_resources(
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,
                 windows=Windows(chat_upstream),
+                seal=compaction_seal(settings),
             )
             if settings.chat_upstream_url
             else None,

@@ -16,6 +16,7 @@ from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenO
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
 from statestore.responses.backend import summarizer
+from statestore.responses.compaction import unavailable as compaction_unavailable
 from statestore.responses.context import cache_key
 from statestore.responses.errors import BackendError, BadRequest, response_not_found
 from statestore.responses.ids import looks_like
@@ -75,12 +76,15 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     principal = await resources.authenticator.authenticate(headers)
     turns = turns_of(resources)
     turn = read_turn(body)
+    if turn.compaction and turns.seal is None:
+        raise compaction_unavailable("context_management")
     prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"))
     # The lease is given back on every way out of here, except a stream's: that one is the stream's to give back.
     streaming = False
     try:
         summarize = summarizer(resources.chat_upstream, headers, principal)
-        await prepared.plan_context(summarize)
+        if not await prepared.compact(summarize, turns.seal):
+            await prepared.plan_context(summarize)
         upstream = await send_turn(
             resources.chat_upstream, headers, principal, prepared, summarize=summarize, windows=turns.windows
         )
@@ -101,7 +105,9 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
             output, status, incomplete, usage = output_of(orjson.loads(raw) if raw else None)
         except orjson.JSONDecodeError:
             raise BackendError("the model backend's reply is not JSON") from None
-        response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
+        response = turns.response(
+            prepared, status=status, output=_with_compaction(prepared, output), usage=usage, incomplete=incomplete
+        )
         encoded = orjson.dumps(response)
         if not await turns.commit(prepared, response, encoded):
             raise BadRequest("The conversation's lease was lost; nothing was stored.", code="conversation_locked")
@@ -109,6 +115,21 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     finally:
         if not streaming:
             await turns.give_back(prepared)  # a no-op once the turn is committed
+
+
+def _with_compaction(prepared: PreparedResponse, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The turn's output: the compaction item first when the turn compacted its context (RESPONSES.md)."""
+    return [prepared.compaction, *output] if prepared.compaction is not None else output
+
+
+def _compaction_events(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """The compaction item as output item 0. The summary was made before the stream began (so that a failing backend
+    is still an HTTP error, as for any turn): its events come at once, in the order the SDK's accumulator expects."""
+    return [
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {"type": "response.compaction.compacting", "item_id": item["id"], "output_index": 0},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+    ]
 
 
 def _context_header(prepared: PreparedResponse) -> list[tuple[bytes, bytes]]:
@@ -125,7 +146,9 @@ async def _events(turns: ResponseTurns, prepared: PreparedResponse, upstream: Up
     skeleton = turns.response(prepared, status="in_progress", output=[], usage=None)
     yield numbered.frame({"type": "response.created", "response": skeleton})
     yield numbered.frame({"type": "response.in_progress", "response": skeleton})
-    parser, translator = SSEParser(), ChunkTranslator()
+    for compacting in _compaction_events(prepared.compaction) if prepared.compaction is not None else ():
+        yield numbered.frame(compacting)
+    parser, translator = SSEParser(), ChunkTranslator(first_index=1 if prepared.compaction is not None else 0)
     try:
         async for chunk in upstream.chunks():
             for event in parser.feed(chunk):
@@ -140,6 +163,7 @@ async def _events(turns: ResponseTurns, prepared: PreparedResponse, upstream: Up
     closing, output, status, incomplete, usage = translator.finish()
     for closing_event in closing:
         yield numbered.frame(closing_event)
+    output = _with_compaction(prepared, output)
     response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
     body = orjson.dumps(response)
     try:

@@ -37,6 +37,7 @@ class CompactionSeal:
 def compaction_seal(settings: Settings) -> CompactionSeal | None:
     """The seal these settings give, or None when they give no key."""
     keys = parse_keys(settings.compaction_keys.get_secret_value()) if settings.compaction_keys else []
-    if settings.owner_secret is not None and settings.owner_secret.get_secret_value():
+    derivable = settings.owner_secret is not None and settings.owner_secret.get_secret_value()
+    if derivable and settings.owner_secret is not None and all(k.key_id != DERIVED_KEY_ID for k in keys):
         keys.append(derived_key(settings.owner_secret.get_secret_value(), DERIVED_KEY_ID, _PURPOSE))
     return CompactionSeal(Sealer(keys)) if keys else None

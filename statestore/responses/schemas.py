@@ -105,11 +105,25 @@ class ReasoningItem(BaseModel):
     encrypted_content: str | None = None
 
 
-Item = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")]
+class CompactionItem(BaseModel):
+    """What a compaction left of the context before it (RESPONSES.md, "Compaction"): its summary, sealed for the
+    owner. Opaque; sent back in a later `input`, it stands for that context."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["compaction"]
+    id: str = Field(examples=["cmp_4B2mQh0pSa1Y0bXkzGmT8c"])
+    encrypted_content: str
+    created_by: str | None = None
+
+
+Item = Annotated[
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | CompactionItem,
+    Field(discriminator="type"),
+]
 
 
 class ConversationItem(RootModel[Item]):
-    """One item: a message, a function call, its output, or reasoning."""
+    """One item: a message, a function call, its output, reasoning, or a compaction."""
 
 
 class ItemList(BaseModel):
@@ -236,6 +250,17 @@ class Response(BaseModel):
     metadata: dict[str, str]
 
 
+class CompactedResponse(BaseModel):
+    """`POST /v1/responses/compact`: every user message of the context, then one compaction item. Nothing is stored."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(examples=["resp_4B2mQh0pSa1Y0bXkzGmT8c"])
+    object: Literal["response.compaction"]
+    created_at: int = Field(description="seconds since the epoch")
+    output: list[Item]
+    usage: ResponseUsage = Field(description="the summary request's")
+
+
 class ResponseDeleted(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str
@@ -246,7 +271,9 @@ class ResponseDeleted(BaseModel):
 class ResponseStreamEvent(BaseModel):
     """One `data:` of the SSE stream a `stream: true` turn answers with (its `event:` line repeats `type`). Each
     output item's events are framed by `response.output_item.added` and `.done`; the stream ends with
-    `response.completed` or `response.incomplete` after the turn is stored, and is cut with no ending otherwise."""
+    `response.completed` or `response.incomplete` after the turn is stored, and is cut with no ending otherwise. A
+    turn that compacted its context opens its output with the compaction item, `response.compaction.compacting`
+    between that item's `.added` and `.done`."""
 
     model_config = ConfigDict(extra="forbid")
     type: Literal[
@@ -260,6 +287,7 @@ class ResponseStreamEvent(BaseModel):
         "response.function_call_arguments.delta",
         "response.function_call_arguments.done",
         "response.output_item.done",
+        "response.compaction.compacting",
         "response.completed",
         "response.incomplete",
     ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -16,6 +16,15 @@ from statestore.metrics import Metrics, ResponseTurnKind, ThreadTurnOutcome
 from statestore.policy import Policy
 from statestore.responses import context
 from statestore.responses.backend_window import with_window
+from statestore.responses.chat_format import split
+from statestore.responses.compaction import (
+    compacted_head,
+    compaction_item,
+    newest_that_fit,
+    stored_inputs,
+    user_messages,
+)
+from statestore.responses.compaction_seal import CompactionSeal
 from statestore.responses.context import (
     Base,
     Move,
@@ -80,18 +89,85 @@ class PreparedResponse:
     sent_bytes: int = 0  # the bytes of `messages` and tools the backend counts the prompt of
     # The backend's token count of the last turn (the parent's, or the conversation's) and the bytes it counted.
     measured: tuple[int, int] = (0, 0)
+    compaction: dict[str, Any] | None = None  # the compaction item this turn made (`compact`), its output's first
     _base: Base | None = None
+
+    @property
+    def managed(self) -> bool:
+        """This turn manages its chain's context (a policy's window with `truncation: "auto"`, or compaction): it
+        starts where the parent's turn left the context, and records where the next one starts."""
+        return (self.window is not None or self.turn.compaction) and self.turn.conversation_id is None
 
     @property
     def base(self) -> Base:
         """Where this request's context starts before any move: where the parent's turn left it, when this turn
         manages its context; else the whole chain, as "disabled" forwards it. Found once (it slices the context)."""
         if self._base is None:
-            managed = self.window is not None and self.turn.conversation_id is None
-            self._base = chain_base(self.parent, self.context) if managed else Base(self.context)
+            self._base = chain_base(self.parent, self.context) if self.managed else Base(self.context)
         return self._base
 
-    def _system(self) -> bytes:
+    def compact_threshold(self) -> int | None:
+        """Tokens past which this turn compacts: the request's, else the trigger of the owner's window (if any)."""
+        if not self.turn.compaction:
+            return None
+        if self.turn.compact_threshold is not None:
+            return self.turn.compact_threshold
+        tokens = self.policy.context_window_tokens if self.policy is not None else None
+        if not isinstance(tokens, int) or not tokens or self.policy is None:
+            return None
+        return int(tokens * self.policy.context_trigger_ratio)
+
+    async def compact(self, summarize: Summarize | None, seal: CompactionSeal | None) -> bool:
+        """Compact the context when it would pass the threshold (RESPONSES.md, "Compaction"): before `backend_body`.
+        The context becomes the user messages that fit in a quarter of the threshold, then the summary of it all;
+        the turn's output opens with the compaction item. A summary that fails truncates to half the threshold
+        instead, and says so (PROTOCOL §9). True when the context moved (`plan_context` then has nothing to do)."""
+        threshold = self.compact_threshold()
+        if threshold is None or summarize is None or seal is None:
+            return False
+        system = self.system_message()
+        fixed = self._fixed_bytes(system)
+        new = join_rendered((i.kind, i.rendered) for i in self.inputs)
+        base = self.base
+        ratio = planner.tokens_per_byte(*self.measured)
+        size = fixed + base.size + len(new)
+        if planner.estimate(known_tokens=0, known_bytes=size, new_bytes=0, ratio=ratio) <= threshold:
+            return False
+        # Only a turn past its threshold parses its context (as plan_context does).
+        messages = (split(base.head) if base.head else []) + split(base.context)
+        if not messages:
+            return False  # the turn's own input passes the threshold: nothing before it to compact
+        policy = self.policy
+        budget = max(256, threshold // 4)
+        body = context.summary_body(
+            self.turn.chat_params,
+            system,
+            model=(policy.summary_model if policy else None) or self.turn.model,
+            max_tokens=budget,
+            summarised=messages,
+            instructions=policy.summary_instructions if policy else None,
+        )
+        summary = await summarize(body)
+        if summary is None:
+            window = planner.Window("truncate", threshold, trigger_ratio=1.0, target_ratio=0.5)
+            moved = await context.plan(
+                window,
+                base,
+                fixed_bytes=fixed,
+                new=new,
+                ratio=ratio,
+                summary_request=lambda _summarised, _budget: b"",
+                summarize=None,
+                force=True,
+            )
+            self.moved = replace(moved, summary_failed=True) if moved is not None else None
+            return moved is not None
+        users = newest_that_fit(user_messages(messages), threshold / 4 / ratio)
+        self.moved = Move(Base(b"", compacted_head(users, summary), None, whole=False), "compacted", False)
+        self.compaction = compaction_item(seal, summary, self.principal.owner)
+        return True
+
+    def system_message(self) -> bytes:
         instructions = self.turn.instructions
         return orjson.dumps({"role": "system", "content": instructions}) if instructions is not None else b""
 
@@ -108,7 +184,7 @@ class PreparedResponse:
             self.window = forced  # the base it moves to is recorded for the next turn (context_record)
         if self.window is None:
             return
-        system = self._system()
+        system = self.system_message()
         policy = self.policy
         ratio = ratio or planner.tokens_per_byte(*self.measured)
 
@@ -134,7 +210,7 @@ class PreparedResponse:
         )
 
     def backend_body(self) -> bytes:
-        system = self._system()
+        system = self.system_message()
         new = join_rendered((i.kind, i.rendered) for i in self.inputs)
         base = self.moved.base if self.moved is not None else self.base
         segments = [system, base.head or b"", base.context, new]
@@ -149,14 +225,14 @@ class PreparedResponse:
         total = usage.get("total_tokens") if isinstance(usage, dict) else None
         tokens = total if isinstance(total, int) and total > 0 else 0
         counted = self.sent_bytes + reply_bytes if tokens else 0
-        if self.window is None or self.turn.conversation_id is not None:
+        if not self.managed:
             return ContextRecord(tokens, counted)
         base = self.moved.base if self.moved is not None else self.base
         if base.whole:
             return ContextRecord(tokens, counted)
         head_id: str | None = base.head_id
         head = None
-        if self.moved is not None and self.moved.action == "summarized":
+        if self.moved is not None and self.moved.action in ("summarized", "compacted"):
             head_id, head = response_id, base.head  # stored once, here; the descendants name this response
         return ContextRecord(tokens, counted, kept_after(base, segment), head_id, head)
 
@@ -173,8 +249,10 @@ class ResponseTurns:
         lease_seconds: int,
         metrics: Metrics,
         windows: Windows | None = None,
+        seal: CompactionSeal | None = None,
     ) -> None:
         self.metrics = metrics
+        self.seal = seal  # seals and opens compaction items; None: compaction is unavailable (compaction_seal.py)
         self.windows = windows  # what the backend states of its windows, for a policy's `auto` (PROTOCOL §9)
         self.responses = responses
         self.conversations = conversations
@@ -217,7 +295,7 @@ class ResponseTurns:
             ttl_ms=policy.ttl_for(ttl_header, None) * 1000,
             parent=None,
             context=b"",
-            inputs=[stored(item) for item in turn.input],
+            inputs=stored_inputs(turn.input, self.seal, principal.owner),
             policy=policy,
             window=window_for(policy, turn.truncation, on_conversation=turn.conversation_id is not None),
         )
