@@ -17,6 +17,7 @@ from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
 from statestore.responses.backend import summarizer
 from statestore.responses.compaction import unavailable as compaction_unavailable
+from statestore.responses.compaction_step import compact
 from statestore.responses.context import cache_key
 from statestore.responses.errors import BackendError, BadRequest, response_not_found
 from statestore.responses.ids import looks_like
@@ -83,7 +84,7 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     streaming = False
     try:
         summarize = summarizer(resources.chat_upstream, headers, principal)
-        if not await prepared.compact(summarize, turns.seal):
+        if not await compact(prepared, summarize, turns.seal):
             await prepared.plan_context(summarize)
         upstream = await send_turn(
             resources.chat_upstream, headers, principal, prepared, summarize=summarize, windows=turns.windows

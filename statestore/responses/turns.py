@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -16,14 +16,7 @@ from statestore.metrics import Metrics, ResponseTurnKind, ThreadTurnOutcome
 from statestore.policy import Policy
 from statestore.responses import context
 from statestore.responses.backend_window import with_window
-from statestore.responses.chat_format import split
-from statestore.responses.compaction import (
-    compacted_head,
-    compaction_item,
-    newest_that_fit,
-    stored_inputs,
-    user_messages,
-)
+from statestore.responses.compaction import stored_inputs
 from statestore.responses.compaction_seal import CompactionSeal
 from statestore.responses.context import (
     Base,
@@ -106,72 +99,11 @@ class PreparedResponse:
             self._base = chain_base(self.parent, self.context) if self.managed else Base(self.context)
         return self._base
 
-    def compact_threshold(self) -> int | None:
-        """Tokens past which this turn compacts: the request's, else the trigger of the owner's window (if any)."""
-        if not self.turn.compaction:
-            return None
-        if self.turn.compact_threshold is not None:
-            return self.turn.compact_threshold
-        tokens = self.policy.context_window_tokens if self.policy is not None else None
-        if not isinstance(tokens, int) or not tokens or self.policy is None:
-            return None
-        return int(tokens * self.policy.context_trigger_ratio)
-
-    async def compact(self, summarize: Summarize | None, seal: CompactionSeal | None) -> bool:
-        """Compact the context when it would pass the threshold (RESPONSES.md, "Compaction"): before `backend_body`.
-        The context becomes the user messages that fit in a quarter of the threshold, then the summary of it all;
-        the turn's output opens with the compaction item. A summary that fails truncates to half the threshold
-        instead, and says so (PROTOCOL §9). True when the context moved (`plan_context` then has nothing to do)."""
-        threshold = self.compact_threshold()
-        if threshold is None or summarize is None or seal is None:
-            return False
-        system = self.system_message()
-        fixed = self._fixed_bytes(system)
-        new = join_rendered((i.kind, i.rendered) for i in self.inputs)
-        base = self.base
-        ratio = planner.tokens_per_byte(*self.measured)
-        size = fixed + base.size + len(new)
-        if planner.estimate(known_tokens=0, known_bytes=size, new_bytes=0, ratio=ratio) <= threshold:
-            return False
-        # Only a turn past its threshold parses its context (as plan_context does).
-        messages = (split(base.head) if base.head else []) + split(base.context)
-        if not messages:
-            return False  # the turn's own input passes the threshold: nothing before it to compact
-        policy = self.policy
-        budget = max(256, threshold // 4)
-        body = context.summary_body(
-            self.turn.chat_params,
-            system,
-            model=(policy.summary_model if policy else None) or self.turn.model,
-            max_tokens=budget,
-            summarised=messages,
-            instructions=policy.summary_instructions if policy else None,
-        )
-        summary = await summarize(body)
-        if summary is None:
-            window = planner.Window("truncate", threshold, trigger_ratio=1.0, target_ratio=0.5)
-            moved = await context.plan(
-                window,
-                base,
-                fixed_bytes=fixed,
-                new=new,
-                ratio=ratio,
-                summary_request=lambda _summarised, _budget: b"",
-                summarize=None,
-                force=True,
-            )
-            self.moved = replace(moved, summary_failed=True) if moved is not None else None
-            return moved is not None
-        users = newest_that_fit(user_messages(messages), threshold / 4 / ratio)
-        self.moved = Move(Base(b"", compacted_head(users, summary), None, whole=False), "compacted", False)
-        self.compaction = compaction_item(seal, summary, self.principal.owner)
-        return True
-
     def system_message(self) -> bytes:
         instructions = self.turn.instructions
         return orjson.dumps({"role": "system", "content": instructions}) if instructions is not None else b""
 
-    def _fixed_bytes(self, system: bytes) -> int:
+    def fixed_bytes(self, system: bytes) -> int:
         tools = self.turn.chat_params.get("tools")
         return len(system) + (len(orjson.dumps(tools)) if tools else 0)
 
@@ -201,7 +133,7 @@ class PreparedResponse:
         self.moved = await context.plan(
             self.window,
             self.base,
-            fixed_bytes=self._fixed_bytes(system),
+            fixed_bytes=self.fixed_bytes(system),
             new=join_rendered((i.kind, i.rendered) for i in self.inputs),
             ratio=ratio,
             summary_request=summary_request,
@@ -214,7 +146,7 @@ class PreparedResponse:
         new = join_rendered((i.kind, i.rendered) for i in self.inputs)
         base = self.moved.base if self.moved is not None else self.base
         segments = [system, base.head or b"", base.context, new]
-        self.sent_bytes = self._fixed_bytes(system) + base.size + len(new)
+        self.sent_bytes = self.fixed_bytes(system) + base.size + len(new)
         return chat_body(self.turn.chat_params, segments, stream=self.turn.stream)
 
     def context_record(
