@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 
 from statestore import __version__, console
 from statestore.api import admin as admin_api
-from statestore.api import health, messages, openai_conversations, openai_responses
+from statestore.api import health, messages, openai_compaction, openai_conversations, openai_responses
 from statestore.api import threads as threads_api
 from statestore.api.front_door import FrontDoor
 from statestore.config import Settings
@@ -126,6 +126,7 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
     app.include_router(console.router)
     app.include_router(messages.router)
     app.include_router(openai_responses.router)
+    app.include_router(openai_compaction.router)
     app.include_router(openai_conversations.router)
     app.include_router(messages.fallback_router)
 

@@ -8,13 +8,15 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from statestore.sealing import parse_keys
 from statestore.store.resp import parse_url, split_cluster_flag
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./statestore.db"
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="STATESTORE_", extra="ignore", frozen=True)
+    # hide_input_in_errors: a refused value (a malformed key ring, a secret) is never echoed into a start-up error.
+    model_config = SettingsConfigDict(env_prefix="STATESTORE_", extra="ignore", frozen=True, hide_input_in_errors=True)
 
     database_url: str = DEFAULT_DATABASE_URL
     database_pool_size: int = Field(default=10, ge=1, le=1000)
@@ -36,6 +38,10 @@ class Settings(BaseSettings):
     auth_mode: Literal["passthrough", "keys"] = "passthrough"
     # Keys the owner hash of a passthrough credential, so a leaked database cannot be used to test credentials.
     owner_secret: SecretStr | None = None
+
+    # The keys that seal a compaction item's summary (`encrypted_content`, RESPONSES.md): "id:key,id:key", each key 32
+    # bytes in URL-safe base64, newest first: the first seals, all open. Unset: a key derived from owner_secret.
+    compaction_keys: SecretStr | None = None
 
     default_ttl_seconds: int = Field(default=300, ge=1)
     max_ttl_seconds: int = Field(default=86_400, ge=1)
@@ -91,6 +97,14 @@ class Settings(BaseSettings):
         if not value.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
         return value.rstrip("/")
+
+    @field_validator("compaction_keys")
+    @classmethod
+    def _compaction_keys_parse(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value().strip():
+            return None
+        parse_keys(value.get_secret_value())  # refused at start-up, not at the first compaction
+        return value
 
     @field_validator("database_url")
     @classmethod

@@ -18,6 +18,7 @@ from statestore.metrics import Metrics
 from statestore.policy import Policy
 from statestore.responses.background import BackgroundTurns
 from statestore.responses.background_runs import BackgroundRunner
+from statestore.responses.compaction_seal import compaction_seal
 from statestore.responses.turns import ResponseTurns
 from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
@@ -165,6 +166,7 @@ async def build_resources(
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,
                 windows=Windows(chat_upstream),
+                seal=compaction_seal(settings),
             )
             if settings.chat_upstream_url
             else None

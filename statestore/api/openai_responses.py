@@ -18,15 +18,18 @@ from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
 from statestore.responses.backend import summarizer
 from statestore.responses.background import BackgroundTurns
+from statestore.responses.compaction import unavailable as compaction_unavailable
+from statestore.responses.compaction_step import compact
 from statestore.responses.context import cache_key
 from statestore.responses.errors import BackendError, BadRequest, response_not_found
 from statestore.responses.ids import looks_like
+from statestore.responses.prepared import PreparedResponse
 from statestore.responses.refusal_retry import send_turn
 from statestore.responses.reply import output_of
 from statestore.responses.request import TurnRequest, read_turn
 from statestore.responses.stream import SequencedEvents
-from statestore.responses.turn_events import turn_events
-from statestore.responses.turns import PreparedResponse, ResponseTurns
+from statestore.responses.turn_events import turn_events, with_compaction
+from statestore.responses.turns import ResponseTurns
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 
 router = APIRouter(tags=["responses"], responses=schemas.ERRORS)
@@ -76,6 +79,8 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     principal = await resources.authenticator.authenticate(headers)
     turns = turns_of(resources)
     turn = read_turn(body)
+    if turn.compaction and turns.seal is None:
+        raise compaction_unavailable("context_management")
     if turn.background:
         return await _queue(background_of(resources), turn, principal, headers, body)
     prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"))
@@ -83,7 +88,8 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     streaming = False
     try:
         summarize = summarizer(resources.chat_upstream, headers, principal)
-        await prepared.plan_context(summarize)
+        if not await compact(prepared, summarize, turns.seal):
+            await prepared.plan_context(summarize)
         upstream = await send_turn(
             resources.chat_upstream, headers, principal, prepared, summarize=summarize, windows=turns.windows
         )
@@ -104,7 +110,9 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
             output, status, incomplete, usage = output_of(orjson.loads(raw) if raw else None)
         except orjson.JSONDecodeError:
             raise BackendError("the model backend's reply is not JSON") from None
-        response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
+        response = turns.response(
+            prepared, status=status, output=with_compaction(prepared, output), usage=usage, incomplete=incomplete
+        )
         encoded = orjson.dumps(response)
         if not await turns.commit(prepared, response, encoded):
             raise BadRequest("The conversation's lease was lost; nothing was stored.", code="conversation_locked")

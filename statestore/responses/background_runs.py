@@ -25,13 +25,15 @@ from statestore.clock import Clock
 from statestore.errors import StatestoreError, StreamBrokenOff
 from statestore.metrics import BackgroundOutcome, Metrics
 from statestore.responses.backend import summarizer
+from statestore.responses.compaction_step import compact
 from statestore.responses.errors import OpenAIError
+from statestore.responses.prepared import PreparedResponse
 from statestore.responses.refusal_retry import send_turn
 from statestore.responses.replay import final_event_type
 from statestore.responses.request import read_turn
 from statestore.responses.stream import SequencedEvents
 from statestore.responses.turn_events import turn_events
-from statestore.responses.turns import PreparedResponse, ResponseTurns
+from statestore.responses.turns import ResponseTurns
 from statestore.store.background_store import BackgroundJob, BackgroundStore
 from statestore.store.event_log import Event, EventLog, EventLogUnavailable, Superseded
 from statestore.threads.ids import new_lease_token
@@ -323,7 +325,8 @@ class BackgroundRunner:
         last = b""
         try:
             summarize = summarizer(self.upstream, headers, principal)
-            await prepared.plan_context(summarize)
+            if not await compact(prepared, summarize, self.turns.seal):
+                await prepared.plan_context(summarize)
             upstream = await send_turn(
                 self.upstream, headers, principal, prepared, summarize=summarize, windows=self.turns.windows
             )

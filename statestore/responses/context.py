@@ -172,7 +172,7 @@ def kept_after(base: Base, segment: bytes) -> int:
     return len(base.context) + (1 if base.context and segment else 0) + len(segment)
 
 
-ContextAction = Literal["truncated", "summarized"]
+ContextAction = Literal["truncated", "summarized", "compacted"]
 # Sends a summary request body to the backend; the summary's text, or None when the request failed.
 Summarize = Callable[[bytes], Awaitable[str | None]]
 

@@ -3,7 +3,8 @@ bytes a rebuild joins.
 
 A stored item is a pair (its Responses JSON, its rendering). The rendering is one of: a whole chat message; the
 `tool_calls` entry of a function call (consecutive calls join one assistant message, so the join wraps them); or
-nothing (reasoning is stored and returned, never sent).
+nothing (reasoning, and a compaction a turn made, are stored and returned, never sent: the compaction's summary is in
+the head its turn stored).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import orjson
 from statestore.responses.ids import new_id
 from statestore.responses.request_schemas import (
     AssistantMessageParam,
+    CompactionItemParam,
     FunctionCallOutputParam,
     FunctionCallParam,
     InputImageParam,
@@ -23,6 +25,7 @@ from statestore.responses.request_schemas import (
     ItemParam,
     MessageParam,
     RefusalParam,
+    TurnItemParam,
 )
 from statestore.store.response_records import Kind, StoredItem
 
@@ -45,7 +48,7 @@ def _parts(
     return [_part(part, assistant) for part in content]
 
 
-def _normalised(item: ItemParam) -> dict[str, Any]:
+def _normalised(item: ItemParam | TurnItemParam) -> dict[str, Any]:
     """An item as stored and returned: its id minted when absent, its status filled in, its parts in the form its
     role's messages carry."""
     if isinstance(item, MessageParam | AssistantMessageParam):
@@ -74,6 +77,14 @@ def _normalised(item: ItemParam) -> dict[str, Any]:
             "output": output if isinstance(output, str) else _parts(output, False),
             "status": item.status or "completed",
         }
+    if isinstance(item, CompactionItemParam):
+        # Rendered only once opened for its owner (responses/compaction.py); as an output item it renders nothing.
+        return {
+            "type": "compaction",
+            "id": item.id or new_id("cmp_"),
+            "encrypted_content": item.encrypted_content,
+            "created_by": item.created_by,
+        }
     out: dict[str, Any] = {"type": "reasoning", "id": item.id or new_id("rs_"), "summary": item.summary}
     if item.content is not None:
         out["content"] = item.content
@@ -82,7 +93,7 @@ def _normalised(item: ItemParam) -> dict[str, Any]:
     return out
 
 
-def normalise_input(value: str | Sequence[ItemParam]) -> list[dict[str, Any]]:
+def normalise_input(value: str | Sequence[ItemParam] | Sequence[TurnItemParam]) -> list[dict[str, Any]]:
     """A validated `input` (a user message's text, or items) as stored Responses items."""
     if isinstance(value, str):
         return [_normalised(MessageParam(role="user", content=value))]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from statestore.auth import Principal
 from statestore.responses.backend import CHAT_PATH, backend_headers, relayed_error
 from statestore.responses.context import Summarize
-from statestore.responses.turns import PreparedResponse
+from statestore.responses.prepared import PreparedResponse
 from statestore.threads import planner
 from statestore.upstream.client import Upstream, UpstreamResponse
 from statestore.upstream.refusals import Refusal, recognise
@@ -44,7 +44,8 @@ async def send_turn(
 
 async def _cut(prepared: PreparedResponse, refusal: Refusal, summarize: Summarize | None) -> bool:
     policy = prepared.policy
-    if policy is None or prepared.turn.truncation != "auto":
+    # A compacted turn's context is the one its compaction item stands for: not cut again behind that item's back.
+    if policy is None or prepared.turn.truncation != "auto" or prepared.compaction is not None:
         return False
     # As window_for chooses: the owner's strategy, truncate for `none` and on a conversation; with the window the
     # refusal leaves (the policy's own may be unknown, `auto`, or too large).

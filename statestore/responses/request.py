@@ -9,7 +9,12 @@ import orjson
 
 from statestore.responses.errors import BadRequest
 from statestore.responses.items import normalise_input
-from statestore.responses.request_schemas import FunctionToolParam, ResponseCreateRequest, TextParam
+from statestore.responses.request_schemas import (
+    FunctionToolParam,
+    ResponseCompactRequest,
+    ResponseCreateRequest,
+    TextParam,
+)
 from statestore.responses.schemas import FormatJsonObject, FormatText, FunctionChoice
 from statestore.responses.validation import read_body
 
@@ -26,6 +31,9 @@ class TurnRequest:
     metadata: dict[str, str]
     truncation: str
     background: bool = False  # run detached from the request (RESPONSES.md, "Turns that outlive their connection")
+    # `context_management` asked for compaction (RESPONSES.md), past this many tokens (None: the policy's trigger).
+    compaction: bool = False
+    compact_threshold: int | None = None
     # Echoed into the Response object as the client sent them.
     echo: dict[str, Any] = field(default_factory=dict)
     # The Chat Completions request's fields other than `messages`.
@@ -56,7 +64,36 @@ def read_turn(raw: bytes) -> TurnRequest:
     )
     if turn.background and not turn.store:
         raise BadRequest("Background mode requires store to be true.", param="background", code="invalid_value")
+    if body.context_management:
+        if conversation is not None:
+            # A conversation's context is its items every turn: there is no stored context a compaction could move.
+            raise BadRequest(
+                "Compaction is not supported on a conversation; continue with previous_response_id.",
+                param="context_management",
+                code="unsupported_value",
+            )
+        turn.compaction = True
+        turn.compact_threshold = body.context_management[0].compact_threshold
     _translate_params(body, turn)
+    return turn
+
+
+def read_compact(raw: bytes) -> TurnRequest:
+    """A `POST /v1/responses/compact` body as the turn whose context it compacts: nothing of it is stored."""
+    body = read_body(ResponseCompactRequest, raw)
+    turn = TurnRequest(
+        model=body.model,
+        input=normalise_input(body.input) if body.input is not None else [],
+        instructions=body.instructions,
+        previous_response_id=body.previous_response_id,
+        conversation_id=None,
+        store=False,
+        stream=False,
+        metadata={},
+        truncation="disabled",
+        compaction=True,
+    )
+    turn.chat_params = {"model": turn.model}
     return turn
 
 

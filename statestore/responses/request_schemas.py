@@ -157,8 +157,29 @@ ItemParam = Annotated[
     | Annotated[ReasoningParam, Tag("<reasoning>")],
     Discriminator(_item_kind, custom_error_type="unsupported_value", custom_error_message="a supported item expected"),
 ]
+
+
+class CompactionItemParam(BaseModel):
+    """A compaction item as a turn returned it (or `/v1/responses/compact`): statestore opens its `encrypted_content`
+    and sends its summary in its place. Only in a response's `input` (a conversation's items are never one)."""
+
+    type: Literal["compaction"]
+    id: ItemId | None = Field(default=None, description="kept as given; minted (cmp_...) when absent")
+    encrypted_content: Text = Field(description="as statestore returned it; opened for this owner only")
+    created_by: str | None = None
+
+
+TurnItemParam = Annotated[
+    Annotated[MessageParam, Tag("<message>")]
+    | Annotated[AssistantMessageParam, Tag("<assistant>")]
+    | Annotated[FunctionCallParam, Tag("<function_call>")]
+    | Annotated[FunctionCallOutputParam, Tag("<function_call_output>")]
+    | Annotated[ReasoningParam, Tag("<reasoning>")]
+    | Annotated[CompactionItemParam, Tag("<compaction>")],
+    Discriminator(_item_kind, custom_error_type="unsupported_value", custom_error_message="a supported item expected"),
+]
 InputParam = Annotated[
-    Annotated[Text, Tag("<text>")] | Annotated[list[ItemParam], Tag("<array>")],
+    Annotated[Text, Tag("<text>")] | Annotated[list[TurnItemParam], Tag("<array>")],
     Discriminator(_text_or_array, custom_error_type="invalid_type", custom_error_message="a string or items expected"),
 ]
 
@@ -171,6 +192,15 @@ class FunctionToolParam(BaseModel):
     description: str | None = None
     parameters: dict[str, Any] | None = Field(default=None, description="a JSON Schema")
     strict: bool | None = None
+
+
+class CompactionParam(BaseModel):
+    """Compact the context before the turn when it would pass `compact_threshold` tokens (RESPONSES.md)."""
+
+    type: Literal["compaction"] = Field(description="the one kind of context management")
+    compact_threshold: Annotated[int, Field(ge=1, le=100_000_000)] | None = Field(
+        default=None, description="tokens; absent: the trigger of the owner's context window, when it has one"
+    )
 
 
 class ConversationRefParam(BaseModel):
@@ -221,6 +251,9 @@ class ResponseCreateRequest(BaseModel):
     truncation: Literal["auto", "disabled"] | None = Field(
         default="disabled", description="auto: the owner's context policy cuts the oldest turns (PROTOCOL §9)"
     )
+    context_management: Annotated[list[CompactionParam], Field(max_length=1)] | None = Field(
+        default=None, description="compaction past a threshold; not on a conversation"
+    )
     # Accepted so that clients which always send them work; they change nothing here.
     user: Any = Field(default=None, description="accepted, not used")
     safety_identifier: Any = Field(default=None, description="accepted, not used")
@@ -236,6 +269,23 @@ class ResponseCreateRequest(BaseModel):
     stream_options: Any = Field(default=None, description="accepted, not used")
     top_logprobs: Any = Field(default=None, description="accepted, not used")
     max_tool_calls: Any = Field(default=None, description="accepted, not used")
+
+
+class ResponseCompactRequest(BaseModel):
+    """`POST /v1/responses/compact`: the context (the chain of `previous_response_id`, then `input`) summarised into
+    one compaction item after its user messages. Nothing is stored."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str = Field(min_length=1, max_length=256, description="the summary's, unless the policy names one")
+    input: InputParam | None = Field(default=None, description="a user message's text, or items")
+    instructions: str | None = Field(default=None, description="the summary request's system message")
+    previous_response_id: str | None = Field(default=None, description="any stored response of the owner's")
+    # Accepted so that clients which always send them work; they change nothing here.
+    prompt_cache_key: Any = Field(default=None, description="accepted, not used")
+    prompt_cache_options: Any = Field(default=None, description="accepted, not used")
+    prompt_cache_retention: Any = Field(default=None, description="accepted, not used")
+    service_tier: Any = Field(default=None, description="accepted, not used")
+    image: Any = Field(default=None, description="accepted, not used")
 
 
 class ConversationCreateRequest(BaseModel):
@@ -255,6 +305,7 @@ class ConversationItemsRequest(BaseModel):
 
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     ResponseCreateRequest,
+    ResponseCompactRequest,
     ConversationCreateRequest,
     ConversationUpdateRequest,
     ConversationItemsRequest,

@@ -105,11 +105,25 @@ class ReasoningItem(BaseModel):
     encrypted_content: str | None = None
 
 
-Item = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem, Field(discriminator="type")]
+class CompactionItem(BaseModel):
+    """What a compaction left of the context before it (RESPONSES.md, "Compaction"): its summary, sealed for the
+    owner. Opaque; sent back in a later `input`, it stands for that context."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["compaction"]
+    id: str = Field(examples=["cmp_4B2mQh0pSa1Y0bXkzGmT8c"])
+    encrypted_content: str
+    created_by: str | None = None
+
+
+Item = Annotated[
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | CompactionItem,
+    Field(discriminator="type"),
+]
 
 
 class ConversationItem(RootModel[Item]):
-    """One item: a message, a function call, its output, or reasoning."""
+    """One item: a message, a function call, its output, reasoning, or a compaction."""
 
 
 class ItemList(BaseModel):
@@ -204,6 +218,12 @@ class FunctionChoice(BaseModel):
 ToolChoice = Literal["auto", "none", "required"] | FunctionChoice
 
 
+class ResponseErrorInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    code: str = Field(examples=["server_error"])
+    message: str
+
+
 class Response(BaseModel):
     """A turn's result, as returned, stored and retrieved. Request fields are echoed as they were sent."""
 
@@ -211,11 +231,12 @@ class Response(BaseModel):
     id: str = Field(examples=["resp_4B2mQh0pSa1Y0bXkzGmT8c"])
     object: Literal["response"]
     created_at: int = Field(description="seconds since the epoch")
-    status: Literal["completed", "incomplete", "in_progress"] = Field(
-        description="in_progress only in a stream's response.created and response.in_progress"
+    status: Literal["completed", "incomplete", "in_progress", "queued", "failed", "cancelled"] = Field(
+        description="in_progress only in a stream's response.created and response.in_progress, and while a background "
+        "response runs; queued, failed and cancelled only for a background response"
     )
     background: bool
-    error: None
+    error: ResponseErrorInfo | None = Field(description="why a background response failed; null otherwise")
     incomplete_details: IncompleteDetails | None
     instructions: str | None
     max_output_tokens: int | None
@@ -236,6 +257,17 @@ class Response(BaseModel):
     metadata: dict[str, str]
 
 
+class CompactedResponse(BaseModel):
+    """`POST /v1/responses/compact`: every user message of the context, then one compaction item. Nothing is stored."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str = Field(examples=["resp_4B2mQh0pSa1Y0bXkzGmT8c"])
+    object: Literal["response.compaction"]
+    created_at: int = Field(description="seconds since the epoch")
+    output: list[Item]
+    usage: ResponseUsage = Field(description="the summary request's")
+
+
 class ResponseDeleted(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str
@@ -246,7 +278,11 @@ class ResponseDeleted(BaseModel):
 class ResponseStreamEvent(BaseModel):
     """One `data:` of the SSE stream a `stream: true` turn answers with (its `event:` line repeats `type`). Each
     output item's events are framed by `response.output_item.added` and `.done`; the stream ends with
-    `response.completed` or `response.incomplete` after the turn is stored, and is cut with no ending otherwise."""
+    `response.completed` or `response.incomplete` after the turn is stored, and is cut with no ending otherwise. A
+    background response's stream opens with `response.created` and `response.queued`, and may end with
+    `response.failed` or `response.cancelled`. A
+    turn that compacted its context opens its output with the compaction item, `response.compaction.compacting`
+    between that item's `.added` and `.done`."""
 
     model_config = ConfigDict(extra="forbid")
     type: Literal[
@@ -260,11 +296,17 @@ class ResponseStreamEvent(BaseModel):
         "response.function_call_arguments.delta",
         "response.function_call_arguments.done",
         "response.output_item.done",
+        "response.compaction.compacting",
         "response.completed",
         "response.incomplete",
+        "response.queued",
+        "response.failed",
+        "response.cancelled",
     ]
     sequence_number: int = Field(description="0, 1, 2, ... in the order sent")
-    response: Response | None = Field(default=None, description="created, in_progress, completed, incomplete")
+    response: Response | None = Field(
+        default=None, description="created, in_progress, completed, incomplete; queued, failed, cancelled"
+    )
     output_index: int | None = None
     item_id: str | None = None
     content_index: int | None = None

@@ -33,7 +33,8 @@ class _Call:
 
 
 class ChunkTranslator:
-    def __init__(self) -> None:
+    def __init__(self, *, first_index: int = 0) -> None:
+        self._first = first_index  # the output index of the first item the backend starts (after a compaction: 1)
         self._opened: list[_Text | _Call] = []
         self._text: _Text | None = None
         self._calls: dict[int, _Call] = {}
@@ -78,7 +79,7 @@ class ChunkTranslator:
     def _text_delta(self, content: str) -> list[dict[str, Any]]:
         events = []
         if self._text is None:
-            self._text = _Text(len(self._opened))
+            self._text = _Text(self._first + len(self._opened))
             self._opened.append(self._text)
             item = message_item("", item_id=self._text.item_id, status="in_progress")
             item["content"] = []
@@ -114,7 +115,7 @@ class ChunkTranslator:
             name = function.get("name")
             if not isinstance(name, str):
                 raise BackendError("the model backend started a tool call without a name")
-            call = _Call(len(self._opened), delta.get("id"), name)
+            call = _Call(self._first + len(self._opened), delta.get("id"), name)
             self._calls[index] = call
             self._opened.append(call)
             item = call_item(call.call_id, call.name, "", item_id=call.item_id, status="in_progress")

@@ -7,12 +7,14 @@ response; a turn that cannot be completed raises StreamBrokenOff, having stored 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import orjson
 
 from statestore.errors import StatestoreError, StreamBrokenOff
+from statestore.responses.prepared import PreparedResponse
 from statestore.responses.stream import ChunkTranslator, SequencedEvents
-from statestore.responses.turns import PreparedResponse, ResponseTurns
+from statestore.responses.turns import ResponseTurns
 from statestore.store.engine import DATABASE_ERRORS
 from statestore.upstream.client import StreamInterrupted, UpstreamResponse
 from statestore.upstream.sse import SSEParser
@@ -34,7 +36,9 @@ async def turn_events(
     if announce:
         yield numbered.frame({"type": "response.created", "response": skeleton})
     yield numbered.frame({"type": "response.in_progress", "response": skeleton})
-    parser, translator = SSEParser(), ChunkTranslator()
+    for compacting in _compaction_events(prepared.compaction) if prepared.compaction is not None else ():
+        yield numbered.frame(compacting)
+    parser, translator = SSEParser(), ChunkTranslator(first_index=1 if prepared.compaction is not None else 0)
     try:
         async for chunk in upstream.chunks():
             for event in parser.feed(chunk):
@@ -49,6 +53,7 @@ async def turn_events(
     closing, output, status, incomplete, usage = translator.finish()
     for closing_event in closing:
         yield numbered.frame(closing_event)
+    output = with_compaction(prepared, output)
     response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
     body = orjson.dumps(response)
     prepared.committing = True  # from here on a cancel lets the turn complete (responses/background_runs.py)
@@ -60,3 +65,18 @@ async def turn_events(
         raise StreamBrokenOff("the conversation's lease was lost; completion withheld")
     final = "response.completed" if status == "completed" else "response.incomplete"
     yield numbered.frame_response(final, body)
+
+
+def with_compaction(prepared: PreparedResponse, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The turn's output: the compaction item first when the turn compacted its context (RESPONSES.md)."""
+    return [prepared.compaction, *output] if prepared.compaction is not None else output
+
+
+def _compaction_events(item: dict[str, Any]) -> list[dict[str, Any]]:
+    """The compaction item as output item 0. The summary was made before the stream began (so that a failing backend
+    is still an HTTP error, as for any turn): its events come at once, in the order the SDK's accumulator expects."""
+    return [
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {"type": "response.compaction.compacting", "item_id": item["id"], "output_index": 0},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+    ]

@@ -5,28 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 from typing import Any
-
-import orjson
 
 from statestore.auth import Principal
 from statestore.clock import Clock
 from statestore.metrics import Metrics, ResponseTurnKind, ThreadTurnOutcome
 from statestore.policy import Policy
-from statestore.responses import context
 from statestore.responses.backend_window import with_window
+from statestore.responses.compaction import stored_inputs
+from statestore.responses.compaction_seal import CompactionSeal
 from statestore.responses.context import (
-    Base,
-    Move,
-    Summarize,
     cache_key,
     cached_chain,
-    chain_base,
     chain_context,
     conversation_cache_key,
     conversation_context,
-    kept_after,
     remember_conversation,
     remember_head,
     window_for,
@@ -39,13 +32,13 @@ from statestore.responses.errors import (
 )
 from statestore.responses.ids import looks_like, new_id
 from statestore.responses.items import join_rendered, stored
+from statestore.responses.prepared import PreparedResponse
 from statestore.responses.reply import response_object
-from statestore.responses.request import TurnRequest, chat_body
+from statestore.responses.request import TurnRequest
 from statestore.store.cache import HistoryCache
 from statestore.store.conversation_store import ConversationStore, Locked
-from statestore.store.response_records import ContextRecord, NewResponse, ResponseRow, StoredItem
+from statestore.store.response_records import NewResponse
 from statestore.store.response_store import ResponseStore
-from statestore.threads import planner
 from statestore.threads.ids import new_lease_token
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
@@ -56,110 +49,6 @@ def turn_kind(turn: TurnRequest) -> ResponseTurnKind:
     if turn.previous_response_id is not None:
         return "continue"
     return "conversation" if turn.conversation_id is not None else "create"
-
-
-@dataclass(slots=True)
-class PreparedResponse:
-    turn: TurnRequest
-    principal: Principal
-    response_id: str
-    created_at: int
-    ttl_ms: int
-    parent: ResponseRow | None
-    context: bytes  # the stored chain's (or conversation's) messages, untruncated
-    inputs: list[StoredItem]
-    policy: Policy | None = None
-    window: planner.Window | None = None  # the context policy `truncation: "auto"` applies (PROTOCOL §9)
-    lease: str | None = None
-    position: int = 0  # on a conversation: its position when the lease was taken
-    cache_hit: bool = False  # the context came from the cache (its entry can be extended in place)
-    keeper: LeaseKeeper | None = None
-    done: bool = field(default=False)
-    moved: Move | None = None  # the context's base moved for this request (`plan_context`)
-    outcome: ThreadTurnOutcome | None = None  # as counted in the metrics, once
-    committing: bool = False  # the commit has begun: a background turn's cancel no longer stops it
-    sent_bytes: int = 0  # the bytes of `messages` and tools the backend counts the prompt of
-    # The backend's token count of the last turn (the parent's, or the conversation's) and the bytes it counted.
-    measured: tuple[int, int] = (0, 0)
-    _base: Base | None = None
-
-    @property
-    def base(self) -> Base:
-        """Where this request's context starts before any move: where the parent's turn left it, when this turn
-        manages its context; else the whole chain, as "disabled" forwards it. Found once (it slices the context)."""
-        if self._base is None:
-            managed = self.window is not None and self.turn.conversation_id is None
-            self._base = chain_base(self.parent, self.context) if managed else Base(self.context)
-        return self._base
-
-    def _system(self) -> bytes:
-        instructions = self.turn.instructions
-        return orjson.dumps({"role": "system", "content": instructions}) if instructions is not None else b""
-
-    def _fixed_bytes(self, system: bytes) -> int:
-        tools = self.turn.chat_params.get("tools")
-        return len(system) + (len(orjson.dumps(tools)) if tools else 0)
-
-    async def plan_context(
-        self, summarize: Summarize | None, *, forced: planner.Window | None = None, ratio: float | None = None
-    ) -> None:
-        """Move the context's base when this turn passes the trigger (PROTOCOL §9): before `backend_body`. `forced`:
-        the window of a turn the backend refused, cut whatever the estimate says, at the refusal's `ratio`."""
-        if forced is not None:
-            self.window = forced  # the base it moves to is recorded for the next turn (context_record)
-        if self.window is None:
-            return
-        system = self._system()
-        policy = self.policy
-        ratio = ratio or planner.tokens_per_byte(*self.measured)
-
-        def summary_request(summarised: list[bytes], budget: int) -> bytes:
-            return context.summary_body(
-                self.turn.chat_params,
-                system,
-                model=(policy.summary_model if policy else None) or self.turn.model,
-                max_tokens=budget,
-                summarised=summarised,
-                instructions=policy.summary_instructions if policy else None,
-            )
-
-        self.moved = await context.plan(
-            self.window,
-            self.base,
-            fixed_bytes=self._fixed_bytes(system),
-            new=join_rendered((i.kind, i.rendered) for i in self.inputs),
-            ratio=ratio,
-            summary_request=summary_request,
-            summarize=summarize,
-            force=forced is not None,
-        )
-
-    def backend_body(self) -> bytes:
-        system = self._system()
-        new = join_rendered((i.kind, i.rendered) for i in self.inputs)
-        base = self.moved.base if self.moved is not None else self.base
-        segments = [system, base.head or b"", base.context, new]
-        self.sent_bytes = self._fixed_bytes(system) + base.size + len(new)
-        return chat_body(self.turn.chat_params, segments, stream=self.turn.stream)
-
-    def context_record(
-        self, response_id: str, usage: dict[str, Any] | None, *, segment: bytes, reply_bytes: int
-    ) -> ContextRecord:
-        """What the commit stores of this turn's context: the backend's count of it (the prompt and the reply) and
-        the bytes it counted; on a chain whose context this turn managed, where the next turn's context starts."""
-        total = usage.get("total_tokens") if isinstance(usage, dict) else None
-        tokens = total if isinstance(total, int) and total > 0 else 0
-        counted = self.sent_bytes + reply_bytes if tokens else 0
-        if self.window is None or self.turn.conversation_id is not None:
-            return ContextRecord(tokens, counted)
-        base = self.moved.base if self.moved is not None else self.base
-        if base.whole:
-            return ContextRecord(tokens, counted)
-        head_id: str | None = base.head_id
-        head = None
-        if self.moved is not None and self.moved.action == "summarized":
-            head_id, head = response_id, base.head  # stored once, here; the descendants name this response
-        return ContextRecord(tokens, counted, kept_after(base, segment), head_id, head)
 
 
 class ResponseTurns:
@@ -174,8 +63,10 @@ class ResponseTurns:
         lease_seconds: int,
         metrics: Metrics,
         windows: Windows | None = None,
+        seal: CompactionSeal | None = None,
     ) -> None:
         self.metrics = metrics
+        self.seal = seal  # seals and opens compaction items; None: compaction is unavailable (compaction_seal.py)
         self.windows = windows  # what the backend states of its windows, for a policy's `auto` (PROTOCOL §9)
         self.responses = responses
         self.conversations = conversations
@@ -235,7 +126,7 @@ class ResponseTurns:
             ttl_ms=policy.ttl_for(ttl_header, None) * 1000,
             parent=None,
             context=b"",
-            inputs=[stored(item) for item in turn.input],
+            inputs=stored_inputs(turn.input, self.seal, principal.owner),
             policy=policy,
             window=window_for(policy, turn.truncation, on_conversation=turn.conversation_id is not None),
         )

@@ -17,8 +17,9 @@ a backend received. Control API (JSON):
                               "record_bodies": bool} -> {"ok": true}   a context window for the echo replies (a
                              request over it gets the API's 400 "prompt is too long"); requests whose last
                              message holds `summary_marker` are summary requests (failed with 529 when
-                             `fail_summaries`); `record_bodies: false` keeps long conversations light (bodies
-                             are not recorded)
+                             `fail_summaries`; on /v1/chat/completions the same, in OpenAI's dialect: a 500, and
+                             `context_length_exceeded` over the window); `record_bodies: false` keeps long
+                             conversations light (bodies are not recorded)
     GET  /_control/context   -> {"turns": [{"bytes", "input_tokens", "status", "extends_previous"}...],
                                  "summaries": n}   one entry per /v1/messages request that is not a summary:
                              `extends_previous` says whether its body, up to the end of its messages, starts with
@@ -196,6 +197,8 @@ class FakeBackendApp:
         self._record(scope, body if self._context.record_bodies else b"")
         if scope["path"] == "/v1/messages" and await self._watch_context(body, send):
             return
+        if scope["path"] == echo_chat.PATH and await self._watch_chat_context(body, send):
+            return
         action = self._take_action(scope["method"], scope["path"], body)
         if action is not None:
             await self._play(action, body, send)
@@ -234,6 +237,40 @@ class FakeBackendApp:
         watch.log_turn(body, 400 if problem else 200, tokens)
         if problem is not None:
             await echo.send_error(send, "invalid_request_error", problem, request_id)
+            return True
+        return False
+
+    async def _watch_chat_context(self, body: bytes, send: Send) -> bool:
+        """`_watch_context` for Chat Completions: a summary request is counted (and failed with a 500 when
+        `fail_summaries`); a request over the window is refused as OpenAI does (`code: context_length_exceeded`),
+        counted as the echo's usage counts its prompt (a token per four bytes of its messages and tools)."""
+        watch = self._context
+        if watch.window is None and watch.summary_marker is None:
+            return False
+        request_id = wire.new_request_id()
+        try:
+            request = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return False
+        if watch.is_summary(request):
+            watch.summaries += 1
+            if watch.fail_summaries:
+                failed = {"error": {"message": "down", "type": "server_error", "param": None, "code": None}}
+                await echo.send_json(send, 500, orjson.dumps(failed), request_id)
+                return True
+            return False
+        sized = orjson.dumps(request.get("messages")) + orjson.dumps(request.get("tools") or [])
+        tokens = -(-len(sized) // 4)
+        over = watch.window is not None and tokens > watch.window
+        watch.log_turn(body, 400 if over else 200, tokens)
+        if over:
+            message = (
+                f"This model's maximum context length is {watch.window} tokens. "
+                f"However, your messages resulted in {tokens} tokens."
+            )
+            error = {"message": message, "type": "invalid_request_error", "param": "messages"}
+            refused = {"error": {**error, "code": "context_length_exceeded"}}
+            await echo.send_json(send, 400, orjson.dumps(refused), request_id)
             return True
         return False
 
