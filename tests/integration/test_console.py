@@ -11,6 +11,7 @@ ones the README shows: `make console-screenshots`)."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from datetime import datetime
 
@@ -451,18 +452,27 @@ def test_the_overview_counts_both_doors_and_a_purge_from_it_is_a_run(
         responses.responses.create(model="echo-1", input="b", previous_response_id=first.id)
         conversation = responses.conversations.create()
         responses.responses.create(model="echo-1", input="c", conversation=conversation.id)
+        queued = responses.responses.create(model="echo-1", input="later", background=True)
+        while responses.responses.retrieve(queued.id).status != "completed":
+            time.sleep(0.05)
+        responses.responses.cancel(queued.id)  # finished: returned as it is, and counted completed
     stats, today = admin.stats(), admin.ok("GET", "/usage", days=1)["data"][-1]
 
     # The tenant's page counts both doors too.
     go(console, console_server, f"/tenants/{tenant['id']}")
     assert text_of(console, "tenant-messages").startswith("Messages API: 1 live threads, 4 messages")
-    assert text_of(console, "tenant-responses").startswith("Responses API: 3 live responses, 1 live conversations;")
+    assert text_of(console, "tenant-responses").startswith("Responses API: 4 live responses, 1 live conversations;")
 
     go(console, console_server, "")
+    assert int(text_of(console, "background-finished")) == stats["background_completed"] >= 1
     for tile, name in (
         ("live-threads", "live_threads"),
         ("live-responses", "live_responses"),
         ("live-conversations", "live_conversations"),
+        ("background-queued", "background_queued"),
+        ("background-running", "background_running"),
+        ("background-failed", "background_failed"),
+        ("background-cancelled", "background_cancelled"),
     ):
         assert int(text_of(console, tile)) == stats[name], tile
     # Today's bar of each chart: the Messages door's part at the bottom, the Responses door's on top of it.

@@ -331,3 +331,25 @@ def test_cancel_a_queued_turn_from_another_replica_and_the_owners_bound(
         assert b.responses.create(model="echo-1", input="now there is room", background=True).status == "queued"
         stats = admin.get("/admin/v1/stats").json()
         assert stats["background_queued"] == 2 and stats["background_cancelled"] == 1
+
+
+def test_background_turns_on_the_embedded_default(
+    responses_sqlite_server: StatestoreServer, backend: FakeBackend, api_key: str
+) -> None:
+    """SQLite and no Redis: the events live in the process, which is every replica there is."""
+    with openai.OpenAI(base_url=responses_sqlite_server.url + "/v1", api_key=api_key, max_retries=0) as client:
+        stall(backend, 0.5, events=2)
+        seen: list[Any] = []
+        with client.responses.create(model="echo-1", input="on sqlite", background=True, stream=True) as stream:
+            for event in stream:
+                seen.append(event)
+                if event.type == "response.in_progress":
+                    break
+        rest = list(raw_events(responses_sqlite_server.url, api_key, seen[0].response.id, seen[-1].sequence_number))
+        numbers = [e.sequence_number for e in seen] + [e["sequence_number"] for e in rest]
+        assert numbers == list(range(len(numbers)))
+        assert final(client, seen[0].response.id).output_text == "echo: on sqlite"
+        stall(backend, 20.0, events=2)
+        running = client.responses.create(model="echo-1", input="stop me", background=True)
+        wait_for(lambda: client.responses.retrieve(running.id).status == "in_progress")
+        assert client.responses.cancel(running.id).status == "cancelled"
