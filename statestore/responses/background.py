@@ -113,9 +113,9 @@ class BackgroundTurns:
             )
         except (EventLogUnavailable, Superseded) as exc:
             log.warning("background events not kept", extra={"response_id": job.id, "error": str(exc)})
-        stored = await self.store.get(principal.owner, job.id, now_ms=now) if claimed else None
-        if stored is not None:
-            runner.launch(Held(stored, started=room, prepared=prepared))
+        if claimed:
+            held = Held(job.as_claimed(started=room), started=room, prepared=prepared, headers=headers)
+            runner.launch(held)
         else:
             await self.turns.hand_over(prepared)
         return job.id, body, frames

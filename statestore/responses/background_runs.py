@@ -119,6 +119,7 @@ class Held:
     job: BackgroundJob
     started: bool  # its row says in_progress (else queued, waiting for a worker here)
     prepared: PreparedResponse | None = None  # taken at admission (a conversation's lease with it)
+    headers: list[tuple[bytes, bytes]] | None = None  # the admitting request's, as the row keeps them
     task: asyncio.Task[None] | None = None
     stop: str | None = None  # why the run was stopped: "cancel", "lost", "shutdown"
     ending: bool = False
@@ -302,12 +303,15 @@ class BackgroundRunner:
 
     async def _execute(self, held: Held) -> None:
         job = held.job
-        turn = read_turn(job.request)
-        turn.stream = True  # a background turn's events are published as they come, whoever asked for JSON
-        headers = decode_headers(job.headers)
-        principal = await self.authenticator.authenticate(headers)
+        headers = held.headers if held.headers is not None else decode_headers(job.headers)
         prepared = held.prepared
-        if prepared is None:
+        if prepared is not None:
+            principal = prepared.principal
+            prepared.turn.stream = True  # a background turn's events are published as they come, whoever asked
+        else:
+            turn = read_turn(job.request)
+            turn.stream = True
+            principal = await self.authenticator.authenticate(headers)
             ttl = next((value for name, value in headers if name == b"statestore-ttl"), None)
             try:
                 prepared = await self.turns.prepare(
@@ -317,8 +321,6 @@ class BackgroundRunner:
                 await self._end(held, "failed", error={"code": exc.code or "server_error", "message": exc.message})
                 return
             held.prepared = prepared
-        else:
-            prepared.turn.stream = True
         publisher = held.publisher = Publisher(self.events, job.id, job.attempt, prepared.ttl_ms)
         numbered = SequencedEvents()
         numbered.next = held.next_seq

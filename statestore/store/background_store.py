@@ -79,6 +79,24 @@ class NewJob:
     now_ms: int
     expires_ms: int
 
+    def as_claimed(self, *, started: bool) -> BackgroundJob:
+        """The row `admit` wrote for a turn its caller claimed (attempt 1), without reading it back."""
+        return BackgroundJob(
+            id=self.id,
+            owner=self.owner,
+            tenant_id=self.tenant_id,
+            conversation_id=self.conversation_id,
+            status="in_progress" if started else "queued",
+            request=self.request,
+            headers=self.headers,
+            body=self.body,
+            attempt=1,
+            conversation_lease=self.conversation_lease,
+            cancel_requested=False,
+            created_ms=self.now_ms,
+            expires_ms=self.expires_ms,
+        )
+
 
 class BackgroundStore:
     def __init__(self, engine: AsyncEngine) -> None:

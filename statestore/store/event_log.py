@@ -80,6 +80,11 @@ return 1
 """
 
 
+# Longer than a follower's blocking read (responses/background.py waits a second at a time), short enough that a
+# Redis that hangs stops a run's publishing, not the run.
+_TIMEOUT = 5.0
+
+
 def _entry_id(seq: int) -> str:
     return f"0-{seq + 1}"
 
@@ -98,9 +103,9 @@ class RedisEventLog:
         plain, cluster = split_cluster_flag(url)
         client: Any
         if cluster:
-            client = aioredis.RedisCluster.from_url(plain, socket_timeout=None, socket_connect_timeout=2.0)
+            client = aioredis.RedisCluster.from_url(plain, socket_timeout=_TIMEOUT, socket_connect_timeout=2.0)
         else:
-            client = aioredis.Redis.from_url(plain, socket_timeout=None, socket_connect_timeout=2.0)
+            client = aioredis.Redis.from_url(plain, socket_timeout=_TIMEOUT, socket_connect_timeout=2.0)
         self._redis: Any = client
         self._prefix = prefix
         self._cap = cap
