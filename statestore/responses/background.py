@@ -140,10 +140,9 @@ class BackgroundTurns:
         if held is not None:
             self.runner.stop_local(response_id, "cancel")
             await asyncio.wait_for(asyncio.shield(held.done.wait()), CANCEL_WAIT_SECONDS)
-        elif status == "queued":
-            await self._cancel_unclaimed(owner, response_id)
-        elif status is not None:
-            # Running on another replica, which looks for cancels four times a second.
+        elif status is not None and not (status == "queued" and await self._cancel_unclaimed(owner, response_id)):
+            # Held by another replica (running, or queued for a worker there), which looks for cancels four times a
+            # second.
             deadline = time.monotonic() + CANCEL_WAIT_SECONDS
             while time.monotonic() < deadline:
                 found = await self.store.get(owner, response_id, now_ms=self.clock())
@@ -163,14 +162,15 @@ class BackgroundTurns:
             self.runner.stop_local(response_id, "cancel")
         return await self.store.delete(owner, response_id)
 
-    async def _cancel_unclaimed(self, owner: str, response_id: str) -> None:
+    async def _cancel_unclaimed(self, owner: str, response_id: str) -> bool:
+        """End a turn no replica holds as cancelled; False when one holds it (it then sees the cancel itself)."""
         job = await self.store.get(owner, response_id, now_ms=self.clock())
         if job is None:
-            return
+            return False
         body = with_status(job.body, "cancelled")
         ended = await self.store.end_unclaimed(response_id, status="cancelled", body=body, now_ms=self.clock())
         if ended is None:
-            return  # a replica claimed it meanwhile: it sees the cancel as it starts
+            return False
         if ended.conversation_id is not None and ended.conversation_lease is not None:
             await self.turns.conversations.release(ended.conversation_id, ended.conversation_lease)
         try:
@@ -181,6 +181,7 @@ class BackgroundTurns:
         except (EventLogUnavailable, Superseded):
             pass
         self.runner.metrics.count_background_turn("cancelled")
+        return True
 
     async def follow(self, owner: str, response_id: str, after: int) -> AsyncIterator[bytes]:
         """The events of a background response numbered above `after`, live until its final event. When its events

@@ -245,6 +245,7 @@ class BackgroundStore:
             return None
         status, claim_expires = row
         # A turn whose claim ran out is as good as queued: nobody runs it, and whoever claims it next sees the flag.
+        # (A queued one a replica holds, waiting for a worker there, stays "queued": that replica ends it.)
         return "queued" if claim_expires is None or claim_expires <= now_ms else str(status)
 
     async def end_unclaimed(self, response_id: str, *, status: str, body: bytes, now_ms: int) -> BackgroundJob | None:

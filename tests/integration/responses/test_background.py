@@ -353,3 +353,28 @@ def test_background_turns_on_the_embedded_default(
         running = client.responses.create(model="echo-1", input="stop me", background=True)
         wait_for(lambda: client.responses.retrieve(running.id).status == "in_progress")
         assert client.responses.cancel(running.id).status == "cancelled"
+
+
+def test_cancel_a_turn_queued_on_another_replica_frees_its_conversation(
+    own_db_replicas: Callable[..., StatestoreServer], backend: FakeBackend, api_key: str
+) -> None:
+    busy = own_db_replicas(background_workers="1")
+    other = own_db_replicas(background_workers="0")
+    with (
+        openai.OpenAI(base_url=busy.url + "/v1", api_key=api_key, max_retries=0) as a,
+        openai.OpenAI(base_url=other.url + "/v1", api_key=api_key, max_retries=0) as b,
+    ):
+        stall(backend, 20.0, events=2)
+        running = a.responses.create(model="echo-1", input="occupies the worker", background=True)
+        wait_for(lambda: b.responses.retrieve(running.id).status == "in_progress")
+        conversation = a.conversations.create()
+        waiting = a.responses.create(model="echo-1", input="waits", background=True, conversation=conversation.id)
+        with pytest.raises(openai.BadRequestError):
+            b.responses.create(model="echo-1", input="meanwhile", conversation=conversation.id)
+        started = time.monotonic()
+        assert b.responses.cancel(waiting.id).status == "cancelled"
+        assert time.monotonic() - started < 1.5
+        # the conversation is free again, and holds nothing of the cancelled turn
+        assert b.responses.create(model="echo-1", input="now", conversation=conversation.id).output_text == "echo: now"
+        assert len(b.conversations.items.list(conversation.id).data) == 2
+        assert b.responses.cancel(running.id).status == "cancelled"
