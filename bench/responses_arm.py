@@ -19,8 +19,10 @@ Arms, interleaved each round:
             (stored, so the head moves on), and a regenerate from the response below the head (stored: a new
             sibling each time), whose context is rebuilt from the database
 The history is the same text for every arm: alternating user and assistant messages with escapes and non-ASCII.
-Needs PostgreSQL and Redis as `make bench` does (STATESTORE_BENCH_PG / STATESTORE_BENCH_REDIS); the scratch
-database and the Redis prefix are removed at the end. Prints a table and writes JSON to $TMPDIR.
+Runs on a PostgreSQL cluster and a redis-server of its own (bench/throwaway.py), so that nothing else on the machine
+lands on the bill; with --services shared, on the ones `make bench` uses (STATESTORE_BENCH_PG /
+STATESTORE_BENCH_REDIS). The scratch database and the Redis prefix are removed at the end. Prints a table and writes
+JSON to $TMPDIR.
 """
 
 from __future__ import annotations
