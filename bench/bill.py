@@ -3,9 +3,10 @@ read from /proc (`se.sum_exec_runtime` of every thread, nanoseconds) before and 
 
 The database's and Redis's processes also work for nobody in particular (the checkpointer, the WAL writer,
 autovacuum, Redis's cron): their rate is measured over a quiet spell before the run and subtracted from each batch
-for its duration, and what remains is charged to the batch's turns. Run it on a machine that does nothing else: a
-test suite on the same PostgreSQL lands on the bill. PostgreSQL's processes are found from its data directory's
-postmaster.pid (so the bench must run where the server runs, as root or as its owner), Redis's from `INFO server`.
+for its duration, and what remains is charged to the batch's turns. Anything else on the same PostgreSQL or Redis
+lands on the bill too, so the benches bill services of their own (bench/throwaway.py). PostgreSQL's processes are
+found from its data directory's postmaster.pid (so the bench must run where the server runs, as root or as its
+owner), Redis's from `INFO server`.
 """
 
 from __future__ import annotations

@@ -5,9 +5,9 @@ chain `--depth` deep), read from `pg_stat_statements`.
     .venv/bin/python -m bench.pg_statements                     # 200 turns an arm
     .venv/bin/python -m bench.pg_statements --turns 20          # a smoke run
 
-The bench starts a throwaway cluster of its own (initdb and pg_ctl from STATESTORE_BENCH_PG_BIN, by default
-/usr/lib/postgresql/15/bin, under $TMPDIR, with `shared_preload_libraries = pg_stat_statements`), so the counters
-are statestore's alone; Redis is the machine's (STATESTORE_BENCH_REDIS). Run as root, the cluster runs as the
+The bench starts a throwaway cluster of its own (bench/throwaway.py: initdb and pg_ctl from STATESTORE_BENCH_PG_BIN,
+by default /usr/lib/postgresql/15/bin, under $TMPDIR, with `shared_preload_libraries = pg_stat_statements`), so the
+counters are statestore's alone; Redis is the machine's (STATESTORE_BENCH_REDIS). Run as root, the cluster runs as the
 `postgres` user. Arms run one after the other, the counters reset before each; every arm's figures are per turn.
 `wal` is the WAL the statement wrote; `blks` the shared buffers it touched (hit + read). Prints a table and writes
 JSON to $TMPDIR.
@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import pwd
-import shutil
-import subprocess
 import tempfile
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +30,7 @@ import orjson
 from bench.harness import DEFAULT_REDIS, _statestore_env, redis_prefix
 from bench.procs import Service, free_port, python
 from bench.responses_arm import Arms, DeepChain, history
-
-DEFAULT_BIN = "/usr/lib/postgresql/15/bin"
+from bench.throwaway import postgres_cluster
 
 _STATEMENTS = """
 SELECT queryid, query, calls, total_exec_time, rows, shared_blks_hit + shared_blks_read AS blks, wal_bytes,
@@ -44,53 +39,6 @@ FROM pg_stat_statements
 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())
 ORDER BY total_exec_time DESC
 """
-
-
-def _as_owner(argv: list[str]) -> list[str]:
-    """PostgreSQL refuses to run as root: the cluster then runs as `postgres`."""
-    return ["runuser", "-u", "postgres", "--", *argv] if os.geteuid() == 0 else argv
-
-
-@contextlib.contextmanager
-def throwaway_cluster(bin_dir: Path, work: Path) -> Iterator[str]:
-    """A PostgreSQL cluster of the bench's own, with pg_stat_statements, and its admin DSN; stopped and removed at
-    the end."""
-    data = work / "pgdata"
-    data.mkdir()
-    if os.geteuid() == 0:
-        owner = pwd.getpwnam("postgres")
-        os.chown(work, owner.pw_uid, owner.pw_gid)
-        os.chown(data, owner.pw_uid, owner.pw_gid)
-    user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
-    subprocess.run(
-        _as_owner([str(bin_dir / "initdb"), "-D", str(data), "-U", user, "--auth=trust", "-E", "UTF8"]),
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    port = free_port()
-    settings = {
-        "port": str(port),
-        "listen_addresses": "'127.0.0.1'",
-        "unix_socket_directories": f"'{work}'",
-        "shared_preload_libraries": "'pg_stat_statements'",
-        "pg_stat_statements.track": "all",
-        "pg_stat_statements.track_utility": "off",
-        "track_io_timing": "on",
-    }
-    with (data / "postgresql.conf").open("a") as conf:
-        conf.writelines(f"{name} = {value}\n" for name, value in settings.items())
-    ctl = str(bin_dir / "pg_ctl")
-    subprocess.run(
-        _as_owner([ctl, "-D", str(data), "-l", str(work / "postgres.log"), "-w", "start"]),
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        yield f"postgresql://{user}@127.0.0.1:{port}/postgres"
-    finally:
-        stop = _as_owner([ctl, "-D", str(data), "-m", "fast", "-w", "stop"])
-        subprocess.run(stop, check=False, stdout=subprocess.DEVNULL)  # the data goes either way
-        shutil.rmtree(data, ignore_errors=True)
 
 
 async def _admin(dsn: str, sql: str) -> None:
@@ -147,12 +95,11 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=200, help="turns an arm (default 200)")
     parser.add_argument("--depth", type=int, default=200, help="the branch arm's chain depth (default 200)")
     args = parser.parse_args()
-    bin_dir = Path(os.environ.get("STATESTORE_BENCH_PG_BIN", DEFAULT_BIN))
     redis_url = os.environ.get("STATESTORE_BENCH_REDIS", DEFAULT_REDIS)
     work = Path(tempfile.mkdtemp(prefix="statestore-bench-pgstat-"))
     backend_port, statestore_port = free_port(), free_port()
     backend_url, statestore_url = f"http://127.0.0.1:{backend_port}", f"http://127.0.0.1:{statestore_port}"
-    with throwaway_cluster(bin_dir, work) as admin_dsn, redis_prefix(redis_url) as prefix:
+    with postgres_cluster(work, statements=True) as admin_dsn, redis_prefix(redis_url) as prefix:
         base, _, _ = admin_dsn.rpartition("/")
         database = f"{base}/statestore"
         asyncio.run(_admin(admin_dsn, "CREATE DATABASE statestore"))

@@ -19,14 +19,17 @@ Arms, interleaved each round:
             (stored, so the head moves on), and a regenerate from the response below the head (stored: a new
             sibling each time), whose context is rebuilt from the database
 The history is the same text for every arm: alternating user and assistant messages with escapes and non-ASCII.
-Needs PostgreSQL and Redis as `make bench` does (STATESTORE_BENCH_PG / STATESTORE_BENCH_REDIS); the scratch
-database and the Redis prefix are removed at the end. Prints a table and writes JSON to $TMPDIR.
+Runs on a PostgreSQL cluster and a redis-server of its own (bench/throwaway.py), so that nothing else on the machine
+lands on the bill; with --services shared, on the ones `make bench` uses (STATESTORE_BENCH_PG /
+STATESTORE_BENCH_REDIS). The scratch database and the Redis prefix are removed at the end. Prints a table and writes
+JSON to $TMPDIR.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import tempfile
@@ -41,6 +44,7 @@ import orjson
 from bench.bill import Bill, Meter, add
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
 from bench.procs import Service, free_port, python
+from bench.throwaway import postgres_cluster, redis_server
 
 SIZES = {"2k": 8 * 1024, "200k": 800 * 1024}
 BETA = "message-threads-2026-08-12"
@@ -252,14 +256,28 @@ def main() -> None:
     parser.add_argument(
         "--depths", default="", help="chain depths for the head@D and branch@D arms, e.g. 20,200,1000 (default none)"
     )
+    parser.add_argument(
+        "--services",
+        choices=("own", "shared"),
+        default="own",
+        help="own (default): a throwaway PostgreSQL cluster and redis-server of the run's own (bench/throwaway.py); "
+        "shared: the ones STATESTORE_BENCH_PG and STATESTORE_BENCH_REDIS name, whose other users land on the bill",
+    )
     args = parser.parse_args()
     depths = [int(d) for d in args.depths.split(",") if d]
-    admin_dsn = os.environ.get("STATESTORE_BENCH_PG", DEFAULT_PG)
-    redis_url = os.environ.get("STATESTORE_BENCH_REDIS", DEFAULT_REDIS)
     work = Path(tempfile.mkdtemp(prefix="statestore-bench-responses-"))
     backend_port, statestore_port = free_port(), free_port()
     backend_url, statestore_url = f"http://127.0.0.1:{backend_port}", f"http://127.0.0.1:{statestore_port}"
-    with scratch_database(admin_dsn) as database, redis_prefix(redis_url) as prefix:
+    with contextlib.ExitStack() as services:
+        # Their own, unless told: the bill charges the turns whatever the services' processes do.
+        if args.services == "own":
+            admin_dsn = services.enter_context(postgres_cluster(work))
+            redis_url = services.enter_context(redis_server(work))
+        else:
+            admin_dsn = os.environ.get("STATESTORE_BENCH_PG", DEFAULT_PG)
+            redis_url = os.environ.get("STATESTORE_BENCH_REDIS", DEFAULT_REDIS)
+        database = services.enter_context(scratch_database(admin_dsn))
+        prefix = services.enter_context(redis_prefix(redis_url))
         env = _statestore_env(database, redis_url, prefix, backend_url, "WARNING")
         env["STATESTORE_CHAT_UPSTREAM_URL"] = backend_url
         backend = Service(

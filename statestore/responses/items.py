@@ -154,14 +154,16 @@ def join_rendered(pieces: Iterable[tuple[str, bytes]]) -> bytes:
     out: list[bytes] = []
     calls: list[bytes] = []
     for kind, rendered in pieces:
-        if kind == "call":
+        if kind == "message":  # the common case first: a rebuild at depth joins thousands
+            if calls:
+                out.append(_CALLS_OPEN + b",".join(calls) + b"]}")
+                calls = []
+            out.append(rendered)
+        elif kind == "call":
             calls.append(rendered)
-            continue
-        if calls:
+        elif calls:
             out.append(_CALLS_OPEN + b",".join(calls) + b"]}")
             calls = []
-        if kind == "message":
-            out.append(rendered)
     if calls:
         out.append(_CALLS_OPEN + b",".join(calls) + b"]}")
     return b",".join(out)

@@ -20,9 +20,15 @@ import secrets
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
+from typing import Any, TypeAlias
 
 _HEAD = struct.Struct("<16sI")  # fingerprint, items
 _RUN = struct.Struct("<qI")  # run key, end position
+# A row of a read of the runs: (response id, kind, rendering), an asyncpg Record or a SQLAlchemy Row as read (a
+# branch at depth reads thousands: they are not copied into tuples first).
+Row: TypeAlias = Sequence[Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +63,11 @@ def fingerprint(parent: bytes, response_id: str) -> bytes:
 
 
 def path_fingerprint(response_ids: Iterable[str]) -> bytes:
+    """`fingerprint` along the path; a branch at depth D checks D + 1 of them, so the loop calls the hash itself."""
+    blake2b = hashlib.blake2b
     found = b""
     for response_id in response_ids:
-        found = fingerprint(found, response_id)
+        found = blake2b(found + response_id.encode(), digest_size=16).digest()
     return found
 
 
@@ -94,18 +102,17 @@ def place(parent_runs: bytes | None, *, is_root: bool, response_id: str, count: 
     return Placement(last_key, last_end, extended.encode(), new_run, started.encode())
 
 
-def segments_of(runs: Runs, rows: Sequence[tuple[str, str, bytes]], depth: int) -> list[list[tuple[str, bytes]]] | None:
+def segments_of(runs: Runs, rows: Sequence[Row], depth: int) -> list[list[tuple[str, bytes]]] | None:
     """The (kind, rendering) of each response's items, oldest first, from the read of `runs`' prefixes (rows of
-    response id, kind, rendering in path order); None unless they are exactly the path's items."""
+    response id, kind, rendering in path order, as the driver returns them); None unless they are exactly the path's
+    items."""
     if len(rows) != runs.items:
         return None
     ids: list[str] = []
     segments: list[list[tuple[str, bytes]]] = []
-    for response_id, kind, rendered in rows:
-        if not ids or ids[-1] != response_id:
-            ids.append(response_id)
-            segments.append([])
-        segments[-1].append((kind, rendered))
+    for response_id, items in groupby(rows, key=itemgetter(0)):
+        ids.append(response_id)
+        segments.append([(item[1], item[2]) for item in items])
     if len(ids) != depth + 1 or path_fingerprint(ids) != runs.fingerprint:
         return None
     return segments

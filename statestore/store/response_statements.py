@@ -262,10 +262,9 @@ class PgResponseStatements:
         """(depth, kind, rendered) of the chain ending at `head_id`, as CHAIN_CONTEXT orders them."""
         return await self._pg.fetch(CHAIN_CONTEXT, OfResponse(response_id=head_id))
 
-    async def run_items(self, keys: list[int], ends: list[int]) -> list[tuple[str, str, bytes]]:
+    async def run_items(self, keys: list[int], ends: list[int]) -> list[asyncpg.Record]:
         """(response id, kind, rendered) of the runs' prefixes, as RUN_ITEMS orders them."""
-        rows = await self._pg.fetch(RUN_ITEMS, OfRuns(keys=keys, ends=ends))
-        return [(row[0], row[1], row[2]) for row in rows]
+        return await self._pg.fetch(RUN_ITEMS, OfRuns(keys=keys, ends=ends))
 
     async def pointed_items(self, response_id: str) -> list[tuple[str, bytes]]:
         rows = await self._pg.fetch(POINTED_ITEMS, OfResponse(response_id=response_id))

@@ -8,6 +8,7 @@ PostgreSQL the hot statements (get, the chain's items, commit) run as asyncpg pr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import and_, case, delete, func, literal, null, select, union_all
@@ -15,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.store.leased_log import LeasedLog
 from statestore.store.response_records import NewResponse, ResponseRow
-from statestore.store.response_runs import Runs, decode, segments_of
+from statestore.store.response_runs import Row, Runs, decode, segments_of
 from statestore.store.response_statements import GetResponse, PgResponseStatements
 from statestore.store.schema import conversation_items, conversations, response_items, responses
 
@@ -104,7 +105,7 @@ class ResponseStore:
             return None
         return segments
 
-    async def _run_items(self, runs: Runs) -> list[tuple[str, str, bytes]]:
+    async def _run_items(self, runs: Runs) -> Sequence[Row]:
         if self._pg is not None:
             return await self._pg.run_items(runs.keys, runs.ends)
         prefixes = [
@@ -120,7 +121,7 @@ class ResponseStore:
         both = union_all(*prefixes).subquery()
         query = select(both.c.response_id, both.c.kind, both.c.rendered).order_by(both.c.run_order, both.c.run_position)
         async with self.engine.connect() as conn:
-            return [(row[0], row[1], row[2]) for row in (await conn.execute(query)).all()]
+            return (await conn.execute(query)).all()
 
     async def _chain_rows(self, head_id: str) -> list[Any]:
         walked = (responses.c.id, responses.c.parent_id, responses.c.depth, responses.c.conversation_position)
