@@ -122,6 +122,14 @@ async def scratch_pg_database(admin_url: str) -> AsyncIterator[str]:
         await admin.dispose()
 
 
+@asynccontextmanager
+async def migrated_scratch_pg_database(admin_url: str) -> AsyncIterator[str]:
+    """`scratch_pg_database`, migrated to head by the real migrations before the block."""
+    async with scratch_pg_database(admin_url) as url:
+        await asyncio.to_thread(upgrade, url)
+        yield url
+
+
 @pytest.fixture
 async def fresh_pg_url(postgres_admin_url: str) -> AsyncIterator[str]:
     async with scratch_pg_database(postgres_admin_url) as url:
@@ -130,8 +138,7 @@ async def fresh_pg_url(postgres_admin_url: str) -> AsyncIterator[str]:
 
 @pytest.fixture(scope="session")
 async def migrated_pg_url(postgres_admin_url: str) -> AsyncIterator[str]:
-    async with scratch_pg_database(postgres_admin_url) as url:
-        await asyncio.to_thread(upgrade, url)
+    async with migrated_scratch_pg_database(postgres_admin_url) as url:
         yield url
 
 

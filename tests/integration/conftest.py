@@ -3,7 +3,6 @@ and on the embedded default (SQLite, in-process cache)."""
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -99,11 +98,9 @@ def server_client(server: StatestoreServer, api_key: str) -> Iterator[anthropic.
 async def private_pg_url(postgres_admin_url: str) -> AsyncIterator[str]:
     """A migrated database for the dedicated servers below, whose retention policy comes from their settings: a
     default policy stored in the shared database (by an admin API test, say) would take precedence there."""
-    from statestore.store.migrate import upgrade
-    from tests.conftest import scratch_pg_database
+    from tests.conftest import migrated_scratch_pg_database
 
-    async with scratch_pg_database(postgres_admin_url) as url:
-        await asyncio.to_thread(upgrade, url)
+    async with migrated_scratch_pg_database(postgres_admin_url) as url:
         yield url
 
 

@@ -4,7 +4,6 @@ window for the doors' ordinary turns, one with a 2,048-token window for long con
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -48,11 +47,9 @@ def artifacts() -> Artifacts:
 
 
 async def _database(postgres_admin_url: str) -> AsyncIterator[str]:
-    from statestore.store.migrate import upgrade
-    from tests.conftest import scratch_pg_database
+    from tests.conftest import migrated_scratch_pg_database
 
-    async with scratch_pg_database(postgres_admin_url) as url:
-        await asyncio.to_thread(upgrade, url)
+    async with migrated_scratch_pg_database(postgres_admin_url) as url:
         yield url
 
 

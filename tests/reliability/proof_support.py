@@ -8,7 +8,6 @@ Each module keeps its own database and Redis prefix: admin requests there change
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import ExitStack, asynccontextmanager, contextmanager
@@ -21,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import NullPool
 
 from statestore.store.schema import api_keys, audit_log, policies, sessions, tenants, thread_messages, threads
-from tests.conftest import scratch_pg_database
+from tests.conftest import migrated_scratch_pg_database
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import StatestoreServer
@@ -191,10 +190,8 @@ class Database:
 @asynccontextmanager
 async def private_database(postgres_admin_url: str) -> AsyncIterator[Database]:
     """A new database migrated to head, dropped afterwards."""
-    from statestore.store.migrate import upgrade
 
-    async with scratch_pg_database(postgres_admin_url) as url:
-        await asyncio.to_thread(upgrade, url)
+    async with migrated_scratch_pg_database(postgres_admin_url) as url:
         database = Database(url)
         try:
             yield database

@@ -8,7 +8,6 @@ tests below each check one property of what happened.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import re
 import secrets
@@ -22,8 +21,7 @@ import pytest
 import redis
 
 from statestore.store.cache_entry import decode_count
-from statestore.store.migrate import upgrade
-from tests.conftest import scratch_pg_database
+from tests.conftest import migrated_scratch_pg_database
 from tests.scaleout.clients import MODEL, RecordingClient, Seen, ThreadApi, message_text, new_api_key, user
 from tests.scaleout.conftest import Fleet, fleet_factory
 from tests.scaleout.processes import RedisClusterProcesses, wait_for
@@ -97,8 +95,7 @@ def keys_of(prefix: str, thread_id: str) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 async def routing_database(postgres_admin_url: str) -> AsyncIterator[str]:
-    async with scratch_pg_database(postgres_admin_url) as url:
-        await asyncio.to_thread(upgrade, url)
+    async with migrated_scratch_pg_database(postgres_admin_url) as url:
         yield url
 
 

@@ -30,8 +30,7 @@ from anthropic.types.beta import BetaMessageParam
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
-from statestore.store.migrate import upgrade
-from tests.conftest import scratch_pg_database
+from tests.conftest import migrated_scratch_pg_database
 from tests.support.server import OWNER_SECRET, REPO, StatestoreServer
 
 THREADS_BETA = "message-threads-2026-08-12"
@@ -303,8 +302,7 @@ class AdminApi:
 @asynccontextmanager
 async def migrated_database(postgres_admin_url: str) -> AsyncIterator[str]:
     """A new PostgreSQL database at head for one test module; dropped afterwards."""
-    async with scratch_pg_database(postgres_admin_url) as url:
-        await asyncio.to_thread(upgrade, url)
+    async with migrated_scratch_pg_database(postgres_admin_url) as url:
         yield url
 
 

@@ -214,19 +214,28 @@ class FakeBackendApp:
 
         await self._echo(scope, replay, send)
 
-    async def _watch_context(self, body: bytes, send: Send) -> bool:
-        """Log a request against the context window; True when it was answered here (a failed summary request, or
-        a request over the window)."""
+    def _watched(self, body: bytes) -> tuple[_ContextWatch, Any, str] | None:
+        """The request the context watch looks at, with a request id for its answer (a summary request counted);
+        None when nothing is watched or the body is not JSON."""
         watch = self._context
         if watch.window is None and watch.summary_marker is None:
-            return False
-        request_id = wire.new_request_id()
+            return None
         try:
             request = orjson.loads(body)
         except orjson.JSONDecodeError:
-            return False
+            return None
         if watch.is_summary(request):
             watch.summaries += 1
+        return watch, request, wire.new_request_id()
+
+    async def _watch_context(self, body: bytes, send: Send) -> bool:
+        """Log a request against the context window; True when it was answered here (a failed summary request, or
+        a request over the window)."""
+        watched = self._watched(body)
+        if watched is None:
+            return False
+        watch, request, request_id = watched
+        if watch.is_summary(request):
             if watch.fail_summaries:
                 overloaded = wire.error_body("overloaded_error", "Overloaded", request_id)
                 await echo.send_json(send, 529, overloaded, request_id)
@@ -244,16 +253,11 @@ class FakeBackendApp:
         """`_watch_context` for Chat Completions: a summary request is counted (and failed with a 500 when
         `fail_summaries`); a request over the window is refused as OpenAI does (`code: context_length_exceeded`),
         counted as the echo's usage counts its prompt (a token per four bytes of its messages and tools)."""
-        watch = self._context
-        if watch.window is None and watch.summary_marker is None:
+        watched = self._watched(body)
+        if watched is None:
             return False
-        request_id = wire.new_request_id()
-        try:
-            request = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return False
+        watch, request, request_id = watched
         if watch.is_summary(request):
-            watch.summaries += 1
             if watch.fail_summaries:
                 failed = {"error": {"message": "down", "type": "server_error", "param": None, "code": None}}
                 await echo.send_json(send, 500, orjson.dumps(failed), request_id)

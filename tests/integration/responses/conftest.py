@@ -3,7 +3,6 @@ strict Chat Completions endpoint (tests/support/fake_backend.py), driven by the 
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import secrets
@@ -38,11 +37,9 @@ WEATHER: Any = {
 @pytest.fixture(scope="session")
 async def responses_pg_url(postgres_admin_url: str) -> AsyncIterator[str]:
     """A database of these tests' own: row counts by owner and the stats are theirs alone."""
-    from statestore.store.migrate import upgrade
-    from tests.conftest import scratch_pg_database
+    from tests.conftest import migrated_scratch_pg_database
 
-    async with scratch_pg_database(postgres_admin_url) as url:
-        await asyncio.to_thread(upgrade, url)
+    async with migrated_scratch_pg_database(postgres_admin_url) as url:
         yield url
 
 

@@ -4,7 +4,6 @@ replica is polled, resumed and cancelled on the other; a replica killed mid-turn
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -44,11 +43,9 @@ def replica(url: str, backend: FakeBackend, redis_url: str, prefix: str, **setti
 
 @pytest.fixture(scope="module")
 async def background_db(postgres_admin_url: str) -> AsyncIterator[str]:
-    from statestore.store.migrate import upgrade
-    from tests.conftest import scratch_pg_database
+    from tests.conftest import migrated_scratch_pg_database
 
-    async with scratch_pg_database(postgres_admin_url) as url:
-        await asyncio.to_thread(upgrade, url)
+    async with migrated_scratch_pg_database(postgres_admin_url) as url:
         yield url
 
 
@@ -245,11 +242,9 @@ def test_events_gone_from_redis_mid_stream_end_from_storage(
 
 @pytest.fixture
 async def own_db(postgres_admin_url: str) -> AsyncIterator[str]:
-    from statestore.store.migrate import upgrade
-    from tests.conftest import scratch_pg_database
+    from tests.conftest import migrated_scratch_pg_database
 
-    async with scratch_pg_database(postgres_admin_url) as url:
-        await asyncio.to_thread(upgrade, url)
+    async with migrated_scratch_pg_database(postgres_admin_url) as url:
         yield url
 
 
