@@ -98,7 +98,7 @@ class BackgroundTurns:
         except BaseException:
             await self.turns.give_back(prepared)
             raise
-        if not admitted:
+        if admitted is None:
             await self.turns.give_back(prepared)
             raise RateLimited(
                 f"Too many background responses queued or running at once (this deployment allows {bound}); try "
@@ -113,9 +113,8 @@ class BackgroundTurns:
             )
         except (EventLogUnavailable, Superseded) as exc:
             log.warning("background events not kept", extra={"response_id": job.id, "error": str(exc)})
-        stored = await self.store.get(principal.owner, job.id, now_ms=now) if claimed else None
-        if stored is not None:
-            runner.launch(Held(stored, started=room, prepared=prepared))
+        if claimed:
+            runner.launch(Held(admitted, started=room, prepared=prepared))
         else:
             await self.turns.hand_over(prepared)
         return job.id, body, frames

@@ -302,12 +302,12 @@ class BackgroundRunner:
 
     async def _execute(self, held: Held) -> None:
         job = held.job
-        turn = read_turn(job.request)
-        turn.stream = True  # a background turn's events are published as they come, whoever asked for JSON
         headers = decode_headers(job.headers)
         principal = await self.authenticator.authenticate(headers)
         prepared = held.prepared
-        if prepared is None:
+        if prepared is None:  # claimed here, not admitted here: the request is read again
+            turn = read_turn(job.request)
+            turn.stream = True  # a background turn's events are published as they come, whoever asked for JSON
             ttl = next((value for name, value in headers if name == b"statestore-ttl"), None)
             try:
                 prepared = await self.turns.prepare(
@@ -318,7 +318,7 @@ class BackgroundRunner:
                 return
             held.prepared = prepared
         else:
-            prepared.turn.stream = True
+            prepared.turn.stream = True  # as above
         publisher = held.publisher = Publisher(self.events, job.id, job.attempt, prepared.ttl_ms)
         numbered = SequencedEvents()
         numbered.next = held.next_seq
