@@ -102,9 +102,11 @@ upgrade-drill: $(STAMP) services
 bench: $(STAMP) services
 	$(BIN)/python -m bench $(BENCH_ARGS)
 
-# The Responses continue beside the threaded continue at 2k and 200k tokens (bench/responses_arm.py).
+# The Responses continue beside the threaded continue at 2k and 200k tokens (bench/responses_arm.py), then background
+# responses beside foreground ones: turns, resumed streams, cancels (bench/background_arm.py).
 bench-responses: $(STAMP) services
 	$(BIN)/python -m bench.responses_arm $(BENCH_ARGS)
+	$(BIN)/python -m bench.background_arm $(BACKGROUND_BENCH_ARGS)
 
 # PostgreSQL's share of a turn, statement by statement, on a throwaway cluster with pg_stat_statements
 # (bench/pg_statements.py).

@@ -98,7 +98,7 @@ class BackgroundTurns:
         except BaseException:
             await self.turns.give_back(prepared)
             raise
-        if not admitted:
+        if admitted is None:
             await self.turns.give_back(prepared)
             raise RateLimited(
                 f"Too many background responses queued or running at once (this deployment allows {bound}); try "
@@ -114,8 +114,7 @@ class BackgroundTurns:
         except (EventLogUnavailable, Superseded) as exc:
             log.warning("background events not kept", extra={"response_id": job.id, "error": str(exc)})
         if claimed:
-            held = Held(job.as_claimed(started=room), started=room, prepared=prepared, headers=headers)
-            runner.launch(held)
+            runner.launch(Held(admitted, started=room, prepared=prepared, headers=headers))
         else:
             await self.turns.hand_over(prepared)
         return job.id, body, frames

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.store.schema import background_responses as bg
@@ -61,6 +61,51 @@ _COLUMNS = (
 )
 
 
+# The two statements every background turn runs, built once (SQLAlchemy then reuses their compiled form).
+_ADMITTED = (
+    bg.c.id,
+    bg.c.owner,
+    bg.c.tenant_id,
+    bg.c.metadata_user_id,
+    bg.c.conversation_id,
+    bg.c.conversation_lease,
+    bg.c.status,
+    bg.c.request,
+    bg.c.headers,
+    bg.c.body,
+    bg.c.claim_token,
+    bg.c.claim_expires_ms,
+    bg.c.attempt,
+    bg.c.cancel_requested,
+    bg.c.created_ms,
+    bg.c.updated_ms,
+    bg.c.expires_ms,
+)
+# The row, unless its owner already has `bound` open turns: one statement, no transaction around a count.
+_ADMIT = insert(bg).from_select(
+    [column.name for column in _ADMITTED],
+    select(*[bindparam(column.name, type_=column.type) for column in _ADMITTED]).where(
+        select(func.count())
+        .select_from(bg)
+        .where(bg.c.owner == bindparam("owner"), bg.c.status.in_(OPEN))
+        .scalar_subquery()
+        < bindparam("bound")
+    ),
+)
+_END = (
+    update(bg)
+    .where(bg.c.id == bindparam("end_id"), bg.c.claim_token == bindparam("end_token"), bg.c.status.in_(OPEN))
+    .values(
+        status=bindparam("end_status"),
+        headers=None,
+        claim_token=None,
+        claim_expires_ms=None,
+        updated_ms=bindparam("end_now"),
+    )
+)
+_END_WITH_BODY = _END.values(body=bindparam("end_body"))
+
+
 def _job(row: Any) -> BackgroundJob:
     return BackgroundJob(**dict(zip(_FIELDS, row, strict=True)))
 
@@ -79,39 +124,23 @@ class NewJob:
     now_ms: int
     expires_ms: int
 
-    def as_claimed(self, *, started: bool) -> BackgroundJob:
-        """The row `admit` wrote for a turn its caller claimed (attempt 1), without reading it back."""
-        return BackgroundJob(
-            id=self.id,
-            owner=self.owner,
-            tenant_id=self.tenant_id,
-            conversation_id=self.conversation_id,
-            status="in_progress" if started else "queued",
-            request=self.request,
-            headers=self.headers,
-            body=self.body,
-            attempt=1,
-            conversation_lease=self.conversation_lease,
-            cancel_requested=False,
-            created_ms=self.now_ms,
-            expires_ms=self.expires_ms,
-        )
-
 
 class BackgroundStore:
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, single_statements: AsyncEngine | None = None) -> None:
+        """`single_statements`: an engine in AUTOCOMMIT for the statements that are atomic by themselves (all but the
+        claim), so they run without a BEGIN and a COMMIT around them."""
         self.engine = engine
+        self._single = single_statements or engine.execution_options(isolation_level="AUTOCOMMIT")
 
     async def admit(
         self, job: NewJob, *, bound: int, claim_token: str | None, claim_until_ms: int, started: bool
-    ) -> bool:
-        """Insert the turn unless its owner already has `bound` open ones (False). With `claim_token` the turn is
-        claimed by the caller at once (attempt 1), and `started` says it runs now (else it waits queued for a worker
-        of the caller's); without, it waits queued for any replica."""
-        open_of_owner = (
-            select(func.count()).select_from(bg).where(bg.c.owner == job.owner, bg.c.status.in_(OPEN)).scalar_subquery()
-        )
+    ) -> BackgroundJob | None:
+        """Insert the turn unless its owner already has `bound` open ones (None), in one statement; the turn as
+        inserted. With `claim_token` the turn is claimed by the caller at once (attempt 1), and `started` says it runs
+        now (else it waits queued for a worker of the caller's); without, it waits queued for any replica."""
         claimed = claim_token is not None
+        status = "in_progress" if claimed and started else "queued"
+        attempt = 1 if claimed else 0
         values = {
             "id": job.id,
             "owner": job.owner,
@@ -119,27 +148,40 @@ class BackgroundStore:
             "metadata_user_id": job.metadata_user_id,
             "conversation_id": job.conversation_id,
             "conversation_lease": job.conversation_lease,
-            "status": "in_progress" if claimed and started else "queued",
+            "status": status,
             "request": job.request,
             "headers": job.headers,
             "body": job.body,
             "claim_token": claim_token,
             "claim_expires_ms": claim_until_ms if claimed else None,
-            "attempt": 1 if claimed else 0,
+            "attempt": attempt,
             "cancel_requested": False,
             "created_ms": job.now_ms,
             "updated_ms": job.now_ms,
             "expires_ms": job.expires_ms,
         }
-        async with self.engine.begin() as conn:
-            if (await conn.execute(select(open_of_owner))).scalar_one() >= bound:
-                return False
-            await conn.execute(insert(bg).values(**values))
-        return True
+        async with self._single.connect() as conn:
+            if (await conn.execute(_ADMIT, {**values, "bound": bound})).rowcount != 1:
+                return None
+        return BackgroundJob(
+            id=job.id,
+            owner=job.owner,
+            tenant_id=job.tenant_id,
+            conversation_id=job.conversation_id,
+            status=status,
+            request=job.request,
+            headers=job.headers,
+            body=job.body,
+            attempt=attempt,
+            conversation_lease=job.conversation_lease,
+            cancel_requested=False,
+            created_ms=job.now_ms,
+            expires_ms=job.expires_ms,
+        )
 
     async def get(self, owner: str, response_id: str, *, now_ms: int) -> BackgroundJob | None:
         query = select(*_COLUMNS).where(bg.c.id == response_id, bg.c.owner == owner, bg.c.expires_ms > now_ms)
-        async with self.engine.connect() as conn:
+        async with self._single.connect() as conn:
             row = (await conn.execute(query)).first()
         return _job(row) if row is not None else None
 
@@ -151,7 +193,7 @@ class BackgroundStore:
             .order_by(bg.c.created_ms)
             .limit(limit)
         )
-        async with self.engine.connect() as conn:
+        async with self._single.connect() as conn:
             return [row[0] for row in (await conn.execute(query)).all()]
 
     async def claim(self, response_id: str, *, token: str, now_ms: int, until_ms: int) -> BackgroundJob | None:
@@ -197,7 +239,7 @@ class BackgroundStore:
             )
             .values(status="in_progress", updated_ms=now_ms)
         )
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             return (await conn.execute(statement)).rowcount == 1
 
     async def release(self, response_id: str, *, token: str, now_ms: int) -> None:
@@ -207,7 +249,7 @@ class BackgroundStore:
             .where(bg.c.id == response_id, bg.c.claim_token == token, bg.c.status.in_(OPEN))
             .values(claim_expires_ms=now_ms, updated_ms=now_ms)
         )
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             await conn.execute(statement)
 
     async def renew(self, token: str, ids: Sequence[str], *, now_ms: int, until_ms: int) -> set[str]:
@@ -220,7 +262,7 @@ class BackgroundStore:
             .values(claim_expires_ms=until_ms, updated_ms=now_ms)
             .returning(bg.c.id)
         )
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             return {row[0] for row in (await conn.execute(statement)).all()}
 
     async def cancels(self, ids: Sequence[str]) -> list[str]:
@@ -228,7 +270,7 @@ class BackgroundStore:
         if not ids:
             return []
         query = select(bg.c.id).where(bg.c.id.in_(list(ids)), bg.c.cancel_requested.is_(True))
-        async with self.engine.connect() as conn:
+        async with self._single.connect() as conn:
             return [row[0] for row in (await conn.execute(query)).all()]
 
     async def request_cancel(self, owner: str, response_id: str, *, now_ms: int) -> str | None:
@@ -239,7 +281,7 @@ class BackgroundStore:
             .values(cancel_requested=True, updated_ms=now_ms)
             .returning(bg.c.status, bg.c.claim_expires_ms)
         )
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             row = (await conn.execute(statement)).first()
         if row is None:
             return None
@@ -260,30 +302,22 @@ class BackgroundStore:
             .values(status=status, body=body, headers=None, claim_token=None, claim_expires_ms=None, updated_ms=now_ms)
             .returning(*_COLUMNS)
         )
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             row = (await conn.execute(statement)).first()
         return _job(row) if row is not None else None
 
     async def end(self, response_id: str, *, token: str, status: str, body: bytes | None, now_ms: int) -> bool:
         """End a turn this replica holds: its final status, its Response (None: kept, as for a stored one, whose
         responses row is the truth), its credential forgotten. False when the claim was lost."""
-        values: dict[str, Any] = {
-            "status": status,
-            "headers": None,
-            "claim_token": None,
-            "claim_expires_ms": None,
-            "updated_ms": now_ms,
-        }
+        params: dict[str, Any] = {"end_id": response_id, "end_token": token, "end_status": status, "end_now": now_ms}
+        statement = _END
         if body is not None:
-            values["body"] = body
-        statement = (
-            update(bg).where(bg.c.id == response_id, bg.c.claim_token == token, bg.c.status.in_(OPEN)).values(**values)
-        )
-        async with self.engine.begin() as conn:
-            return (await conn.execute(statement)).rowcount == 1
+            statement, params["end_body"] = _END_WITH_BODY, body
+        async with self._single.connect() as conn:
+            return (await conn.execute(statement, params)).rowcount == 1
 
     async def delete(self, owner: str, response_id: str) -> bool:
-        async with self.engine.begin() as conn:
+        async with self._single.connect() as conn:
             done = await conn.execute(delete(bg).where(bg.c.id == response_id, bg.c.owner == owner))
         return done.rowcount > 0
 
