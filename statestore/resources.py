@@ -175,7 +175,7 @@ async def build_resources(
         if responses is not None:
             events = create_event_log(settings.redis_url, settings.redis_prefix, cap=settings.background_events_max)
             stack.push_async_callback(events.aclose)
-            background_store = BackgroundStore(engine, single_statements)
+            background_store = BackgroundStore(engine, single_statements, pg_hot_path)
             background = BackgroundTurns(
                 turns=responses,
                 store=background_store,

@@ -13,7 +13,8 @@ import orjson
 
 from statestore.auth import Principal
 from statestore.clock import Clock
-from statestore.responses.background_runs import BackgroundRunner, Held, final_frame, with_status
+from statestore.responses.background_events import final_frame, with_status
+from statestore.responses.background_runs import BackgroundRunner, Held
 from statestore.responses.errors import BadRequest, OpenAIError, response_not_found
 from statestore.responses.replay import replayed_frames
 from statestore.responses.request import TurnRequest
@@ -187,9 +188,11 @@ class BackgroundTurns:
         are gone, what is stored tells the rest: all of it to a client that saw nothing of the run, else the final
         Response."""
         last = after
+        wait_ms = 0  # the first look does not wait: a finished response whose events are gone is told at once
         while True:
             try:
-                events = await self.events.read(response_id, last, block_ms=FOLLOW_WAIT_MS)
+                events = await self.events.read(response_id, last, block_ms=wait_ms)
+                wait_ms = FOLLOW_WAIT_MS
             except EventLogUnavailable:
                 events = []
                 await asyncio.sleep(FOLLOW_WAIT_MS / 1000)
@@ -210,6 +213,7 @@ class BackgroundTurns:
             if job.open:
                 if events:
                     await asyncio.sleep(FOLLOW_WAIT_MS / 1000)
+                wait_ms = FOLLOW_WAIT_MS
                 continue
             if last <= 1:
                 for frame in replayed_frames(body, after=last):

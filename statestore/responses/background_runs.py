@@ -25,19 +25,22 @@ from statestore.clock import Clock
 from statestore.errors import StatestoreError, StreamBrokenOff
 from statestore.metrics import BackgroundOutcome, Metrics
 from statestore.responses.backend import summarizer
+from statestore.responses.background_events import Publisher, decode_headers, final_frame, with_status
 from statestore.responses.compaction_step import compact
-from statestore.responses.errors import OpenAIError
+from statestore.responses.errors import BackendError, OpenAIError
 from statestore.responses.prepared import PreparedResponse
 from statestore.responses.refusal_retry import send_turn
-from statestore.responses.replay import final_event_type
+from statestore.responses.replay import run_frames
+from statestore.responses.reply import output_of
 from statestore.responses.request import read_turn
 from statestore.responses.stream import SequencedEvents
-from statestore.responses.turn_events import turn_events
+from statestore.responses.turn_events import turn_events, with_compaction
 from statestore.responses.turns import ResponseTurns
 from statestore.store.background_store import BackgroundJob, BackgroundStore
+from statestore.store.engine import DATABASE_ERRORS
 from statestore.store.event_log import Event, EventLog, EventLogUnavailable, Superseded
 from statestore.threads.ids import new_lease_token
-from statestore.upstream.client import Upstream
+from statestore.upstream.client import Upstream, UpstreamResponse
 
 log = logging.getLogger(__name__)
 
@@ -45,71 +48,6 @@ log = logging.getLogger(__name__)
 FIRST_RUN_EVENT = 2
 CANCEL_CHECK_SECONDS = 0.25
 _FINAL_FRAMES = (b"event: response.completed", b"event: response.incomplete")
-
-
-def decode_headers(raw: bytes | None) -> list[tuple[bytes, bytes]]:
-    return [(name.encode("latin-1"), value.encode("latin-1")) for name, value in orjson.loads(raw or b"[]")]
-
-
-def with_status(body: bytes, status: str, error: dict[str, str] | None = None) -> bytes:
-    response = orjson.loads(body)
-    response["status"] = status
-    if error is not None:
-        response["error"] = error
-    return orjson.dumps(response)
-
-
-def final_frame(body: bytes, seq: int) -> bytes:
-    numbered = SequencedEvents()
-    numbered.next = seq
-    status = orjson.loads(body).get("status", "failed")
-    return numbered.frame_response(final_event_type(str(status)), body)
-
-
-class Publisher:
-    """A run's events to the event log, coalesced: while one publish is in flight the next events gather, and go in
-    the following one, so a fast stream costs a few round trips, not one per event."""
-
-    def __init__(self, events: EventLog, response_id: str, attempt: int, ttl_ms: int) -> None:
-        self._events = events
-        self._id = response_id
-        self._attempt = attempt
-        self._ttl_ms = ttl_ms
-        self._pending: list[Event] = []
-        self._flushing: asyncio.Task[None] | None = None
-        self.superseded = False
-        self._warned = False
-
-    def add(self, event: Event) -> None:
-        if self.superseded:
-            raise Superseded("a later run owns this response's events")
-        self._pending.append(event)
-        if self._flushing is None:
-            self._flushing = asyncio.get_running_loop().create_task(self._flush())
-
-    async def _flush(self) -> None:
-        try:
-            while self._pending and not self.superseded:
-                batch, self._pending = self._pending, []
-                try:
-                    await self._events.publish(self._id, self._attempt, batch, self._ttl_ms)
-                except Superseded:
-                    self.superseded = True
-                except EventLogUnavailable as exc:
-                    if not self._warned:
-                        self._warned = True
-                        log.warning(
-                            "background events not kept; a resumed stream replays from storage",
-                            extra={"response_id": self._id, "error": str(exc)},
-                        )
-        finally:
-            self._flushing = None
-
-    async def drain(self) -> None:
-        while self._flushing is not None:
-            await asyncio.shield(self._flushing)
-        if self.superseded:
-            raise Superseded("a later run owns this response's events")
 
 
 @dataclass(slots=True, eq=False)
@@ -307,10 +245,8 @@ class BackgroundRunner:
         prepared = held.prepared
         if prepared is not None:
             principal = prepared.principal
-            prepared.turn.stream = True  # a background turn's events are published as they come, whoever asked
         else:
             turn = read_turn(job.request)
-            turn.stream = True
             principal = await self.authenticator.authenticate(headers)
             ttl = next((value for name, value in headers if name == b"statestore-ttl"), None)
             try:
@@ -321,6 +257,9 @@ class BackgroundRunner:
                 await self._end(held, "failed", error={"code": exc.code or "server_error", "message": exc.message})
                 return
             held.prepared = prepared
+        # Asked for as a stream, its events are published as the backend's chunks come; else the backend answers
+        # whole, and the events a stream of it would have had are published once it is stored.
+        streamed = prepared.turn.stream
         publisher = held.publisher = Publisher(self.events, job.id, job.attempt, prepared.ttl_ms)
         numbered = SequencedEvents()
         numbered.next = held.next_seq
@@ -333,10 +272,13 @@ class BackgroundRunner:
                 self.upstream, headers, principal, prepared, summarize=summarize, windows=self.turns.windows
             )
             try:
-                async for frame in turn_events(self.turns, prepared, upstream, numbered, announce=False):
-                    publisher.add(Event(numbered.next - 1, frame, final=frame.startswith(_FINAL_FRAMES)))
-                    held.next_seq = numbered.next
-                    last = frame
+                if streamed:
+                    async for frame in turn_events(self.turns, prepared, upstream, numbered, announce=False):
+                        publisher.add(Event(numbered.next - 1, frame, final=frame.startswith(_FINAL_FRAMES)))
+                        held.next_seq = numbered.next
+                        last = frame
+                else:
+                    last = await self._json_turn(held, prepared, upstream, publisher)
             finally:
                 await upstream.aclose()
         except OpenAIError as exc:
@@ -351,6 +293,33 @@ class BackgroundRunner:
         await publisher.drain()
         await self.store.end(job.id, token=self.token, status=status, body=None, now_ms=self.clock())
         self.metrics.count_background_turn(status)
+
+    async def _json_turn(
+        self, held: Held, prepared: PreparedResponse, upstream: UpstreamResponse, publisher: Publisher
+    ) -> bytes:
+        """A background turn asked for as JSON: the backend's reply whole, stored, then its events published at once;
+        the last frame."""
+        raw = await upstream.read()
+        try:
+            output, status, incomplete, usage = output_of(orjson.loads(raw) if raw else None)
+        except orjson.JSONDecodeError:
+            raise BackendError("the model backend's reply is not JSON") from None
+        response = self.turns.response(
+            prepared, status=status, output=with_compaction(prepared, output), usage=usage, incomplete=incomplete
+        )
+        body = orjson.dumps(response)
+        prepared.committing = True  # from here on a cancel lets the turn complete
+        try:
+            committed = await self.turns.commit(prepared, response, body)
+        except DATABASE_ERRORS as exc:
+            raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__})") from exc
+        if not committed:
+            raise StreamBrokenOff("the conversation's lease was lost")
+        frames = run_frames(body, first=held.next_seq)
+        for offset, frame in enumerate(frames):
+            publisher.add(Event(held.next_seq + offset, frame, final=offset == len(frames) - 1))
+        held.next_seq += len(frames)
+        return frames[-1]
 
     async def _finish_stored(self, held: Held, body: bytes) -> None:
         held.ending = True

@@ -53,18 +53,28 @@ def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
     return events
 
 
-def replayed_frames(body: bytes, *, after: int) -> list[bytes]:
-    """The SSE frames of a stored Response's events numbered above `after`."""
+def _frames(body: bytes, *, first: int, created: bool) -> list[bytes]:
     response = orjson.loads(body)
     skeleton = {**response, "status": "in_progress", "output": [], "usage": None, "error": None}
-    events: list[dict[str, Any]] = [
-        {"type": "response.created", "response": skeleton},
-        {"type": "response.in_progress", "response": skeleton},
-    ]
+    events: list[dict[str, Any]] = [{"type": "response.created", "response": skeleton}] if created else []
+    events.append({"type": "response.in_progress", "response": skeleton})
     for index, item in enumerate(response.get("output") or []):
         if isinstance(item, dict):
             events += _item_events(index, item)
     numbered = SequencedEvents()
+    numbered.next = first
     frames = [numbered.frame(event) for event in events]
     frames.append(numbered.frame_response(final_event_type(str(response.get("status"))), body))
+    return frames
+
+
+def replayed_frames(body: bytes, *, after: int) -> list[bytes]:
+    """The SSE frames of a stored Response's events numbered above `after`."""
+    frames = _frames(body, first=0, created=True)
     return frames[after + 1 :] if after >= 0 else frames
+
+
+def run_frames(body: bytes, *, first: int) -> list[bytes]:
+    """A background run's own events, told from its stored Response (a run asked for as JSON): from
+    `response.in_progress`, numbered from `first` (after the events that said it was queued)."""
+    return _frames(body, first=first, created=False)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from statestore.store.pg_hot_path import PgHotPath, affected
 from statestore.store.schema import background_responses as bg
+from statestore.store.statement import PgStatement
 
 OPEN = ("queued", "in_progress")
 FINAL = ("completed", "incomplete", "failed", "cancelled")
@@ -106,6 +108,68 @@ _END = (
 _END_WITH_BODY = _END.values(body=bindparam("end_body"))
 
 
+# The same two statements as asyncpg prepared statements on the hot path's pools (PostgreSQL): a background turn is a
+# turn, and these are what it costs beyond a foreground one.
+@dataclass(slots=True, kw_only=True)
+class Admit:
+    id: str
+    owner: str
+    tenant_id: str | None
+    metadata_user_id: str | None
+    conversation_id: str | None
+    conversation_lease: str | None
+    status: str
+    request: bytes
+    headers: bytes
+    body: bytes
+    claim_token: str | None
+    claim_expires_ms: int | None
+    attempt: int
+    now_ms: int
+    expires_ms: int
+    bound: int
+
+
+# Durable: the client is told the id once this returns, and polls it.
+PG_ADMIT: Final = PgStatement(
+    Admit,
+    """
+INSERT INTO background_responses (id, owner, tenant_id, metadata_user_id, conversation_id, conversation_lease, status,
+    request, headers, body, claim_token, claim_expires_ms, attempt, cancel_requested, created_ms, updated_ms,
+    expires_ms)
+SELECT :id::varchar, :owner::varchar, :tenant_id::varchar, :metadata_user_id::varchar, :conversation_id::varchar,
+    :conversation_lease::varchar, :status::varchar, :request::bytea, :headers::bytea, :body::bytea,
+    :claim_token::varchar, :claim_expires_ms::bigint, :attempt::integer, false, :now_ms::bigint, :now_ms::bigint,
+    :expires_ms::bigint
+WHERE (SELECT count(*) FROM background_responses
+       WHERE owner = :owner::varchar AND status IN ('queued', 'in_progress')) < :bound::integer
+""",
+    durable=True,
+)
+
+
+@dataclass(slots=True, kw_only=True)
+class End:
+    id: str
+    token: str
+    status: str
+    body: bytes | None
+    now_ms: int
+
+
+# Not waiting for its WAL flush: an end lost in a crash leaves the turn open with a claim that runs out, and whoever
+# claims it next ends it again from what is stored (its response, its events, its cancel mark).
+PG_END: Final = PgStatement(
+    End,
+    """
+UPDATE background_responses SET status = :status::varchar, body = coalesce(:body::bytea, body), headers = NULL,
+    claim_token = NULL, claim_expires_ms = NULL, updated_ms = :now_ms::bigint
+WHERE id = :id::varchar AND claim_token = :token::varchar AND status IN ('queued', 'in_progress')
+""",
+    durable=False,
+)
+
+
 def _job(row: Any) -> BackgroundJob:
     return BackgroundJob(**dict(zip(_FIELDS, row, strict=True)))
 
@@ -126,11 +190,15 @@ class NewJob:
 
 
 class BackgroundStore:
-    def __init__(self, engine: AsyncEngine, single_statements: AsyncEngine | None = None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, single_statements: AsyncEngine | None = None, pg: PgHotPath | None = None
+    ) -> None:
         """`single_statements`: an engine in AUTOCOMMIT for the statements that are atomic by themselves (all but the
-        claim), so they run without a BEGIN and a COMMIT around them."""
+        claim), so they run without a BEGIN and a COMMIT around them. `pg`: on PostgreSQL, the admission and the end
+        run as prepared statements there."""
         self.engine = engine
         self._single = single_statements or engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._pg = pg
 
     async def admit(
         self, job: NewJob, *, bound: int, claim_token: str | None, claim_until_ms: int, started: bool
@@ -160,9 +228,34 @@ class BackgroundStore:
             "updated_ms": job.now_ms,
             "expires_ms": job.expires_ms,
         }
-        async with self._single.connect() as conn:
-            if (await conn.execute(_ADMIT, {**values, "bound": bound})).rowcount != 1:
+        if self._pg is not None:
+            admitted = await self._pg.execute(
+                PG_ADMIT,
+                Admit(
+                    id=job.id,
+                    owner=job.owner,
+                    tenant_id=job.tenant_id,
+                    metadata_user_id=job.metadata_user_id,
+                    conversation_id=job.conversation_id,
+                    conversation_lease=job.conversation_lease,
+                    status=status,
+                    request=job.request,
+                    headers=job.headers,
+                    body=job.body,
+                    claim_token=claim_token,
+                    claim_expires_ms=claim_until_ms if claimed else None,
+                    attempt=attempt,
+                    now_ms=job.now_ms,
+                    expires_ms=job.expires_ms,
+                    bound=bound,
+                ),
+            )
+            if affected(admitted) != 1:
                 return None
+        else:
+            async with self._single.connect() as conn:
+                if (await conn.execute(_ADMIT, {**values, "bound": bound})).rowcount != 1:
+                    return None
         return BackgroundJob(
             id=job.id,
             owner=job.owner,
@@ -309,6 +402,9 @@ class BackgroundStore:
     async def end(self, response_id: str, *, token: str, status: str, body: bytes | None, now_ms: int) -> bool:
         """End a turn this replica holds: its final status, its Response (None: kept, as for a stored one, whose
         responses row is the truth), its credential forgotten. False when the claim was lost."""
+        if self._pg is not None:
+            ended = End(id=response_id, token=token, status=status, body=body, now_ms=now_ms)
+            return affected(await self._pg.execute(PG_END, ended)) == 1
         params: dict[str, Any] = {"end_id": response_id, "end_token": token, "end_status": status, "end_now": now_ms}
         statement = _END
         if body is not None:

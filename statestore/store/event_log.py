@@ -6,8 +6,8 @@ every entry carries the attempt (the claim) of the run that wrote it. A publish 
 the stream already holds a later attempt's events or the numbers it would write, so two runs of one turn never make
 one stream that mixes their events. Streams are capped and expire with the response.
 
-Redis here is redis-py's asyncio client, not the history cache's lean one: a follower blocks on XREAD, which needs a
-connection of its own, and background turns are not the hot path."""
+Publishing and reading without waiting go through the history cache's lean client (a standalone Redis); a follower's
+blocking XREAD, which needs a connection of its own while it waits, through redis-py."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
-from statestore.store.resp import split_cluster_flag
+from statestore.store.resp import RespClient, RespError, Script, split_cluster_flag
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,17 @@ def _event(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Event:
     return Event(_seq_of(entry_id), fields[b"f"], fields.get(b"z") == b"1")
 
 
+def _flat_event(entry: Any) -> Event:
+    """An entry as the lean client reads it: [id, [field, value, ...]]."""
+    entry_id, flat = entry
+    return _event(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+
+
 class RedisEventLog:
+    """Publishes and reads without blocking through the history cache's lean client (store/resp.py) on a standalone
+    Redis, a few commands per turn; a follower's blocking read, which holds a connection while it waits, through
+    redis-py's pool (which also serves Redis Cluster for everything)."""
+
     def __init__(self, url: str, prefix: str, *, cap: int) -> None:
         plain, cluster = split_cluster_flag(url)
         client: Any
@@ -107,9 +117,11 @@ class RedisEventLog:
         else:
             client = aioredis.Redis.from_url(plain, socket_timeout=_TIMEOUT, socket_connect_timeout=2.0)
         self._redis: Any = client
+        self._lean = None if cluster else RespClient(plain, timeout_s=_TIMEOUT, connections=2)
         self._prefix = prefix
         self._cap = cap
         self._script = client.register_script(_PUBLISH)
+        self._lean_script = Script(_PUBLISH)
 
     def _key(self, response_id: str) -> str:
         return f"{self._prefix}bg:{{{response_id}}}:events"
@@ -120,6 +132,16 @@ class RedisEventLog:
         args: list[Any] = [attempt, max(ttl_ms, 1000), self._cap]
         for event in events:
             args += [_entry_id(event.seq), event.frame, 1 if event.final else 0]
+        if self._lean is not None:
+            try:
+                await self._lean_script.run(self._lean, [self._key(response_id)], args)
+            except RespError as exc:
+                if "SUPERSEDED" in str(exc):
+                    raise Superseded(str(exc)) from None
+                raise EventLogUnavailable("RespError") from exc
+            except OSError as exc:
+                raise EventLogUnavailable(type(exc).__name__) from exc
+            return
         try:
             await self._script(keys=[self._key(response_id)], args=args)
         except ResponseError as exc:
@@ -132,18 +154,28 @@ class RedisEventLog:
     async def read(self, response_id: str, after: int, *, block_ms: int) -> list[Event]:
         key = self._key(response_id)
         try:
-            found = await self._redis.xrange(key, min=_entry_id(after + 1), max="+", count=1000)
+            if self._lean is not None:
+                flat = await self._lean.execute("XRANGE", key, _entry_id(after + 1), "+", "COUNT", 1000)
+                if flat:
+                    return [_flat_event(entry) for entry in flat]
+                found = []
+            else:
+                found = await self._redis.xrange(key, min=_entry_id(after + 1), max="+", count=1000)
             if not found and block_ms > 0:
                 streams = await self._redis.xread({key: _entry_id(after)}, count=1000, block=block_ms)
                 found = streams[0][1] if streams else []
-        except (RedisError, OSError) as exc:
+        except (RedisError, RespError, OSError) as exc:
             raise EventLogUnavailable(type(exc).__name__) from exc
         return [_event(entry_id, fields) for entry_id, fields in found]
 
     async def last(self, response_id: str) -> tuple[int, int] | None:
         try:
-            top = await self._redis.xrevrange(self._key(response_id), count=1)
-        except (RedisError, OSError) as exc:
+            if self._lean is not None:
+                flat = await self._lean.execute("XREVRANGE", self._key(response_id), "+", "-", "COUNT", 1)
+                top = [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in flat]
+            else:
+                top = await self._redis.xrevrange(self._key(response_id), count=1)
+        except (RedisError, RespError, OSError) as exc:
             raise EventLogUnavailable(type(exc).__name__) from exc
         if not top:
             return None
@@ -151,6 +183,8 @@ class RedisEventLog:
         return _seq_of(entry_id), int(fields.get(b"a", b"0"))
 
     async def aclose(self) -> None:
+        if self._lean is not None:
+            await self._lean.aclose()
         await self._redis.aclose()
 
 

@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from statestore.responses.background_runs import Publisher, final_frame, with_status
-from statestore.responses.replay import replayed_frames
+from statestore.responses.background_events import Publisher, final_frame, with_status
+from statestore.responses.replay import replayed_frames, run_frames
 from statestore.store.event_log import Event, MemoryEventLog, Superseded
 
 
@@ -67,6 +67,13 @@ def test_a_stored_response_replays_as_a_streamed_create_would_have_sent_it() -> 
     assert events[-1]["response"] == orjson.loads(STORED)
     # resumed after a number: only what follows it
     assert _parsed(replayed_frames(STORED, after=10))[0]["sequence_number"] == 11
+
+
+def test_a_run_asked_for_as_json_tells_its_events_after_the_queued_ones() -> None:
+    events = _parsed(run_frames(STORED, first=2))
+    assert [e["sequence_number"] for e in events] == list(range(2, 2 + len(events)))
+    assert events[0]["type"] == "response.in_progress" and events[-1]["type"] == "response.completed"
+    assert [e["type"] for e in events[1:]] == [e["type"] for e in _parsed(replayed_frames(STORED, after=1))]
 
 
 def test_the_final_event_is_named_by_the_status() -> None:

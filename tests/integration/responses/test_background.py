@@ -269,34 +269,54 @@ def own_db_replicas(
 def test_a_replica_killed_mid_turn_leaves_nothing_stuck(
     own_db_replicas: Callable[..., StatestoreServer], backend: FakeBackend, api_key: str
 ) -> None:
-    doomed = own_db_replicas(background_workers="1")
+    doomed = own_db_replicas(background_workers="2")
     survivor = own_db_replicas()
     with (
         openai.OpenAI(base_url=doomed.url + "/v1", api_key=api_key, max_retries=0) as a,
         openai.OpenAI(base_url=survivor.url + "/v1", api_key=api_key, max_retries=0) as b,
     ):
         conversation = a.conversations.create()
+        # a streamed turn publishes its events as they come: cut off after some of them
         stall(backend, 30.0, events=2)
-        running = a.responses.create(model="echo-1", input="cut off", background=True)
-        wait_for(lambda: b.responses.retrieve(running.id).status == "in_progress")
-        # its one worker is busy: a turn on a conversation waits queued on this replica, holding the conversation
+        seen: list[Any] = []
+        with a.responses.create(model="echo-1", input="cut off", background=True, stream=True) as stream:
+            for event in stream:
+                seen.append(event)
+                if event.type == "response.output_text.delta":
+                    break
+        streamed_id = seen[0].response.id
+        # a turn asked for as JSON publishes its events once it is stored: cut off before any
+        stall(backend, 30.0, events=0)
+        whole = a.responses.create(model="echo-1", input="run again", background=True)
+        wait_for(lambda: b.responses.retrieve(whole.id).status == "in_progress")
+        # both workers are busy: a turn on a conversation waits queued on this replica, holding the conversation
         waiting = a.responses.create(
             model="echo-1", input="after the crash", background=True, conversation=conversation.id
         )
         assert b.responses.retrieve(waiting.id).status == "queued"
         os.kill(doomed.process.pid, signal.SIGKILL)
         doomed.process.wait()
-        # the running one had published events of its own: it ends failed, never stuck and never run twice
-        failed = final(b, running.id, seconds=20)
+        # the streamed one had published events of its own: it ends failed, never stuck and never run twice
+        failed = final(b, streamed_id, seconds=20)
         assert failed.status == "failed" and failed.error is not None and failed.error.code == "server_error"
-        events = list(raw_events(survivor.url, api_key, running.id, None))
+        events = list(raw_events(survivor.url, api_key, streamed_id, None))
         assert events[-1]["type"] == "response.failed"
         assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert "response.output_text.delta" in {e["type"] for e in events}
+        # the JSON one had published nothing beyond its queueing: it runs again, whole, once
+        rerun = final(b, whole.id, seconds=20)
+        assert rerun.status == "completed" and rerun.output_text == "echo: run again"
+        events = list(raw_events(survivor.url, api_key, whole.id, None))
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "response.completed"
         # the queued one runs on the survivor
         done = final(b, waiting.id, seconds=20)
         assert done.status == "completed" and done.output_text == "echo: after the crash"
         items = b.conversations.items.list(conversation.id, order="asc")
         assert len(items.data) == 2
+        sent = [r.json()["messages"][-1]["content"] for r in backend.requests() if r.path == CHAT]
+        # the streamed one was never sent again, the JSON one once more
+        assert (sent.count("cut off"), sent.count("run again"), sent.count("after the crash")) == (1, 2, 1)
 
 
 def test_cancel_a_queued_turn_from_another_replica_and_the_owners_bound(
