@@ -17,6 +17,7 @@ import orjson
 import pytest
 import redis
 
+from statestore.store.event_log import Event, EventLogUnavailable, RedisEventLog
 from tests.integration.responses.conftest import ADMIN_TOKEN
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import own_redis_prefix
@@ -331,3 +332,25 @@ def test_cancel_a_queued_turn_from_another_replica_and_the_owners_bound(
         assert b.responses.create(model="echo-1", input="now there is room", background=True).status == "queued"
         stats = admin.get("/admin/v1/stats").json()
         assert stats["background_queued"] == 2 and stats["background_cancelled"] == 1
+
+
+async def test_a_closed_redis_transport_is_an_unavailable_event_log(redis_url: str, prefix: str) -> None:
+    """Found by the fault campaign: after a reset closed a Redis connection, uvloop raised RuntimeError for the next
+    write on it, which escaped the event log. A run's publish then lost its batch and ended a turn it had just stored
+    `failed`; a follower's stream broke off. Every event log call must take it as Redis unavailable."""
+    events = RedisEventLog(redis_url, prefix, cap=100)
+
+    async def closed_transport(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+    events._script = closed_transport
+    events._redis.xrange = events._redis.xrevrange = closed_transport
+    try:
+        with pytest.raises(EventLogUnavailable):
+            await events.publish("resp_closed", 1, [Event(2, b"event: x\n\n")], 1000)
+        with pytest.raises(EventLogUnavailable):
+            await events.read("resp_closed", 1, block_ms=0)
+        with pytest.raises(EventLogUnavailable):
+            await events.last("resp_closed")
+    finally:
+        await events.aclose()
