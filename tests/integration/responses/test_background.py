@@ -244,6 +244,37 @@ def test_events_gone_from_redis_mid_stream_end_from_storage(
     assert final(a, queued.id).output_text == "echo: flushed away"
 
 
+def test_events_lost_midway_are_never_spliced_into_a_replay(
+    clients: tuple[openai.OpenAI, openai.OpenAI],
+    pair: tuple[StatestoreServer, StatestoreServer],
+    api_key: str,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    """Found by the fault campaign: a batch of a run's events lost (a Redis connection reset), the later ones kept. A
+    client that had seen only the queued events was told the rest from storage, numbered as a replay numbers them;
+    resumed later, it was given the run's own later events on top, and read the reply twice."""
+    a, _ = clients
+    queued = a.responses.create(model="echo-1", input="a batch lost in the middle", background=True)
+    done = final(a, queued.id)
+    store = redis.Redis.from_url(redis_url)
+    # sequence numbers 2 to 4 (stream ids are the number plus one): in_progress and the reply's first events
+    assert store.xdel(f"{prefix}bg:{{{queued.id}}}:events", "0-3", "0-4", "0-5") == 3
+    seen: list[dict[str, Any]] = []
+    for event in raw_events(pair[1].url, api_key, queued.id, 1):
+        seen.append(event)
+        if len(seen) == 3:
+            break  # the connection drops
+    if seen[-1]["type"] != "response.completed":
+        seen += raw_events(pair[0].url, api_key, queued.id, seen[-1]["sequence_number"])
+    numbers = [e["sequence_number"] for e in seen]
+    assert numbers == list(range(2, 2 + len(numbers)))
+    assert [e["type"] for e in seen if e["type"].startswith("response.") and "response" in e] == ["response.completed"]
+    deltas = "".join(e["delta"] for e in seen if e["type"] == "response.output_text.delta")
+    assert done.output_text.startswith(deltas)  # told once at most, never twice
+    assert seen[-1]["response"]["output"][0]["content"][0]["text"] == done.output_text
+
+
 @pytest.fixture
 async def own_db(postgres_admin_url: str) -> AsyncIterator[str]:
     from statestore.store.migrate import upgrade
