@@ -185,16 +185,17 @@ class BackgroundTurns:
 
     async def follow(self, owner: str, response_id: str, after: int) -> AsyncIterator[bytes]:
         """The events of a background response numbered above `after`, live until its final event. When its events
-        are gone, what is stored tells the rest: all of it to a client that saw nothing of the run, else the final
-        Response."""
+        are gone, what is stored tells the rest: all of it to a client that saw nothing of the run (when none of the
+        run's events are left after what it saw), else the final Response."""
         last = after
         wait_ms = 0  # the first look does not wait: a finished response whose events are gone is told at once
         while True:
             try:
                 events = await self.events.read(response_id, last, block_ms=wait_ms)
                 wait_ms = FOLLOW_WAIT_MS
+                known = True
             except EventLogUnavailable:
-                events = []
+                events, known = [], False
                 await asyncio.sleep(FOLLOW_WAIT_MS / 1000)
             if events and events[0].seq == last + 1:
                 for event in events:
@@ -215,7 +216,10 @@ class BackgroundTurns:
                     await asyncio.sleep(FOLLOW_WAIT_MS / 1000)
                 wait_ms = FOLLOW_WAIT_MS
                 continue
-            if last <= 1:
+            # The whole story from storage, numbered its own way, only when the log is known to hold nothing after
+            # `last`: else a later resume would read the run's own events, numbered as the run numbered them, on
+            # top of it (a stream that tells the reply twice).
+            if last <= 1 and known and not events:
                 for frame in replayed_frames(body, after=last):
                     yield frame
             else:

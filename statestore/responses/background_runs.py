@@ -222,7 +222,7 @@ class BackgroundRunner:
         except Exception:
             log.exception("background turn failed", extra={"response_id": job.id})
             with contextlib.suppress(Exception):
-                await self._end(held, "failed", error={"code": "server_error", "message": "The response failed."})
+                await self._failed(held, "The response failed.")
         finally:
             if held.prepared is not None:
                 with contextlib.suppress(Exception):
@@ -285,8 +285,7 @@ class BackgroundRunner:
             await self._end(held, "failed", error={"code": exc.code or "server_error", "message": exc.message})
             return
         except (StreamBrokenOff, StatestoreError) as exc:
-            message = str(exc) if isinstance(exc, StreamBrokenOff) else exc.message
-            await self._end(held, "failed", error={"code": "server_error", "message": message})
+            await self._failed(held, str(exc) if isinstance(exc, StreamBrokenOff) else exc.message)
             return
         held.ending = True
         status: BackgroundOutcome = "completed" if last.startswith(b"event: response.completed") else "incomplete"
@@ -321,18 +320,45 @@ class BackgroundRunner:
         held.next_seq += len(frames)
         return frames[-1]
 
+    async def _failed(self, held: Held, message: str) -> None:
+        """The run broke off. Before its commit, it ends `failed`. Once it had begun to commit, the commit may have
+        been carried out all the same (its answer lost with the connection, or the run broke off after it): the
+        stored response decides, and the turn ends as it was stored; when the database cannot say, the turn is left
+        to its claim, which runs out, and whoever claims it next looks again (`_take_over`)."""
+        prepared = held.prepared
+        if prepared is not None and prepared.committing:
+            held.ending = True
+            try:
+                stored = await self.turns.responses.get(held.job.owner, held.job.id, now_ms=self.clock())
+            except Exception as exc:
+                log.warning(
+                    "a background turn's commit is in doubt; left to its claim",
+                    extra={"response_id": held.job.id, "error": type(exc).__name__},
+                )
+                return
+            if stored is not None:
+                log.warning("a commit reported as failed had been stored", extra={"response_id": held.job.id})
+                await self._finish_stored(held, stored.body)
+                return
+        await self._end(held, "failed", error={"code": "server_error", "message": message})
+
     async def _finish_stored(self, held: Held, body: bytes) -> None:
         held.ending = True
         status = str(orjson.loads(body).get("status", "completed"))
+        if held.publisher is not None:
+            with contextlib.suppress(Superseded):
+                await held.publisher.drain()
         try:
             last = await self.events.last(held.job.id)
+            told = await self.events.read(held.job.id, last[0] - 1, block_ms=0) if last is not None else []
         except EventLogUnavailable:
-            last = None
+            last, told = None, []
         seq = last[0] + 1 if last is not None else FIRST_RUN_EVENT
-        with contextlib.suppress(Superseded, EventLogUnavailable):
-            await self.events.publish(
-                held.job.id, held.job.attempt, [Event(seq, final_frame(body, seq), final=True)], self._ttl(held.job)
-            )
+        if not (told and told[-1].final):  # the run had told its end already: it is not told twice
+            with contextlib.suppress(Superseded, EventLogUnavailable):
+                await self.events.publish(
+                    held.job.id, held.job.attempt, [Event(seq, final_frame(body, seq), final=True)], self._ttl(held.job)
+                )
         await self.store.end(held.job.id, token=self.token, status=status, body=None, now_ms=self.clock())
         self.metrics.count_background_turn("completed" if status == "completed" else "incomplete")
 

@@ -69,8 +69,21 @@ def _frames(body: bytes, *, first: int, created: bool) -> list[bytes]:
 
 
 def replayed_frames(body: bytes, *, after: int) -> list[bytes]:
-    """The SSE frames of a stored Response's events numbered above `after`."""
-    frames = _frames(body, first=0, created=True)
+    """The SSE frames of a stored Response's events numbered above `after`: for a background one, as its run numbered
+    them (created and queued, then the run's own from 2), else as a streamed create would have."""
+    response = orjson.loads(body)
+    if response.get("background"):
+        queued = orjson.dumps(
+            {**response, "status": "queued", "output": [], "usage": None, "error": None, "incomplete_details": None}
+        )
+        numbered = SequencedEvents()
+        opening = [
+            numbered.frame_response("response.created", queued),
+            numbered.frame_response("response.queued", queued),
+        ]
+        frames = [*opening, *_frames(body, first=2, created=False)]
+    else:
+        frames = _frames(body, first=0, created=True)
     return frames[after + 1 :] if after >= 0 else frames
 
 

@@ -11,16 +11,24 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
-from sqlalchemy import and_, bindparam, delete, func, insert, or_, select, update
+from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from statestore.store.background_statements import (
+    CORE_ADMIT,
+    CORE_END,
+    CORE_END_WITH_BODY,
+    OPEN,
+    PG_ADMIT,
+    PG_END,
+    Admit,
+    End,
+)
 from statestore.store.pg_hot_path import PgHotPath, affected
 from statestore.store.schema import background_responses as bg
-from statestore.store.statement import PgStatement
 
-OPEN = ("queued", "in_progress")
 FINAL = ("completed", "incomplete", "failed", "cancelled")
 STATUSES = (*OPEN, *FINAL)
 
@@ -60,113 +68,6 @@ _COLUMNS = (
     bg.c.cancel_requested,
     bg.c.created_ms,
     bg.c.expires_ms,
-)
-
-
-# The two statements every background turn runs, built once (SQLAlchemy then reuses their compiled form).
-_ADMITTED = (
-    bg.c.id,
-    bg.c.owner,
-    bg.c.tenant_id,
-    bg.c.metadata_user_id,
-    bg.c.conversation_id,
-    bg.c.conversation_lease,
-    bg.c.status,
-    bg.c.request,
-    bg.c.headers,
-    bg.c.body,
-    bg.c.claim_token,
-    bg.c.claim_expires_ms,
-    bg.c.attempt,
-    bg.c.cancel_requested,
-    bg.c.created_ms,
-    bg.c.updated_ms,
-    bg.c.expires_ms,
-)
-# The row, unless its owner already has `bound` open turns: one statement, no transaction around a count.
-_ADMIT = insert(bg).from_select(
-    [column.name for column in _ADMITTED],
-    select(*[bindparam(column.name, type_=column.type) for column in _ADMITTED]).where(
-        select(func.count())
-        .select_from(bg)
-        .where(bg.c.owner == bindparam("owner"), bg.c.status.in_(OPEN))
-        .scalar_subquery()
-        < bindparam("bound")
-    ),
-)
-_END = (
-    update(bg)
-    .where(bg.c.id == bindparam("end_id"), bg.c.claim_token == bindparam("end_token"), bg.c.status.in_(OPEN))
-    .values(
-        status=bindparam("end_status"),
-        headers=None,
-        claim_token=None,
-        claim_expires_ms=None,
-        updated_ms=bindparam("end_now"),
-    )
-)
-_END_WITH_BODY = _END.values(body=bindparam("end_body"))
-
-
-# The same two statements as asyncpg prepared statements on the hot path's pools (PostgreSQL): a background turn is a
-# turn, and these are what it costs beyond a foreground one.
-@dataclass(slots=True, kw_only=True)
-class Admit:
-    id: str
-    owner: str
-    tenant_id: str | None
-    metadata_user_id: str | None
-    conversation_id: str | None
-    conversation_lease: str | None
-    status: str
-    request: bytes
-    headers: bytes
-    body: bytes
-    claim_token: str | None
-    claim_expires_ms: int | None
-    attempt: int
-    now_ms: int
-    expires_ms: int
-    bound: int
-
-
-# Durable: the client is told the id once this returns, and polls it.
-PG_ADMIT: Final = PgStatement(
-    Admit,
-    """
-INSERT INTO background_responses (id, owner, tenant_id, metadata_user_id, conversation_id, conversation_lease, status,
-    request, headers, body, claim_token, claim_expires_ms, attempt, cancel_requested, created_ms, updated_ms,
-    expires_ms)
-SELECT :id::varchar, :owner::varchar, :tenant_id::varchar, :metadata_user_id::varchar, :conversation_id::varchar,
-    :conversation_lease::varchar, :status::varchar, :request::bytea, :headers::bytea, :body::bytea,
-    :claim_token::varchar, :claim_expires_ms::bigint, :attempt::integer, false, :now_ms::bigint, :now_ms::bigint,
-    :expires_ms::bigint
-WHERE (SELECT count(*) FROM background_responses
-       WHERE owner = :owner::varchar AND status IN ('queued', 'in_progress')) < :bound::integer
-""",
-    durable=True,
-)
-
-
-@dataclass(slots=True, kw_only=True)
-class End:
-    id: str
-    token: str
-    status: str
-    body: bytes | None
-    now_ms: int
-
-
-# Not waiting for its WAL flush: an end lost in a crash leaves the turn open with a claim that runs out, and whoever
-# claims it next ends it again from what is stored (its response, its events, its cancel mark).
-PG_END: Final = PgStatement(
-    End,
-    """
-UPDATE background_responses SET status = :status::varchar, body = coalesce(:body::bytea, body), headers = NULL,
-    claim_token = NULL, claim_expires_ms = NULL, updated_ms = :now_ms::bigint
-WHERE id = :id::varchar AND claim_token = :token::varchar AND status IN ('queued', 'in_progress')
-""",
-    durable=False,
 )
 
 
@@ -254,7 +155,7 @@ class BackgroundStore:
                 return None
         else:
             async with self._single.connect() as conn:
-                if (await conn.execute(_ADMIT, {**values, "bound": bound})).rowcount != 1:
+                if (await conn.execute(CORE_ADMIT, {**values, "bound": bound})).rowcount != 1:
                     return None
         return BackgroundJob(
             id=job.id,
@@ -406,9 +307,9 @@ class BackgroundStore:
             ended = End(id=response_id, token=token, status=status, body=body, now_ms=now_ms)
             return affected(await self._pg.execute(PG_END, ended)) == 1
         params: dict[str, Any] = {"end_id": response_id, "end_token": token, "end_status": status, "end_now": now_ms}
-        statement = _END
+        statement = CORE_END
         if body is not None:
-            statement, params["end_body"] = _END_WITH_BODY, body
+            statement, params["end_body"] = CORE_END_WITH_BODY, body
         async with self._single.connect() as conn:
             return (await conn.execute(statement, params)).rowcount == 1
 

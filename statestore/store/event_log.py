@@ -25,6 +25,10 @@ from statestore.store.resp import RespClient, RespError, Script, split_cluster_f
 
 log = logging.getLogger(__name__)
 
+# What a Redis that cannot be reached raises. RuntimeError is uvloop's, for a write on a transport that a reset closed
+# before redis-py saw the connection go (as the history cache takes it: statestore/store/cache.py).
+_UNREACHABLE = (RedisError, RespError, OSError, RuntimeError)
+
 
 @dataclass(frozen=True, slots=True)
 class Event:
@@ -139,7 +143,7 @@ class RedisEventLog:
                 if "SUPERSEDED" in str(exc):
                     raise Superseded(str(exc)) from None
                 raise EventLogUnavailable("RespError") from exc
-            except OSError as exc:
+            except _UNREACHABLE as exc:
                 raise EventLogUnavailable(type(exc).__name__) from exc
             return
         try:
@@ -148,7 +152,7 @@ class RedisEventLog:
             if "SUPERSEDED" in str(exc):
                 raise Superseded(str(exc)) from None
             raise EventLogUnavailable(type(exc).__name__) from exc
-        except (RedisError, OSError) as exc:
+        except _UNREACHABLE as exc:
             raise EventLogUnavailable(type(exc).__name__) from exc
 
     async def read(self, response_id: str, after: int, *, block_ms: int) -> list[Event]:
@@ -164,7 +168,7 @@ class RedisEventLog:
             if not found and block_ms > 0:
                 streams = await self._redis.xread({key: _entry_id(after)}, count=1000, block=block_ms)
                 found = streams[0][1] if streams else []
-        except (RedisError, RespError, OSError) as exc:
+        except _UNREACHABLE as exc:
             raise EventLogUnavailable(type(exc).__name__) from exc
         return [_event(entry_id, fields) for entry_id, fields in found]
 
@@ -175,7 +179,7 @@ class RedisEventLog:
                 top = [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in flat]
             else:
                 top = await self._redis.xrevrange(self._key(response_id), count=1)
-        except (RedisError, RespError, OSError) as exc:
+        except _UNREACHABLE as exc:
             raise EventLogUnavailable(type(exc).__name__) from exc
         if not top:
             return None

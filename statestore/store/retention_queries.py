@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import Table, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from statestore.store.background_store import OPEN
+from statestore.store.background_statements import OPEN
 from statestore.store.schema import background_responses, conversation_items, conversations, responses, threads
 from statestore.store.thread_reads import live
 

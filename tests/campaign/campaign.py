@@ -15,13 +15,16 @@ from typing import Any
 import orjson
 
 from tests.campaign.checker import Anomalies, Checker, FinalState, op_of
-from tests.campaign.cluster import Cluster
+from tests.campaign.cluster import REPLICA_SETTINGS, Cluster
 from tests.campaign.history import History, Op
 from tests.campaign.nemesis import Nemesis
 from tests.campaign.workload import Client, ThreadState
 from tests.reliability.support import query
 
 HEAL_WITHIN = 30.0
+# How long after healing a background response may still be queued or running (a killed replica's claims run out
+# within a lease, and another replica then claims them): a few lease periods.
+BACKGROUND_GRACE = 3 * float(REPLICA_SETTINGS["STATESTORE_LEASE_SECONDS"])
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Report:
     threads: int
     seconds: float
     outcomes: dict[str, int]
+    background: dict[str, int]
     anomalies: Anomalies
     history_file: Path
 
@@ -53,6 +57,7 @@ class Report:
         return (
             f"campaign seed={self.plan.seed}: {self.ops} ops ({self.turns} turns, outcomes {self.outcomes}), "
             f"{self.faults} nemesis faults + {self.backend_faults} backend faults, {self.threads} threads, "
+            f"background responses by how they ended {self.background}, "
             f"{self.seconds:.0f} s; anomalies: {self.anomalies.counts() or 'none'}; history: {self.history_file}"
         )
 
@@ -159,14 +164,31 @@ async def _final_state(cluster: Cluster, clients: Sequence[Client], history: His
                 unexpected.append(texts[0] if texts else key)
             else:
                 histories[key] = texts
-    for key in {op.thread_key for op in history.ops}:
+    for key in {op.thread_key for op in history.ops if not op.kind.startswith("bg-")}:
         histories.setdefault(key, None)
     return FinalState(
+        faults=history.faults,
         histories=histories,
         removed_left=await asyncio.to_thread(_removed_left, cluster, history),
         unexpected_threads=unexpected,
         rebuilds=await asyncio.to_thread(_backend_rebuilds, cluster),
     )
+
+
+def _background_ends(history: History) -> dict[str, int]:
+    """Background responses by the status each was read with at the end (`deleted`: deleted by the workload)."""
+    ends: dict[str, str] = {}
+    for op in history.ops:
+        if op.response_id is None:
+            continue
+        if op.kind == "bg-final" and op.outcome == "ok" and op.response_status:
+            ends[op.response_id] = op.response_status
+        elif op.kind == "bg-delete":
+            ends[op.response_id] = "deleted"
+    counts: dict[str, int] = {}
+    for status in ends.values():
+        counts[status] = counts.get(status, 0) + 1
+    return dict(sorted(counts.items()))
 
 
 def _write_history(history: History, plan: Plan, anomalies: Anomalies) -> Path:
@@ -184,7 +206,10 @@ def _write_history(history: History, plan: Plan, anomalies: Anomalies) -> Path:
 async def run_campaign(cluster: Cluster, plan: Plan) -> Report:
     print(f"campaign seed={plan.seed} (replay: STATESTORE_CAMPAIGN_SEED={plan.seed})", flush=True)
     history = History()
-    clients = [Client(index, cluster.url, history, cluster.backend, plan.seed) for index in range(plan.clients)]
+    replicas = [replica.url for replica in cluster.replicas]
+    clients = [
+        Client(index, cluster.url, history, cluster.backend, plan.seed, replicas) for index in range(plan.clients)
+    ]
     try:
         await _workload(cluster, plan, history, clients)
         await asyncio.to_thread(cluster.heal)
@@ -198,8 +223,12 @@ async def run_campaign(cluster: Cluster, plan: Plan) -> Report:
                 if op is not None:
                     heal_ops[key] = op
 
-        # Each client heals its own threads one after another; the clients run side by side.
-        await asyncio.gather(*(heal_all(client) for client in clients))
+        # Each client heals its own threads one after another, and settles its background responses; the clients run
+        # side by side.
+        await asyncio.gather(
+            *(heal_all(client) for client in clients),
+            *(client.background.settle(BACKGROUND_GRACE) for client in clients),
+        )
         final = await _final_state(cluster, clients, history)
     finally:
         for client in clients:
@@ -219,6 +248,7 @@ async def run_campaign(cluster: Cluster, plan: Plan) -> Report:
         threads=len(final.histories),
         seconds=history.now(),
         outcomes=outcomes,
+        background=_background_ends(history),
         anomalies=anomalies,
         history_file=_write_history(history, plan, anomalies),
     )

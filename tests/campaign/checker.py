@@ -16,6 +16,9 @@ A thread's final history is its export once every fault has stopped (the op ids 
 - `resurrected`: a deleted or erased thread served after the removal was acknowledged, or still in PostgreSQL or
   Redis at the end.
 - `unhealed`: a live thread that did not continue once the faults had stopped.
+
+Background responses have kinds of their own (`stuck`, `mixed-stream`, `lost-response`, `resurrected-after-cancel`,
+`status-changed`): tests/campaign/background_check.py.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tests.campaign.background_check import BackgroundCheck
 from tests.campaign.history import Op
 from tests.campaign.workload import NEVER_STORED
 
@@ -35,6 +39,7 @@ class FinalState:
     removed_left: dict[str, list[str]] = field(default_factory=dict)  # thread key -> where a removed thread remains
     unexpected_threads: list[str] = field(default_factory=list)  # texts of first turns of threads found at the end
     rebuilds: list[list[dict[str, Any]]] = field(default_factory=list)  # `messages` of each backend request
+    faults: list[dict[str, Any]] = field(default_factory=list)  # the nemesis's, as the history has them
 
 
 @dataclass
@@ -98,6 +103,7 @@ class Checker:
             self._rebuild(messages)
         for text in self.final.unexpected_threads:
             self.anomalies.add("phantom", f"a thread that should not exist, first turn {text!r}", [self._op(text)])
+        BackgroundCheck(list(self.ops.values()), self.final.faults, self.anomalies).check()
         return self.anomalies
 
     def _op(self, text: str) -> Op | None:

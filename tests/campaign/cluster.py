@@ -27,6 +27,7 @@ REPLICA_SETTINGS = {
     "STATESTORE_UPSTREAM_CONNECT_TIMEOUT": "2",
     "STATESTORE_UPSTREAM_READ_TIMEOUT": "6",
     "STATESTORE_LEASE_SECONDS": "4",
+    "STATESTORE_BACKGROUND_POLL_SECONDS": "0.5",
     "STATESTORE_DEFAULT_TTL_SECONDS": "7200",
     "STATESTORE_LOG_LEVEL": "WARNING",
 }
@@ -117,7 +118,8 @@ def running_cluster(*, replicas: int = 3, redis_prefix: str = "ss:") -> Iterator
                 upstream_url=f"http://127.0.0.1:{proxies['backend'].port}",
                 redis_url=_through(redis.url, proxies["redis"].port),
                 redis_prefix=redis_prefix,
-                env=REPLICA_SETTINGS,
+                # The Responses door (background responses) on the same backend, through the same proxy.
+                env={**REPLICA_SETTINGS, "STATESTORE_CHAT_UPSTREAM_URL": f"http://127.0.0.1:{proxies['backend'].port}"},
             )
             stack.callback(process.stop)
             processes.append(process)

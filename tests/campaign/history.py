@@ -15,9 +15,37 @@ from typing import Any, Literal
 Outcome = Literal["ok", "fail", "unknown"]
 # Turns: create, continue, stale (a continue from an id that is not the head), race (one of several concurrent
 # continues from one id), session. Others: read (thread export), head (thread metadata), delete, erase, heal (the
-# continue that proves a thread continues once the faults have stopped).
-Kind = Literal["create", "continue", "stale", "race", "session", "read", "head", "delete", "erase", "heal"]
+# continue that proves a thread continues once the faults have stopped). Background responses (tests/campaign/
+# background.py): bg-create (JSON) and bg-stream (stream: true) create one, bg-resume reads its stream on, bg-poll and
+# bg-cancel tell where it stands, bg-delete deletes it; at the end bg-final reads how it ended, bg-tail the rest of its
+# stream and bg-replay its whole stream again; bg-conversation creates a conversation, bg-items lists its user texts.
+Kind = Literal[
+    "create",
+    "continue",
+    "stale",
+    "race",
+    "session",
+    "read",
+    "head",
+    "delete",
+    "erase",
+    "heal",
+    "bg-create",
+    "bg-stream",
+    "bg-resume",
+    "bg-poll",
+    "bg-cancel",
+    "bg-delete",
+    "bg-final",
+    "bg-tail",
+    "bg-replay",
+    "bg-conversation",
+    "bg-items",
+]
 TURN_KINDS = frozenset({"create", "continue", "stale", "race", "session", "heal"})
+
+
+_SHOWN = ("status", "error", "previous_id", "message_id", "backend_fault")
 
 
 @dataclass
@@ -39,6 +67,14 @@ class Op:
     read: list[str] | None = None
     # A backend fault this turn met on purpose (the fake backend's action kind): such a turn is never stored.
     backend_fault: str | None = None
+    # A background response: its id, the status (and output text, error code) a reply or final event told, each
+    # event of its stream read by this op (sequence number, type, text delta), and the number it resumed after.
+    response_id: str | None = None
+    response_status: str | None = None
+    output_text: str | None = None
+    response_error: str | None = None
+    events: list[tuple[int, str, str]] | None = None
+    after: int | None = None
 
     @property
     def is_turn(self) -> bool:
@@ -50,9 +86,11 @@ class Op:
 
     def brief(self) -> dict[str, Any]:
         shown: dict[str, Any] = {"op": self.id, "kind": self.kind, "thread": self.thread_key, "outcome": self.outcome}
-        for name in ("status", "error", "previous_id", "message_id", "backend_fault"):
+        for name in (*_SHOWN, "response_id", "response_status", "after"):
             if getattr(self, name) is not None:
                 shown[name] = getattr(self, name)
+        if self.events:
+            shown["events"] = [f"{seq} {kind}" for seq, kind, _ in self.events]
         shown["t"] = [round(self.start, 3), round(self.end, 3)]
         return shown
 

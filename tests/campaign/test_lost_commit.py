@@ -9,6 +9,7 @@ import secrets
 from collections.abc import Iterator
 from urllib.parse import urlsplit
 
+import httpx
 import orjson
 import pytest
 
@@ -29,7 +30,9 @@ def lossy_server(fresh_pg_url: str) -> Iterator[tuple[StatestoreServer, FaultPro
     through = parts._replace(netloc=parts.netloc.replace(f":{parts.port}", f":{proxy.port}")).geturl()
     try:
         with FakeBackend() as backend:
-            server = StatestoreServer(database_url=through, upstream_url=backend.url)
+            server = StatestoreServer(
+                database_url=through, upstream_url=backend.url, env={"STATESTORE_CHAT_UPSTREAM_URL": backend.url}
+            )
             try:
                 yield server, proxy
             finally:
@@ -69,3 +72,30 @@ def test_a_commit_whose_reply_was_lost_is_answered_as_stored(
         )
     finally:
         raw.close()
+
+
+def test_a_background_turn_whose_commit_reply_was_lost_ends_as_stored(
+    lossy_server: tuple[StatestoreServer, FaultProxy],
+) -> None:
+    server, proxy = lossy_server
+    marker = f"lost-background-{secrets.token_hex(4)}"
+    headers = {"authorization": f"Bearer sk-lost-{secrets.token_hex(6)}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+        # Admitting the turn stores its input; only the commit carries the reply's text.
+        proxy.faults.lose_reply_after = f"echo: {marker}".encode()
+        queued = http.post("/v1/responses", json={"model": "echo-1", "input": marker, "background": True})
+        assert queued.status_code == 200, queued.text
+        response_id = queued.json()["id"]
+        streamed = http.get(f"/v1/responses/{response_id}", params={"stream": "true"})
+        assert proxy.faults.lose_reply_after is None, "the commit never went through the proxy"
+        events = sse_data(streamed.content)
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        assert events[-1]["type"] == "response.completed", events[-1]
+        polled = http.get(f"/v1/responses/{response_id}").json()
+        assert polled["status"] == "completed"
+        assert polled["output"][0]["content"][0]["text"] == events[-1]["response"]["output"][0]["content"][0]["text"]
+        # a chain goes on from it
+        after = http.post(
+            "/v1/responses", json={"model": "echo-1", "input": "after", "previous_response_id": response_id}
+        )
+        assert after.status_code == 200, after.text

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import orjson
 
+from tests.campaign.background import BackgroundClient
 from tests.campaign.history import History, Kind, Op, Outcome
 from tests.reliability.proof_support import ADMIN, MODEL, THREADS_BETA
 from tests.reliability.support import sse_data
@@ -32,6 +33,8 @@ BACKEND_FAULTS: dict[str, dict[str, Any]] = {
     "delay": {"kind": "echo", "delay_seconds": 0.8},
 }
 NEVER_STORED = frozenset({"error", "close", "cut"})
+# The share of a client's steps that are background responses' (tests/campaign/background.py).
+BACKGROUND_SHARE = 0.05
 
 
 def user_texts(messages: list[dict[str, Any]]) -> list[str]:
@@ -63,7 +66,15 @@ class ClientSettings:
 
 
 class Client:
-    def __init__(self, index: int, base_url: str, history: History, backend: FakeBackend, seed: int) -> None:
+    def __init__(
+        self,
+        index: int,
+        base_url: str,
+        history: History,
+        backend: FakeBackend,
+        seed: int,
+        replica_urls: list[str] | None = None,
+    ) -> None:
         self.index = index
         self.key = f"sk-campaign-{seed}-{index}"
         self.history = history
@@ -85,6 +96,9 @@ class Client:
         self.sessions = [f"S{index}-{n}" for n in range(2)]
         self._made = 0
         self.settings = ClientSettings()
+        self.background = BackgroundClient(
+            index, self.key, base_url, replica_urls or [base_url], history, backend, self.rng, OP_TIMEOUT
+        )
 
     # -- one operation ------------------------------------------------------------------------------------------
 
@@ -223,6 +237,9 @@ class Client:
             thread.gone = True
 
     async def step(self) -> None:
+        if self.rng.random() < BACKGROUND_SHARE:
+            await self.background.step()
+            return
         self.threads = [t for t in self.threads if not t.gone and t.turns < TURNS_PER_THREAD]
         while len(self.threads) < self.settings.live_threads:
             thread = self._new_thread()
@@ -278,6 +295,7 @@ class Client:
 
     async def close(self) -> None:
         await self.http.aclose()
+        await self.background.close()
 
 
 def _outcome(status: int) -> Outcome:

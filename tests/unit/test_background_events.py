@@ -76,6 +76,15 @@ def test_a_run_asked_for_as_json_tells_its_events_after_the_queued_ones() -> Non
     assert [e["type"] for e in events[1:]] == [e["type"] for e in _parsed(replayed_frames(STORED, after=1))]
 
 
+def test_a_background_response_replays_as_its_run_numbered_it() -> None:
+    background = orjson.dumps({**orjson.loads(STORED), "background": True})
+    events = _parsed(replayed_frames(background, after=-1))
+    assert [e["type"] for e in events[:3]] == ["response.created", "response.queued", "response.in_progress"]
+    assert events[0]["response"]["status"] == "queued" and events[0]["response"]["output"] == []
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert _parsed(replayed_frames(background, after=1)) == _parsed(run_frames(background, first=2))
+
+
 def test_the_final_event_is_named_by_the_status() -> None:
     for status, kind in (("failed", "response.failed"), ("cancelled", "response.cancelled")):
         body = with_status(STORED, status, {"code": "server_error", "message": "m"} if status == "failed" else None)

@@ -16,6 +16,7 @@ import orjson
 import pytest
 import redis
 
+from statestore.store.event_log import Event, EventLogUnavailable, RedisEventLog
 from tests.integration.responses.conftest import ADMIN_TOKEN
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import own_redis_prefix
@@ -240,6 +241,37 @@ def test_events_gone_from_redis_mid_stream_end_from_storage(
     assert final(a, queued.id).output_text == "echo: flushed away"
 
 
+def test_events_lost_midway_are_never_spliced_into_a_replay(
+    clients: tuple[openai.OpenAI, openai.OpenAI],
+    pair: tuple[StatestoreServer, StatestoreServer],
+    api_key: str,
+    redis_url: str,
+    prefix: str,
+) -> None:
+    """Found by the fault campaign: a batch of a run's events lost (a Redis connection reset), the later ones kept. A
+    client that had seen only the queued events was told the rest from storage, numbered as a replay numbers them;
+    resumed later, it was given the run's own later events on top, and read the reply twice."""
+    a, _ = clients
+    queued = a.responses.create(model="echo-1", input="a batch lost in the middle", background=True)
+    done = final(a, queued.id)
+    store = redis.Redis.from_url(redis_url)
+    # sequence numbers 2 to 4 (stream ids are the number plus one): in_progress and the reply's first events
+    assert store.xdel(f"{prefix}bg:{{{queued.id}}}:events", "0-3", "0-4", "0-5") == 3
+    seen: list[dict[str, Any]] = []
+    for event in raw_events(pair[1].url, api_key, queued.id, 1):
+        seen.append(event)
+        if len(seen) == 3:
+            break  # the connection drops
+    if seen[-1]["type"] != "response.completed":
+        seen += raw_events(pair[0].url, api_key, queued.id, seen[-1]["sequence_number"])
+    numbers = [e["sequence_number"] for e in seen]
+    assert numbers == list(range(2, 2 + len(numbers)))
+    assert [e["type"] for e in seen if e["type"].startswith("response.") and "response" in e] == ["response.completed"]
+    deltas = "".join(e["delta"] for e in seen if e["type"] == "response.output_text.delta")
+    assert done.output_text.startswith(deltas)  # told once at most, never twice
+    assert seen[-1]["response"]["output"][0]["content"][0]["text"] == done.output_text
+
+
 @pytest.fixture
 async def own_db(postgres_admin_url: str) -> AsyncIterator[str]:
     from tests.conftest import migrated_scratch_pg_database
@@ -393,3 +425,27 @@ def test_cancel_a_turn_queued_on_another_replica_frees_its_conversation(
         assert b.responses.create(model="echo-1", input="now", conversation=conversation.id).output_text == "echo: now"
         assert len(b.conversations.items.list(conversation.id).data) == 2
         assert b.responses.cancel(running.id).status == "cancelled"
+
+
+async def test_a_closed_redis_transport_is_an_unavailable_event_log(redis_url: str, prefix: str) -> None:
+    """Found by the fault campaign: after a reset closed a Redis connection, uvloop raised RuntimeError for the next
+    write on it, which escaped the event log. A run's publish then lost its batch and ended a turn it had just stored
+    `failed`; a follower's stream broke off. Every event log call must take it as Redis unavailable."""
+    events = RedisEventLog(redis_url, prefix, cap=100)
+
+    async def closed_transport(*args: object, **kwargs: object) -> object:
+        raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
+
+    events._script = closed_transport
+    events._redis.xrange = events._redis.xrevrange = closed_transport
+    assert events._lean is not None
+    events._lean.execute = closed_transport  # type: ignore[method-assign]
+    try:
+        with pytest.raises(EventLogUnavailable):
+            await events.publish("resp_closed", 1, [Event(2, b"event: x\n\n")], 1000)
+        with pytest.raises(EventLogUnavailable):
+            await events.read("resp_closed", 1, block_ms=0)
+        with pytest.raises(EventLogUnavailable):
+            await events.last("resp_closed")
+    finally:
+        await events.aclose()
