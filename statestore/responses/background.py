@@ -5,6 +5,7 @@ replica. The runs themselves are responses/background_runs.py's."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -139,7 +140,9 @@ class BackgroundTurns:
         held = self.runner.held.get(response_id)
         if held is not None:
             self.runner.stop_local(response_id, "cancel")
-            await asyncio.wait_for(asyncio.shield(held.done.wait()), CANCEL_WAIT_SECONDS)
+            # A run that does not stop in time (the database hanging as it ends) is answered as it stands.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(held.done.wait()), CANCEL_WAIT_SECONDS)
         elif status is not None and not (status == "queued" and await self._cancel_unclaimed(owner, response_id)):
             # Held by another replica (running, or queued for a worker there), which looks for cancels four times a
             # second.
