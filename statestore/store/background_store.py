@@ -110,52 +110,33 @@ class BackgroundStore:
         claimed = claim_token is not None
         status = "in_progress" if claimed and started else "queued"
         attempt = 1 if claimed else 0
-        values = {
-            "id": job.id,
-            "owner": job.owner,
-            "tenant_id": job.tenant_id,
-            "metadata_user_id": job.metadata_user_id,
-            "conversation_id": job.conversation_id,
-            "conversation_lease": job.conversation_lease,
-            "status": status,
-            "request": job.request,
-            "headers": job.headers,
-            "body": job.body,
-            "claim_token": claim_token,
-            "claim_expires_ms": claim_until_ms if claimed else None,
-            "attempt": attempt,
-            "cancel_requested": False,
-            "created_ms": job.now_ms,
-            "updated_ms": job.now_ms,
-            "expires_ms": job.expires_ms,
-        }
+        admit = Admit(
+            id=job.id,
+            owner=job.owner,
+            tenant_id=job.tenant_id,
+            metadata_user_id=job.metadata_user_id,
+            conversation_id=job.conversation_id,
+            conversation_lease=job.conversation_lease,
+            status=status,
+            request=job.request,
+            headers=job.headers,
+            body=job.body,
+            claim_token=claim_token,
+            claim_expires_ms=claim_until_ms if claimed else None,
+            attempt=attempt,
+            now_ms=job.now_ms,
+            expires_ms=job.expires_ms,
+            bound=bound,
+        )
         if self._pg is not None:
-            admitted = await self._pg.execute(
-                PG_ADMIT,
-                Admit(
-                    id=job.id,
-                    owner=job.owner,
-                    tenant_id=job.tenant_id,
-                    metadata_user_id=job.metadata_user_id,
-                    conversation_id=job.conversation_id,
-                    conversation_lease=job.conversation_lease,
-                    status=status,
-                    request=job.request,
-                    headers=job.headers,
-                    body=job.body,
-                    claim_token=claim_token,
-                    claim_expires_ms=claim_until_ms if claimed else None,
-                    attempt=attempt,
-                    now_ms=job.now_ms,
-                    expires_ms=job.expires_ms,
-                    bound=bound,
-                ),
-            )
-            if affected(admitted) != 1:
+            if affected(await self._pg.execute(PG_ADMIT, admit)) != 1:
                 return None
         else:
+            values = {name: getattr(admit, name) for name in admit.__dataclass_fields__}
+            now = values.pop("now_ms")
+            values.update(created_ms=now, updated_ms=now, cancel_requested=False)
             async with self._single.connect() as conn:
-                if (await conn.execute(CORE_ADMIT, {**values, "bound": bound})).rowcount != 1:
+                if (await conn.execute(CORE_ADMIT, values)).rowcount != 1:
                     return None
         return BackgroundJob(
             id=job.id,
