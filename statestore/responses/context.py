@@ -15,7 +15,7 @@ from statestore.responses.errors import previous_response_not_found
 from statestore.responses.items import join_rendered, join_segments
 from statestore.responses.request import chat_body
 from statestore.store.cache import HistoryCache
-from statestore.store.cache_entry import CachedHistory, CacheKey, conversation_key, response_key
+from statestore.store.cache_entry import BRANCH_POINT, CachedHistory, CacheKey, conversation_key, response_key
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.response_records import ResponseRow, StoredItem
 from statestore.store.response_store import ResponseStore
@@ -38,9 +38,12 @@ def cached_chain(head: ResponseRow, cached: CachedHistory | None) -> CachedHisto
     items, and an item deleted there must leave its context: the deletion drops the entries there are (Retention),
     and an entry written afterwards by a turn that read the context before the deletion carries the older version,
     which no later read accepts."""
-    if cached is None or cached.count != head.depth + 1 or cached.version != head.conversation_version:
+    if cached is None or cached.count != head.depth + 1:
         return None
-    return cached
+    if cached.version == head.conversation_version:
+        return cached
+    # A branch point's entry: a chain not begun on a conversation reads no conversation, so no version to match.
+    return cached if cached.version == BRANCH_POINT and head.conversation_version is None else None
 
 
 async def chain_context(store: ResponseStore, head: ResponseRow, cached: CachedHistory | None) -> bytes:
@@ -65,19 +68,29 @@ async def remember_head(
     hit: bool,
     ttl_ms: int,
     conversation_version: int | None = None,
+    branched: bool = False,
 ) -> None:
-    """The new head's context goes in the cache and its parent's entry goes (a branch from it reads the database):
-    when the turn read the parent's entry, the entry itself moves to the new head with the turn's segment appended,
-    so a long chain's context is not sent to the cache again every turn; else the context is put whole."""
+    """The new head's context goes in the cache. When the turn read its parent's head entry, the entry itself moves to
+    the new head with the turn's segment appended, so a long chain's context is not sent to the cache again every
+    turn. A turn that branched (its parent's context came from the database, or from the parent's branch-point entry)
+    puts its context whole and keeps its parent's as a branch point, so the next branch from the same response
+    (regenerate, edit) reads one value, whatever its depth; those entries are bounded by the responses that were
+    branched from, and expire with them."""
     key = cache_key(response_id)
     # The parent's entry holds its depth + 1 = this response's depth joined segments. An entry that also holds a
     # conversation's version is put whole (a move counts segments only).
-    movable = hit and parent_id is not None and context and segment and conversation_version is None
+    movable = hit and not branched and parent_id is not None and context and segment and conversation_version is None
     if movable and parent_id is not None and await cache.move(cache_key(parent_id), key, depth, [segment], ttl_ms):
         return
     history = CachedHistory(depth + 1, join_segments([context, segment]), conversation_version)
     if parent_id is None:
         await cache.put(key, history, ttl_ms)
+    elif conversation_version is None and context and not hit:
+        # A branch read from the database: its parent's context is kept for the branches after it.
+        kept = CachedHistory(depth, context, BRANCH_POINT)
+        await asyncio.gather(cache.put(key, history, ttl_ms), cache.put(cache_key(parent_id), kept, ttl_ms))
+    elif branched:
+        await cache.put(key, history, ttl_ms)  # the parent's branch-point entry stays
     else:
         await asyncio.gather(cache.put(key, history, ttl_ms), cache.delete(cache_key(parent_id)))
 

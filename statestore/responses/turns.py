@@ -36,6 +36,7 @@ from statestore.responses.prepared import PreparedResponse
 from statestore.responses.reply import response_object
 from statestore.responses.request import TurnRequest
 from statestore.store.cache import HistoryCache
+from statestore.store.cache_entry import BRANCH_POINT
 from statestore.store.conversation_store import ConversationStore, Locked
 from statestore.store.response_records import NewResponse
 from statestore.store.response_store import ResponseStore
@@ -149,6 +150,7 @@ class ResponseTurns:
             prepared.measured = (parent.context_tokens, parent.context_bytes)
             cached = cached_chain(parent, cached)
             prepared.cache_hit = cached is not None
+            prepared.branch_point = cached is not None and cached.version == BRANCH_POINT
             prepared.context = await chain_context(self.responses, parent, cached)
         elif turn.conversation_id is not None:
             conversation = turn.conversation_id
@@ -279,6 +281,7 @@ class ResponseTurns:
                 hit=prepared.cache_hit,
                 ttl_ms=prepared.ttl_ms,
                 conversation_version=prepared.parent.conversation_version if prepared.parent else None,
+                branched=prepared.branch_point,
             )
         return True
 

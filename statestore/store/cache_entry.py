@@ -42,9 +42,16 @@ class CachedHistory(NamedTuple):
     count: int  # type: ignore[assignment]  # number of messages joined in `joined`
     joined: bytes  # b",".join(message_bytes); b"" when count == 0
     # What the entry was read against besides its count (a chain begun on a conversation: the conversation's
-    # version); an entry is served only for the version it was written with.
+    # version); an entry is served only for the version it was written with. BRANCH_POINT: a response's entry kept
+    # for its branches.
     version: int | None = None
 
+
+# A response's entry kept for its branches: its chain's context, written when a turn branched from it (its context was
+# read from the database), kept when later turns branch from it again, never moved to a child. Written as a version no
+# conversation has (versions are positions, or -1 for a chain whose conversation is gone), so a release that does not
+# know it reads the entry as another version's: a miss.
+BRANCH_POINT = -2
 
 # Each entry's count key carries the format it was written in: b"2:<count>" or b"2:<count>:<version>". Releases
 # before formats were written stored a bare count (format 1, the same meaning for a thread's or a conversation's

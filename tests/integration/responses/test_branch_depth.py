@@ -146,6 +146,31 @@ def test_a_deleted_response_on_the_way_fails_every_branch_below_it_and_no_other(
     assert messages == expected(main[:11] + turns("side", 3), "side")
 
 
+def test_a_branch_point_is_kept_for_the_next_branch_and_goes_with_a_deleted_ancestor(
+    client: openai.OpenAI, backend: FakeBackend, storage: str, redis_url: str, module_prefix: str
+) -> None:
+    """The first branch from a response reads its context from the database and keeps it as that response's
+    branch point; the branches after it read that entry (the same bytes), and a deletion above it drops it."""
+    main = turns("point", 12)
+    ids = chain(client, main)
+    for again in range(3):  # the first reads the database, the next ones the branch point: the same context
+        _, messages = sent(client, backend, ids[8], f"regenerate {again}")
+        assert messages == expected(main[:9], f"regenerate {again}")
+    if storage.startswith("postgresql"):
+        import redis
+
+        entry = redis.Redis.from_url(redis_url).get(f"{module_prefix}{{resp:{ids[8]}}}:n")
+        assert entry == b"2:9:-2"  # nine segments, kept for branches
+    _, messages = sent(client, backend, ids[-1], "the head goes on")
+    assert messages == expected(main, "the head goes on")
+    client.responses.delete(ids[5])
+    for below in (ids[8], ids[9]):
+        with pytest.raises(openai.BadRequestError):
+            client.responses.create(model="echo-1", input="x", previous_response_id=below)
+    _, messages = sent(client, backend, ids[4], "above")
+    assert messages == expected(main[:5], "above")
+
+
 def test_a_run_continued_again_after_a_deletion_does_not_lend_its_items_to_an_old_branch(
     client: openai.OpenAI, backend: FakeBackend
 ) -> None:
