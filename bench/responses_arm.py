@@ -15,9 +15,11 @@ Arms, interleaved each round:
   branch    as `response`, but from the head's parent: a branch, rebuilt from the database
   conversation  statestore `POST /v1/responses` on a conversation holding the history, only the new turn (the
             conversation's context is read from the cache, checked against the position its lease returns)
-  head@D, branch@D  (with --depths D,…) on a chain D responses deep made of small turns: a continue from its head
-            (stored, so the head moves on), and a regenerate from the response below the head (stored: a new
-            sibling each time), whose context is rebuilt from the database
+  head@D, branch@D, first-branch@D  (with --depths D,…) on a chain D responses deep made of small turns: a
+            continue from its head (stored, so the head moves on), a branch from a response no turn branched from
+            before (first-branch: its context read from the database; the deepest one not yet branched from, one
+            shallower each turn), and a regenerate from the response below the head (branch: stored, a new sibling
+            each time; its context read from the database the first time, then from the branch point it keeps)
 The history is the same text for every arm: alternating user and assistant messages with escapes and non-ASCII.
 Runs on a PostgreSQL cluster and a redis-server of its own (bench/throwaway.py), so that nothing else on the machine
 lands on the bill; with --services shared, on the ones `make bench` uses (STATESTORE_BENCH_PG /
@@ -164,6 +166,7 @@ class DeepChain:
         self.depth = depth
         self.head = ""
         self.below_head = ""
+        self.untouched: list[str] = []  # responses of the chain no turn has branched from yet, deepest last
 
     async def setup(self) -> None:
         previous: str | None = None
@@ -173,7 +176,10 @@ class DeepChain:
                 body["previous_response_id"] = previous
             _, reply, _ = await self.arms._post(self.arms.statestore + "/v1/responses", body, _bearer())
             self.below_head, previous = previous or reply["id"], reply["id"]
+            self.untouched.append(reply["id"])
         self.head = previous or ""
+        # The deepest ones first; the head and the response below it are the other arms'.
+        self.untouched = self.untouched[:-2]
 
     async def head_continue(self) -> float:
         body = {"model": "echo-1", "input": self.arms._new(), "previous_response_id": self.head}
@@ -183,6 +189,14 @@ class DeepChain:
 
     async def regenerate(self) -> float:
         body = {"model": "echo-1", "input": self.arms._new(), "previous_response_id": self.below_head}
+        elapsed, _, _ = await self.arms._post(self.arms.statestore + "/v1/responses", body, _bearer())
+        return elapsed
+
+    async def first_branch(self) -> float:
+        """A branch from a response no turn branched from before (its context read from the database), as deep as
+        the chain still has one: the cold side of `regenerate`, which after its first turn reads a branch point."""
+        at = self.untouched.pop() if len(self.untouched) > 1 else self.untouched[0]
+        body = {"model": "echo-1", "input": self.arms._new(), "previous_response_id": at}
         elapsed, _, _ = await self.arms._post(self.arms.statestore + "/v1/responses", body, _bearer())
         return elapsed
 
@@ -225,6 +239,7 @@ async def measure(
                     await chain.setup()
                     order[f"head@{depth}"] = chain.head_continue
                     order[f"branch@{depth}"] = chain.regenerate
+                    order[f"first-branch@{depth}"] = chain.first_branch
             names = list(order)
             samples: dict[str, list[float]] = {name: [] for name in names}
             bills: dict[str, list[Bill]] = {name: [] for name in names}
