@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from statestore.base62 import ALPHABET, random_key
+from statestore.base62 import random_key
 
 _KEY_LEN = 32
 PREFIXES = ("resp_", "msg_", "fc_", "conv_", "call_", "rs_")
@@ -17,4 +17,5 @@ def looks_like(prefix: str, text: object) -> bool:
     if not isinstance(text, str) or not text.startswith(prefix):
         return False
     key = text[len(prefix) :]
-    return len(key) == _KEY_LEN and all(c in ALPHABET for c in key)
+    # ASCII letters and digits are exactly the base62 alphabet: two C-level tests, not a loop per character.
+    return len(key) == _KEY_LEN and key.isascii() and key.isalnum()

@@ -96,7 +96,9 @@ def _normalised(item: ItemParam | TurnItemParam) -> dict[str, Any]:
 def normalise_input(value: str | Sequence[ItemParam] | Sequence[TurnItemParam]) -> list[dict[str, Any]]:
     """A validated `input` (a user message's text, or items) as stored Responses items."""
     if isinstance(value, str):
-        return [_normalised(MessageParam(role="user", content=value))]
+        # The common turn, a user's text: the item _normalised would make, without building two models first.
+        text = [{"type": "input_text", "text": value}]
+        return [{"type": "message", "id": new_id("msg_"), "role": "user", "content": text, "status": "completed"}]
     return [_normalised(item) for item in value]
 
 

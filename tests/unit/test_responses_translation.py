@@ -154,6 +154,31 @@ def test_a_valid_body_is_a_turn_as_it_was_sent() -> None:
     assert turn.chat_params["temperature"] == 1
 
 
+def test_a_text_input_is_the_user_message_item_a_list_would_make() -> None:
+    """The string form is read without building its models: it must be exactly the item the list form makes."""
+    from_text = read_turn(orjson.dumps({"model": "m", "input": "hi ☕"})).input
+    from_list = read_turn(orjson.dumps({"model": "m", "input": [{"role": "user", "content": "hi ☕"}]})).input
+    assert [dict(item, id="") for item in from_text] == [dict(item, id="") for item in from_list]
+    assert from_text[0]["id"].startswith("msg_") and from_text[0]["id"] != from_list[0]["id"]
+
+
+def test_an_id_looks_minted_only_with_its_prefix_and_32_base62_characters() -> None:
+    from statestore.responses.ids import looks_like, new_id
+
+    minted = new_id("resp_")
+    assert looks_like("resp_", minted)
+    for other in (
+        "conv_" + minted[5:],
+        minted[:-1],
+        minted + "x",
+        minted[:-1] + "-",
+        minted[:-1] + "é",
+        minted[:-1] + "٣",
+    ):
+        assert not looks_like("resp_", other), other
+    assert not looks_like("resp_", None)
+
+
 def test_the_backend_body_splices_the_joined_messages_in() -> None:
     turn = read_turn(
         orjson.dumps(
