@@ -193,8 +193,11 @@ class BackgroundTurns:
         last = after
         wait_ms = 0  # the first look does not wait: a finished response whose events are gone is told at once
         while True:
+            # A run on this replica wakes its followers itself when its events are kept: no blocking read then.
+            held = self.runner.held.get(response_id)
+            wake = held.wake if held is not None and not held.done.is_set() else None
             try:
-                events = await self.events.read(response_id, last, block_ms=wait_ms)
+                events = await self.events.read(response_id, last, block_ms=0 if wake is not None else wait_ms)
                 wait_ms = FOLLOW_WAIT_MS
                 known = True
             except EventLogUnavailable:
@@ -210,6 +213,10 @@ class BackgroundTurns:
                         return
                 else:
                     continue
+            if wake is not None and not events:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), FOLLOW_WAIT_MS / 1000)
+                continue
             found = await self.state(owner, response_id)
             if found is None:
                 return  # deleted or expired meanwhile

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import orjson
 
@@ -38,7 +39,16 @@ class Publisher:
     """A run's events to the event log, coalesced: while one publish is in flight the next events gather, and go in
     the following one, so a fast stream costs a few round trips, not one per event."""
 
-    def __init__(self, events: EventLog, response_id: str, attempt: int, ttl_ms: int) -> None:
+    def __init__(
+        self,
+        events: EventLog,
+        response_id: str,
+        attempt: int,
+        ttl_ms: int,
+        on_published: Callable[[], None] | None = None,
+    ) -> None:
+        """`on_published`: called after each batch is kept (a follower on this replica wakes on it)."""
+        self._on_published = on_published
         self._events = events
         self._id = response_id
         self._attempt = attempt
@@ -61,6 +71,8 @@ class Publisher:
                 batch, self._pending = self._pending, []
                 try:
                     await self._events.publish(self._id, self._attempt, batch, self._ttl_ms)
+                    if self._on_published is not None:
+                        self._on_published()
                 except Superseded:
                     self.superseded = True
                 except EventLogUnavailable as exc:

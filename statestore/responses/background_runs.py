@@ -64,6 +64,13 @@ class Held:
     next_seq: int = FIRST_RUN_EVENT
     publisher: Publisher | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set (and replaced) whenever the run's events were kept, and at its end: what a follower on this replica waits
+    # on, instead of a blocking read of the event log.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def notify(self) -> None:
+        self.wake.set()
+        self.wake = asyncio.Event()
 
 
 class BackgroundRunner:
@@ -229,6 +236,7 @@ class BackgroundRunner:
                     await self.turns.give_back(held.prepared)
             self.held.pop(job.id, None)
             held.done.set()
+            held.notify()
 
     async def _stopped(self, held: Held) -> None:
         """The run was stopped before its commit: say so, unless the claim is another replica's now."""
@@ -260,7 +268,7 @@ class BackgroundRunner:
         # Asked for as a stream, its events are published as the backend's chunks come; else the backend answers
         # whole, and the events a stream of it would have had are published once it is stored.
         streamed = prepared.turn.stream
-        publisher = held.publisher = Publisher(self.events, job.id, job.attempt, prepared.ttl_ms)
+        publisher = held.publisher = Publisher(self.events, job.id, job.attempt, prepared.ttl_ms, held.notify)
         numbered = SequencedEvents()
         numbered.next = held.next_seq
         last = b""
