@@ -70,11 +70,6 @@ def _tail(expected_count: int, added: list[bytes]) -> bytes:
     return b"," + tail if expected_count > 0 and added else tail
 
 
-def appended(joined: bytes, added: list[bytes]) -> bytes:
-    # One join builds the result in a single allocation; `joined + b"," + ...` would copy history twice.
-    return b",".join([joined, *added]) if joined else b",".join(added)
-
-
 # ---------------------------------------------------------------------------------------------------
 # Redis
 # ---------------------------------------------------------------------------------------------------

@@ -82,3 +82,9 @@ def decode_count(raw: bytes) -> tuple[int, int | None] | None:
     except ValueError:
         pass
     return None
+
+
+def appended(joined: bytes, added: list[bytes]) -> bytes:
+    """An entry's joined messages with `added` after them (both stores append this way)."""
+    # One join builds the result in a single allocation; `joined + b"," + ...` would copy history twice.
+    return b",".join([joined, *added]) if joined else b",".join(added)

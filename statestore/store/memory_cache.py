@@ -8,8 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from statestore.store.cache import appended
-from statestore.store.cache_entry import CachedHistory, CacheKey
+from statestore.store.cache_entry import CachedHistory, CacheKey, appended
 
 _MIB = 1024 * 1024
 
