@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -48,6 +49,10 @@ log = logging.getLogger(__name__)
 FIRST_RUN_EVENT = 2
 CANCEL_CHECK_SECONDS = 0.25
 _FINAL_FRAMES = (b"event: response.completed", b"event: response.incomplete")
+
+
+class Withdrawn(Exception):
+    """A run may not commit: its turn was cancelled, or another replica holds it now."""
 
 
 @dataclass(slots=True, eq=False)
@@ -281,7 +286,9 @@ class BackgroundRunner:
             )
             try:
                 if streamed:
-                    async for frame in turn_events(self.turns, prepared, upstream, numbered, announce=False):
+                    guard = functools.partial(self._may_commit, held)
+                    events = turn_events(self.turns, prepared, upstream, numbered, announce=False, before_commit=guard)
+                    async for frame in events:
                         publisher.add(Event(numbered.next - 1, frame, final=frame.startswith(_FINAL_FRAMES)))
                         held.next_seq = numbered.next
                         last = frame
@@ -289,6 +296,11 @@ class BackgroundRunner:
                     last = await self._json_turn(held, prepared, upstream, publisher)
             finally:
                 await upstream.aclose()
+        except Withdrawn:
+            # Cancelled meanwhile (it ends so, if the claim is still this replica's), or taken over by another
+            # replica (which says how it ended): either way nothing was committed.
+            await self._end(held, "cancelled", error=None)
+            return
         except OpenAIError as exc:
             await self._end(held, "failed", error={"code": exc.code or "server_error", "message": exc.message})
             return
@@ -300,6 +312,16 @@ class BackgroundRunner:
         await publisher.drain()
         await self.store.end(job.id, token=self.token, status=status, body=None, now_ms=self.clock())
         self.metrics.count_background_turn(status)
+
+    async def _may_commit(self, held: Held) -> None:
+        """Just before the commit: the turn must still be this replica's and not asked to be cancelled (a cancel from
+        another replica, or one that found the claim run out, may have ended it already); its claim is renewed so
+        nobody ends it while the commit is under way. Raises Withdrawn otherwise."""
+        now = self.clock()
+        if not await self.store.keep_for_commit(
+            held.job.id, token=self.token, now_ms=now, until_ms=now + self.lease_ms
+        ):
+            raise Withdrawn(held.job.id)
 
     async def _json_turn(
         self, held: Held, prepared: PreparedResponse, upstream: UpstreamResponse, publisher: Publisher
@@ -315,6 +337,7 @@ class BackgroundRunner:
             prepared, status=status, output=with_compaction(prepared, output), usage=usage, incomplete=incomplete
         )
         body = orjson.dumps(response)
+        await self._may_commit(held)
         prepared.committing = True  # from here on a cancel lets the turn complete
         try:
             committed = await self.turns.commit(prepared, response, body)

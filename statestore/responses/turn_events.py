@@ -6,7 +6,7 @@ response; a turn that cannot be completed raises StreamBrokenOff, having stored 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -29,9 +29,11 @@ async def turn_events(
     numbered: SequencedEvents,
     *,
     announce: bool = True,
+    before_commit: Callable[[], Awaitable[None]] | None = None,
 ) -> AsyncIterator[bytes]:
     """The turn's SSE frames, numbered by `numbered`. `announce`: open with `response.created` (a background turn's
-    was sent when it was queued); `response.in_progress` always comes first of what the run itself sends."""
+    was sent when it was queued); `response.in_progress` always comes first of what the run itself sends.
+    `before_commit`: awaited just before the commit, which it stops by raising."""
     skeleton = turns.response(prepared, status="in_progress", output=[], usage=None)
     if announce:
         yield numbered.frame({"type": "response.created", "response": skeleton})
@@ -56,6 +58,8 @@ async def turn_events(
     output = with_compaction(prepared, output)
     response = turns.response(prepared, status=status, output=output, usage=usage, incomplete=incomplete)
     body = orjson.dumps(response)
+    if before_commit is not None:
+        await before_commit()  # a background run: still this replica's, and not cancelled (raises otherwise)
     prepared.committing = True  # from here on a cancel lets the turn complete (responses/background_runs.py)
     try:
         committed = await turns.commit(prepared, response, body)

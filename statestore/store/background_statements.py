@@ -119,3 +119,35 @@ WHERE id = :id::varchar AND claim_token = :token::varchar AND status IN ('queued
 """,
     durable=False,
 )
+
+
+@dataclass(slots=True, kw_only=True)
+class KeepForCommit:
+    id: str
+    token: str
+    now_ms: int
+    until_ms: int
+
+
+# Just before a run commits its response: the turn is still this replica's, not asked to be cancelled, and its claim
+# is renewed, so that no replica (nor a cancel of a turn whose claim ran out) ends it while the commit is under way.
+# Not waiting for its flush, as a lease: a renewal lost in a crash only frees the turn sooner.
+PG_KEEP_FOR_COMMIT: Final = PgStatement(
+    KeepForCommit,
+    """
+UPDATE background_responses SET claim_expires_ms = :until_ms::bigint, updated_ms = :now_ms::bigint
+WHERE id = :id::varchar AND claim_token = :token::varchar AND status IN ('queued', 'in_progress')
+    AND NOT cancel_requested
+""",
+    durable=False,
+)
+CORE_KEEP_FOR_COMMIT = (
+    update(bg)
+    .where(
+        bg.c.id == bindparam("keep_id"),
+        bg.c.claim_token == bindparam("keep_token"),
+        bg.c.status.in_(OPEN),
+        bg.c.cancel_requested.is_(False),
+    )
+    .values(claim_expires_ms=bindparam("keep_until"), updated_ms=bindparam("keep_now"))
+)

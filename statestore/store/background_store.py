@@ -20,11 +20,14 @@ from statestore.store.background_statements import (
     CORE_ADMIT,
     CORE_END,
     CORE_END_WITH_BODY,
+    CORE_KEEP_FOR_COMMIT,
     OPEN,
     PG_ADMIT,
     PG_END,
+    PG_KEEP_FOR_COMMIT,
     Admit,
     End,
+    KeepForCommit,
 )
 from statestore.store.pg_hot_path import PgHotPath, affected
 from statestore.store.schema import background_responses as bg
@@ -226,6 +229,16 @@ class BackgroundStore:
         )
         async with self._single.connect() as conn:
             await conn.execute(statement)
+
+    async def keep_for_commit(self, response_id: str, *, token: str, now_ms: int, until_ms: int) -> bool:
+        """The run may commit: the turn is still this replica's and nobody asked to cancel it; its claim renewed.
+        False: it was cancelled, or another replica took it over (the run must not commit)."""
+        if self._pg is not None:
+            keep = KeepForCommit(id=response_id, token=token, now_ms=now_ms, until_ms=until_ms)
+            return affected(await self._pg.execute(PG_KEEP_FOR_COMMIT, keep)) == 1
+        params = {"keep_id": response_id, "keep_token": token, "keep_now": now_ms, "keep_until": until_ms}
+        async with self._single.connect() as conn:
+            return (await conn.execute(CORE_KEEP_FOR_COMMIT, params)).rowcount == 1
 
     async def renew(self, token: str, ids: Sequence[str], *, now_ms: int, until_ms: int) -> set[str]:
         """Extend the claims this replica holds; the ids it still holds (a turn missing was taken over or ended)."""

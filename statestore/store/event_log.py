@@ -60,19 +60,27 @@ class EventLog(Protocol):
 
 
 # KEYS[1]: the stream. ARGV: attempt, ttl ms, cap, then (id, frame, final) per event. Checked before anything is
-# written, so a refused publish leaves the stream as it was.
+# written, so a refused publish leaves the stream as it was. A batch the same run already wrote (a publish sent again
+# because its answer was lost with the connection) is taken as written: the script is atomic, so a batch is there
+# whole or not at all.
 _PUBLISH = """
 local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #top > 0 then
   local fields = top[1][2]
+  local attempt = nil
   for i = 1, #fields, 2 do
-    if fields[i] == 'a' and tonumber(fields[i + 1]) > tonumber(ARGV[1]) then
-      return redis.error_reply('SUPERSEDED later attempt')
-    end
+    if fields[i] == 'a' then attempt = tonumber(fields[i + 1]) end
+  end
+  if attempt ~= nil and attempt > tonumber(ARGV[1]) then
+    return redis.error_reply('SUPERSEDED later attempt')
   end
   local last = tonumber(string.match(top[1][1], '%-(%d+)$'))
   local first = tonumber(string.match(ARGV[4], '%-(%d+)$'))
   if first <= last then
+    local final = tonumber(string.match(ARGV[#ARGV - 2], '%-(%d+)$'))
+    if attempt == tonumber(ARGV[1]) and final <= last then
+      return 0
+    end
     return redis.error_reply('SUPERSEDED numbers taken')
   end
 end
@@ -137,14 +145,19 @@ class RedisEventLog:
         for event in events:
             args += [_entry_id(event.seq), event.frame, 1 if event.final else 0]
         if self._lean is not None:
-            try:
-                await self._lean_script.run(self._lean, [self._key(response_id)], args)
-            except RespError as exc:
-                if "SUPERSEDED" in str(exc):
-                    raise Superseded(str(exc)) from None
-                raise EventLogUnavailable("RespError") from exc
-            except _UNREACHABLE as exc:
-                raise EventLogUnavailable(type(exc).__name__) from exc
+            # Sent once more on a fresh connection when the first attempt failed on the way (a connection a Redis
+            # reset closed fails the first time it is used): the script takes a batch it already wrote as written.
+            for tries_left in (1, 0):
+                try:
+                    await self._lean_script.run(self._lean, [self._key(response_id)], args)
+                    return
+                except RespError as exc:
+                    if "SUPERSEDED" in str(exc):
+                        raise Superseded(str(exc)) from None
+                    raise EventLogUnavailable("RespError") from exc
+                except _UNREACHABLE as exc:
+                    if not tries_left:
+                        raise EventLogUnavailable(type(exc).__name__) from exc
             return
         try:
             await self._script(keys=[self._key(response_id)], args=args)
@@ -217,6 +230,8 @@ class MemoryEventLog:
             while len(self._kept) > self._streams:
                 self._kept.popitem(last=False)
         if kept.events and (kept.attempt > attempt or events[0].seq <= kept.events[-1].seq):
+            if kept.attempt == attempt and events[-1].seq <= kept.events[-1].seq:
+                return  # this run's batch, written already (as the Redis script takes it)
             raise Superseded("a later attempt owns the stream")
         kept.attempt = attempt
         kept.events.extend(events)

@@ -97,8 +97,9 @@ async def test_one_run_owns_a_stream_and_no_number_is_written_twice() -> None:
     log = MemoryEventLog(cap=100)
     await log.publish("r", 0, [Event(0, b"a"), Event(1, b"b")], ttl_ms=1000)
     await log.publish("r", 1, [Event(2, b"c")], ttl_ms=1000)
+    await log.publish("r", 1, [Event(2, b"c")], ttl_ms=1000)  # sent again (its answer lost): taken as written
     with pytest.raises(Superseded):
-        await log.publish("r", 1, [Event(2, b"again")], ttl_ms=1000)
+        await log.publish("r", 1, [Event(2, b"again"), Event(3, b"on")], ttl_ms=1000)
     await log.publish("r", 2, [Event(3, b"d", final=True)], ttl_ms=1000)
     with pytest.raises(Superseded):
         await log.publish("r", 1, [Event(4, b"late")], ttl_ms=1000)  # an older run, after a newer one wrote

@@ -16,7 +16,7 @@ import orjson
 import pytest
 import redis
 
-from statestore.store.event_log import Event, EventLogUnavailable, RedisEventLog
+from statestore.store.event_log import Event, EventLogUnavailable, RedisEventLog, Superseded
 from tests.integration.responses.conftest import ADMIN_TOKEN
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import own_redis_prefix
@@ -425,6 +425,52 @@ def test_cancel_a_turn_queued_on_another_replica_frees_its_conversation(
         assert b.responses.create(model="echo-1", input="now", conversation=conversation.id).output_text == "echo: now"
         assert len(b.conversations.items.list(conversation.id).data) == 2
         assert b.responses.cancel(running.id).status == "cancelled"
+
+
+async def test_the_redis_event_log_keeps_one_run_per_stream_and_takes_a_batch_sent_again_as_written(
+    redis_url: str, prefix: str
+) -> None:
+    events = RedisEventLog(redis_url, prefix, cap=100)
+    try:
+        await events.publish("resp_twice", 0, [Event(0, b"created"), Event(1, b"queued")], 10_000)
+        batch = [Event(2, b"in progress"), Event(3, b"delta")]
+        await events.publish("resp_twice", 1, batch, 10_000)
+        await events.publish("resp_twice", 1, batch, 10_000)  # a publish whose answer was lost, sent again
+        assert [e.frame for e in await events.read("resp_twice", -1, block_ms=0)] == [
+            b"created",
+            b"queued",
+            b"in progress",
+            b"delta",
+        ]
+        with pytest.raises(Superseded):  # numbers taken, by this run, with more after them
+            await events.publish("resp_twice", 1, [Event(3, b"delta"), Event(4, b"more")], 10_000)
+        await events.publish("resp_twice", 2, [Event(4, b"a later run")], 10_000)
+        with pytest.raises(Superseded):  # the earlier run, once a later one wrote
+            await events.publish("resp_twice", 1, [Event(5, b"late")], 10_000)
+        assert await events.last("resp_twice") == (4, 2)
+    finally:
+        await events.aclose()
+
+
+async def test_a_publish_that_failed_on_its_way_is_sent_once_more(redis_url: str, prefix: str) -> None:
+    """A connection a Redis reset closed fails the first time it is used: the batch goes again, not lost."""
+    events = RedisEventLog(redis_url, prefix, cap=100)
+    assert events._lean is not None
+    real = events._lean.execute
+    failures = [RuntimeError("unable to perform operation on <TCPTransport closed=True>")]
+
+    async def fails_once(*command: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await real(*command)
+
+    events._lean.execute = fails_once  # type: ignore[method-assign]
+    try:
+        await events.publish("resp_retried", 1, [Event(2, b"kept")], 10_000)
+        assert [e.frame for e in await events.read("resp_retried", 1, block_ms=0)] == [b"kept"]
+        assert not failures
+    finally:
+        await events.aclose()
 
 
 async def test_a_closed_redis_transport_is_an_unavailable_event_log(redis_url: str, prefix: str) -> None:
