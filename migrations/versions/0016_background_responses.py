@@ -3,7 +3,8 @@ that any replica claims under a lease, and the policy field that bounds each own
 
 Additive and safe across a rolling upgrade: a new table older code never reads, and a policy column with a default
 (on PostgreSQL 11 and later a constant default adds the column without rewriting the table), which older code neither
-reads nor writes.
+reads nor writes. On PostgreSQL the column is added in a transaction of its own with a short lock timeout, retried,
+so that the serving release's reads of the policies never queue behind it (as revision 0013's steps).
 
 Revision ID: 0016
 Revises: 0015
@@ -12,6 +13,7 @@ Create Date: 2026-12-03
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import sqlalchemy as sa
@@ -25,9 +27,37 @@ depends_on: str | Sequence[str] | None = None
 _OPEN = sa.text("status IN ('queued', 'in_progress')")
 
 
+# On PostgreSQL, while the release before serves (a rolling upgrade): how long the policies column waits for its
+# table's lock before it gives way to the serving reads and is tried again, and how often (as revision 0013 does).
+LOCK_TIMEOUT_MS = 1000
+ATTEMPTS = 30
+
+
+def _add_policy_column_online() -> None:
+    """The column in a transaction of its own, with a short lock timeout, retried: an ALTER TABLE queued for its lock
+    holds up every read of the table behind it, and each turn reads the policies now and then."""
+    with op.get_context().autocommit_block():
+        bind = op.get_bind()
+        bind.exec_driver_sql(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+        for attempt in range(1, ATTEMPTS + 1):
+            try:
+                bind.exec_driver_sql(
+                    "ALTER TABLE policies ADD COLUMN IF NOT EXISTS max_background_turns INTEGER NOT NULL DEFAULT 16"
+                )
+                break
+            except sa.exc.DBAPIError as error:
+                if attempt == ATTEMPTS or not ("lock timeout" in str(error) or "deadlock" in str(error)):
+                    raise
+                time.sleep(0.1 * attempt)
+        bind.exec_driver_sql("RESET lock_timeout")
+
+
 def upgrade() -> None:
-    with op.batch_alter_table("policies") as batch:
-        batch.add_column(sa.Column("max_background_turns", sa.Integer(), nullable=False, server_default="16"))
+    if op.get_bind().dialect.name == "postgresql":
+        _add_policy_column_online()
+    else:
+        with op.batch_alter_table("policies") as batch:
+            batch.add_column(sa.Column("max_background_turns", sa.Integer(), nullable=False, server_default="16"))
     op.create_table(
         "background_responses",
         sa.Column("id", sa.String(length=40), nullable=False),
