@@ -15,7 +15,8 @@ import orjson
 from statestore.auth import Principal
 from statestore.clock import Clock
 from statestore.responses.background_events import final_frame, with_status
-from statestore.responses.background_runs import BackgroundRunner, Held
+from statestore.responses.background_runs import BackgroundRunner
+from statestore.responses.background_turn import Held
 from statestore.responses.errors import BadRequest, OpenAIError, response_not_found
 from statestore.responses.replay import replayed_frames
 from statestore.responses.request import TurnRequest
