@@ -18,9 +18,8 @@ from statestore.responses.background_events import final_frame, with_status
 from statestore.responses.background_runs import BackgroundRunner
 from statestore.responses.background_turn import Held
 from statestore.responses.errors import BadRequest, OpenAIError, response_not_found
-from statestore.responses.replay import replayed_frames
+from statestore.responses.replay import queued_frames, replayed_frames
 from statestore.responses.request import TurnRequest
-from statestore.responses.stream import SequencedEvents
 from statestore.responses.turns import ResponseTurns
 from statestore.store.background_store import BackgroundJob, BackgroundStore, NewJob
 from statestore.store.event_log import Event, EventLog, EventLogUnavailable, Superseded
@@ -36,11 +35,6 @@ CANCEL_WAIT_SECONDS = 5.0
 class RateLimited(OpenAIError):
     status = 429
     error_type = "rate_limit_error"
-
-
-def _queued_frames(body: bytes) -> list[bytes]:
-    numbered = SequencedEvents()
-    return [numbered.frame_response("response.created", body), numbered.frame_response("response.queued", body)]
 
 
 class BackgroundTurns:
@@ -109,7 +103,7 @@ class BackgroundTurns:
                 param="background",
                 code="rate_limit_exceeded",
             )
-        frames = _queued_frames(body)
+        frames = queued_frames(body)
         try:
             await self.events.publish(
                 job.id, 0, [Event(0, frames[0]), Event(1, frames[1])], ttl_ms=max(prepared.ttl_ms, 1000)

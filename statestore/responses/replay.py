@@ -68,6 +68,12 @@ def _frames(body: bytes, *, first: int, created: bool) -> list[bytes]:
     return frames
 
 
+def queued_frames(queued: bytes) -> list[bytes]:
+    """A background response's first two events, around the Response as queued: `response.created`, `.queued`."""
+    numbered = SequencedEvents()
+    return [numbered.frame_response("response.created", queued), numbered.frame_response("response.queued", queued)]
+
+
 def replayed_frames(body: bytes, *, after: int) -> list[bytes]:
     """The SSE frames of a stored Response's events numbered above `after`: for a background one, as its run numbered
     them (created and queued, then the run's own from 2), else as a streamed create would have."""
@@ -76,12 +82,7 @@ def replayed_frames(body: bytes, *, after: int) -> list[bytes]:
         queued = orjson.dumps(
             {**response, "status": "queued", "output": [], "usage": None, "error": None, "incomplete_details": None}
         )
-        numbered = SequencedEvents()
-        opening = [
-            numbered.frame_response("response.created", queued),
-            numbered.frame_response("response.queued", queued),
-        ]
-        frames = [*opening, *_frames(body, first=2, created=False)]
+        frames = [*queued_frames(queued), *_frames(body, first=2, created=False)]
     else:
         frames = _frames(body, first=0, created=True)
     return frames[after + 1 :] if after >= 0 else frames
