@@ -24,6 +24,7 @@ from statestore.api import health, messages, openai_compaction, openai_conversat
 from statestore.api import threads as threads_api
 from statestore.api.front_door import FrontDoor
 from statestore.config import Settings
+from statestore.encryption.setup import start_problem
 from statestore.errors import InvalidRequest, MethodNotAllowed, NotFound, ServiceUnavailable, StatestoreError
 from statestore.metrics import Metrics
 from statestore.middleware import BodySizeLimitMiddleware, RequestContextMiddleware, error_response
@@ -76,6 +77,8 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
             pending = await pending_revision(resources.engine, allow_newer=settings.allow_newer_schema)
             if pending is not None:
                 raise RuntimeError(f"{pending}; run `statestore migrate` first")
+            if (problem := await start_problem(settings, resources.keystore_engine)) is not None:
+                raise RuntimeError(problem)
             app.state.resources = resources
             purger = asyncio.create_task(
                 run_purger(resources.retention, settings.purge_interval_seconds), name="purger"

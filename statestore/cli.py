@@ -53,6 +53,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
         sys.exit(f"statestore: cannot reach the database ({type(exc).__name__}: {exc})")
     if pending is not None:
         sys.exit(f"statestore: {pending}. Run `statestore migrate` first.")
+    from statestore.encryption.setup import encryption_problem
+
+    if (problem := asyncio.run(encryption_problem(settings))) is not None:
+        sys.exit(f"statestore: {problem}")
     uvicorn.run(
         "statestore.app:create_server_app",
         factory=True,
@@ -93,6 +97,20 @@ def cmd_migrate(args: argparse.Namespace) -> None:
     except Exception as exc:
         sys.exit(f"statestore: migration failed ({type(exc).__name__}: {exc})")
     print(f"statestore: {migrated.describe()} ({_safe_url(settings.database_url)})")
+    if settings.keystore_url:
+        asyncio.run(_create_keystore(settings.keystore_url))
+        print(f"statestore: key store ready ({_safe_url(settings.keystore_url)})")
+
+
+async def _create_keystore(url: str) -> None:
+    from statestore.store.engine import create_engine
+    from statestore.store.keystore import KeyStore
+
+    engine = create_engine(url, pool_size=1)
+    try:
+        await KeyStore(engine).create_table()
+    finally:
+        await engine.dispose()
 
 
 def _safe_url(url: str) -> str:

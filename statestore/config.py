@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from statestore.encryption.master_keys import MasterKeyRing, read_master_keys
 from statestore.sealing import parse_keys
 from statestore.store.resp import parse_url, split_cluster_flag
 
@@ -42,6 +43,14 @@ class Settings(BaseSettings):
     # The keys that seal a compaction item's summary (`encrypted_content`, RESPONSES.md): "id:key,id:key", each key 32
     # bytes in URL-safe base64, newest first: the first seals, all open. Unset: a key derived from owner_secret.
     compaction_keys: SecretStr | None = None
+
+    # Encryption at rest (README "Encryption at rest"): master keys "id:key,id:key" (32 bytes each, URL-safe base64,
+    # newest first), inline or in a file; unset, content is stored in clear. The wrapped data keys live in the content
+    # database unless keystore_url names another one. Unwrapped data keys are remembered this long per replica.
+    encryption_keys: SecretStr | None = None
+    encryption_keys_file: Path | None = None
+    keystore_url: str | None = None
+    data_key_cache_seconds: float = Field(default=30.0, ge=0, le=3600)
 
     default_ttl_seconds: int = Field(default=300, ge=1)
     max_ttl_seconds: int = Field(default=86_400, ge=1)
@@ -106,6 +115,11 @@ class Settings(BaseSettings):
         parse_keys(value.get_secret_value())  # refused at start-up, not at the first compaction
         return value
 
+    @field_validator("keystore_url")
+    @classmethod
+    def _keystore_driver(cls, value: str | None) -> str | None:
+        return cls._async_driver(value) if value else None
+
     @field_validator("database_url")
     @classmethod
     def _async_driver(cls, value: str) -> str:
@@ -139,7 +153,13 @@ class Settings(BaseSettings):
         short = [name for token, name in self.admin_token_table().items() if len(token) < 16]
         if short:
             raise ValueError(f"STATESTORE_ADMIN_TOKENS: tokens must be at least 16 characters ({', '.join(short)})")
+        self.master_keys()  # a malformed ring is refused at start-up, naming the entry, never the key
         return self
+
+    def master_keys(self) -> MasterKeyRing | None:
+        """The master key ring, or None when encryption at rest is off."""
+        inline = self.encryption_keys.get_secret_value() if self.encryption_keys else None
+        return read_master_keys(inline, self.encryption_keys_file)
 
     def serving_problem(self) -> str | None:
         """A reason the server must not start with these settings, or None. (Not a validator: the CLI's other

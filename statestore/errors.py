@@ -56,6 +56,17 @@ class NotFound(StatestoreError):
     error_type = "not_found_error"
 
 
+class ContentErased(NotFound):
+    """The conversation's data key was destroyed by an erasure: its content opens nowhere (a database restored from a
+    backup taken before the erasure still holds the rows). Never retried."""
+
+    error_code = "content_erased"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-should-retry": "false"}
+
+
 class MethodNotAllowed(StatestoreError):
     status = 405
     error_type = "invalid_request_error"
@@ -118,3 +129,8 @@ class StreamBrokenOff(Exception):
 class InternalError(StatestoreError):
     status = 500
     error_type = "api_error"
+
+
+class UnopenableContent(InternalError):
+    """A stored value failed to open under its data key (damaged, moved to another row or owner, or sealed while this
+    process runs without encryption). Logged with its row, never its content, and never served."""

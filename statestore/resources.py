@@ -14,6 +14,8 @@ from statestore.admin import AdminService
 from statestore.auth import AdminTokens, Authenticator, KeysAuthenticator, PassthroughAuthenticator
 from statestore.clock import Clock, clock_from
 from statestore.config import Settings
+from statestore.content_keys import ContentKeys
+from statestore.encryption.setup import content_keys
 from statestore.metrics import Metrics
 from statestore.policy import Policy
 from statestore.responses.background import BackgroundTurns
@@ -50,6 +52,10 @@ if TYPE_CHECKING:
 class Resources:
     settings: Settings
     engine: AsyncEngine
+    # Where the wrapped data keys live (the content database's engine unless STATESTORE_KEYSTORE_URL is set), and the
+    # keys every content byte is sealed and opened through (encryption off: a pass-through).
+    keystore_engine: AsyncEngine
+    content: ContentKeys
     cache: HistoryCache
     upstream: Upstream
     threads: ThreadService
@@ -108,6 +114,11 @@ async def build_resources(
         single_statements = create_engine(settings, autocommit=True, pool_size=single_size)
         stack.push_async_callback(single_statements.dispose)
         clock = clock_from(settings.clock_offset_file)
+        keystore_engine = engine
+        if settings.keystore_url:
+            keystore_engine = create_engine(settings.keystore_url, pool_size=2)
+            stack.push_async_callback(keystore_engine.dispose)
+        content = content_keys(settings, keystore_engine, clock)
         cache = create_cache(settings.redis_url, settings.redis_prefix)
         stack.push_async_callback(cache.aclose)
         upstream: Upstream = UpstreamClient(
@@ -197,6 +208,8 @@ async def build_resources(
         yield Resources(
             settings=settings,
             engine=engine,
+            keystore_engine=keystore_engine,
+            content=content,
             cache=cache,
             upstream=upstream,
             threads=ThreadService(

@@ -384,3 +384,23 @@ background_responses = Table(
         sqlite_where=text("metadata_user_id IS NOT NULL"),
     ),
 )
+
+# Data keys (README "Encryption at rest"; revision 0017): one per erasure scope (owner, and `metadata.user_id` when
+# given), stored only wrapped under a master key. By default in the content database; STATESTORE_KEYSTORE_URL puts
+# this table in a database of its own, so a backup of the content carries no key. Erasure deletes a scope's row first:
+# from then on its content opens nowhere, backups included.
+data_keys = Table(
+    "data_keys",
+    metadata,
+    Column("id", String(32), primary_key=True),  # hex of the 16 bytes every value sealed under it carries
+    Column("scope_hash", String(64), nullable=False, unique=True),  # sha256(owner, user id): one key a scope
+    Column("owner", String(80), nullable=False),
+    Column("tenant_id", String(40), nullable=True),
+    Column("user_id", String(512), nullable=True),
+    Column("master_id", String(16), nullable=False),
+    Column("wrapped", LargeBinary, nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+    Index(None, "tenant_id"),
+    Index(None, "user_id"),
+    Index(None, "master_id"),
+)

@@ -15,6 +15,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "statestore"
 ALLOWED: dict[str, set[str]] = {
     "api": {"responses", "threads", "store", "upstream"},
     "console": {"store"},
+    "encryption": {"store"},
     "responses": {"threads", "store", "upstream"},
     "threads": {"store", "upstream"},
     "store": set(),
