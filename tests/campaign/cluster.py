@@ -4,6 +4,8 @@ and a balancer in front of the replicas. Everything on 127.0.0.1, on free ports,
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import contextlib
 import functools
 from collections.abc import Iterator
@@ -13,6 +15,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from statestore.store.engine import create_engine
+from statestore.store.keystore import KeyStore
 from statestore.store.migrate import upgrade
 from tests.campaign.network import Balancer, FaultProxy, NetworkLoop
 from tests.reliability.proof_support import ADMIN_TOKEN
@@ -43,6 +47,7 @@ class Cluster:
     replicas: list[ServerProcess]
     balancer: Balancer
     database_url: str
+    settings: dict[str, str] = field(default_factory=dict)  # what every replica runs with
     paused_pg: list[int] = field(default_factory=list)
 
     @property
@@ -82,6 +87,14 @@ def _ready(url: str) -> bool:
     return False
 
 
+async def _create_keystore(url: str) -> None:
+    engine = create_engine(url, pool_size=1)
+    try:
+        await KeyStore(engine).create_table()
+    finally:
+        await engine.dispose()
+
+
 def _through(url: str, port: int) -> str:
     parts = urlsplit(url)
     return parts._replace(
@@ -89,13 +102,30 @@ def _through(url: str, port: int) -> str:
     ).geturl()
 
 
+# A master key ring for clusters run with encryption at rest (README "Encryption at rest"): fixed, so a test can
+# start another process on the same data.
+ENCRYPTION_KEYS = "c1:" + base64.urlsafe_b64encode(bytes(range(32))).decode().rstrip("=")
+
+
 @contextmanager
-def running_cluster(*, replicas: int = 3, redis_prefix: str = "ss:") -> Iterator[Cluster]:
+def running_cluster(
+    *,
+    replicas: int = 3,
+    redis_prefix: str = "ss:",
+    encryption: bool = False,
+    keystore_database: str | None = None,
+    extra_settings: dict[str, str] | None = None,
+) -> Iterator[Cluster]:
+    """`encryption`: the replicas seal content under ENCRYPTION_KEYS; `keystore_database`: their data keys in a
+    database of that name on the same PostgreSQL (made here) instead of the content database."""
     with ExitStack() as stack:
         pg = PrivatePostgres()
         stack.callback(pg.remove)
         pg.start()
         upgrade(pg.url)
+        settings = {**REPLICA_SETTINGS, **(extra_settings or {})}
+        if encryption:
+            settings["STATESTORE_ENCRYPTION_KEYS"] = ENCRYPTION_KEYS
         redis = PrivateRedis()
         stack.callback(redis.stop)
         redis.start()
@@ -111,6 +141,11 @@ def running_cluster(*, replicas: int = 3, redis_prefix: str = "ss:") -> Iterator
         }
         for proxy in proxies.values():
             stack.callback(proxy.close)
+        if keystore_database is not None:
+            keystore_url = pg.url.rsplit("/", 1)[0] + "/" + keystore_database
+            pg.create_database(keystore_database)
+            asyncio.run(_create_keystore(keystore_url))
+            settings["STATESTORE_KEYSTORE_URL"] = _through(keystore_url, proxies["postgres"].port)
         processes: list[ServerProcess] = []
         for _ in range(replicas):
             process = ServerProcess(
@@ -119,10 +154,10 @@ def running_cluster(*, replicas: int = 3, redis_prefix: str = "ss:") -> Iterator
                 redis_url=_through(redis.url, proxies["redis"].port),
                 redis_prefix=redis_prefix,
                 # The Responses door (background responses) on the same backend, through the same proxy.
-                env={**REPLICA_SETTINGS, "STATESTORE_CHAT_UPSTREAM_URL": f"http://127.0.0.1:{proxies['backend'].port}"},
+                env={**settings, "STATESTORE_CHAT_UPSTREAM_URL": f"http://127.0.0.1:{proxies['backend'].port}"},
             )
             stack.callback(process.stop)
             processes.append(process)
         balancer = Balancer(network, lambda: [p.port for p in processes])
         stack.callback(balancer.close)
-        yield Cluster(pg, redis, backend, network, proxies, processes, balancer, pg.url)
+        yield Cluster(pg, redis, backend, network, proxies, processes, balancer, pg.url, settings)

@@ -171,6 +171,9 @@ class PrivatePostgres:
         options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=100"
         self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", str(self.logfile), "-w", "start"])
 
+    def create_database(self, name: str) -> None:
+        self._run([str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name])
+
     def crash(self) -> None:
         """Stop the way a crash does: no checkpoint, every backend killed; recovery replays the WAL on start."""
         self._run([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"])
