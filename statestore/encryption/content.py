@@ -172,17 +172,19 @@ class SealedContent:
         return (await self.open_many([value], [associated], row=row))[0]
 
     async def open_many(self, values: Sequence[bytes], associated: Sequence[bytes], *, row: str) -> list[bytes]:
-        key_ids = {value[len(MAGIC) : len(MAGIC) + KEY_ID_BYTES] for value in values if is_sealed(value)}
-        if not key_ids:
+        sealed = [value for value in values if is_sealed(value)]
+        if not sealed:
             return list(values)
+        if any(len(value) < _HEADER + _TAG_BYTES for value in sealed):
+            # Checked before the keys are looked up: a cut key id would otherwise read as an erased scope's.
+            raise _unopenable(row)
+        key_ids = {value[len(MAGIC) : len(MAGIC) + KEY_ID_BYTES] for value in sealed}
         ciphers = await self._ciphers(key_ids, row)
         opened: list[bytes] = []
         for value, data in zip(values, associated, strict=True):
             if not is_sealed(value):
                 opened.append(value)
                 continue
-            if len(value) < _HEADER + _TAG_BYTES:
-                raise _unopenable(row)
             cipher = ciphers[value[len(MAGIC) : len(MAGIC) + KEY_ID_BYTES]]
             try:
                 opened.append(cipher.decrypt(value[_HEADER - NONCE_BYTES : _HEADER], value[_HEADER:], data))
