@@ -24,7 +24,7 @@ from statestore.content_keys import CLEAR, MAGIC, ContentSealer, Scope, is_seale
 from statestore.encryption.master_keys import KeyWrapper, MissingMasterKey
 from statestore.errors import ContentErased, UnopenableContent
 from statestore.sealing import KEY_BYTES, NONCE_BYTES
-from statestore.store.keystore import KeyStore, StoredKey
+from statestore.store.keystore import KeyStore, Rewrap, StoredKey
 
 log = logging.getLogger(__name__)
 
@@ -229,9 +229,11 @@ class SealedContent:
                     )
         return None
 
-    async def rotate(self, *, batch_size: int = 500) -> int:
-        """Re-wrap every data key not under the newest master key; how many. Online: a key is replaced only if it is
-        still wrapped as it was read, and the data key itself never changes."""
+    async def rotate(self, *, batch_size: int = 500, progress: Callable[[int], None] | None = None) -> int:
+        """Re-wrap every data key not under the newest master key; how many. Online: a batch is one short transaction,
+        a key is replaced only if it is still wrapped as it was read (an erasure or another rotation may have got
+        there first), and the data key itself never changes, so every sealed value stays as it is. `progress` hears
+        the running total after each batch."""
         newest = self._master.newest_id
         moved = 0
         while True:
@@ -242,11 +244,15 @@ class SealedContent:
             batch = await self._keystore.wrapped_under(older, limit=batch_size)
             if not batch:
                 return moved
+            rewrapped = []
             for stored in batch:
                 data = _wrap_data(stored.id, stored.scope_hash)
                 key = self._master.unwrap(stored.master_id, stored.wrapped, data)
                 master_id, wrapped = self._master.wrap(key, data)
-                moved += await self._keystore.rewrap(stored.id, stored.master_id, master_id, wrapped)
+                rewrapped.append(Rewrap(stored.id, stored.master_id, master_id, wrapped))
+            moved += await self._keystore.rewrap(rewrapped)
+            if progress is not None:
+                progress(moved)
 
 
 def _unopenable(row: str) -> UnopenableContent:
