@@ -109,6 +109,7 @@ class SealedContent:
         self._remember = remember_seconds
         self._by_scope: dict[str, tuple[ScopeSealer, float]] = {}
         self._by_id: dict[bytes, tuple[AESGCM, str, float]] = {}  # key id → (cipher, scope hash, until)
+        self._erasures = 0  # erasures finished in this process: a key read across one is not remembered
 
     @property
     def enabled(self) -> bool:
@@ -119,9 +120,15 @@ class SealedContent:
         found = self._by_scope.get(scope_hash)
         if found is not None and found[1] > time.monotonic():
             return found[0]
-        stored = await self._keystore.by_scope(scope_hash)
-        if stored is None:
-            stored = await self._keystore.add(self._new_key(scope, scope_hash), self._clock())
+        while True:
+            erasures = self._erasures
+            stored = await self._keystore.by_scope(scope_hash)
+            if stored is None:
+                stored = await self._keystore.add(self._new_key(scope, scope_hash), self._clock())
+            if erasures == self._erasures:
+                break
+            # An erasure finished while the key was read: it may be the key it destroyed, read just before, and it
+            # must not be remembered (and sealed under) after the erasure forgot it. Read it again.
         cipher = self._remember_key(stored)
         sealer = ScopeSealer(bytes.fromhex(stored.id), cipher)
         self._by_scope[scope_hash] = (sealer, time.monotonic() + self._remember)
@@ -132,7 +139,7 @@ class SealedContent:
         master_id, wrapped = self._master.wrap(secrets.token_bytes(KEY_BYTES), _wrap_data(key_id, scope_hash))
         return StoredKey(key_id, scope_hash, scope.owner, scope.tenant_id, scope.user_id, master_id, wrapped)
 
-    def _remember_key(self, stored: StoredKey) -> AESGCM:
+    def _remember_key(self, stored: StoredKey, *, remember: bool = True) -> AESGCM:
         try:
             key = self._master.unwrap(stored.master_id, stored.wrapped, _wrap_data(stored.id, stored.scope_hash))
         except MissingMasterKey as exc:
@@ -145,7 +152,8 @@ class SealedContent:
             self._by_id.clear()
             self._by_scope.clear()
         cipher = AESGCM(key)
-        self._by_id[bytes.fromhex(stored.id)] = (cipher, stored.scope_hash, time.monotonic() + self._remember)
+        if remember:
+            self._by_id[bytes.fromhex(stored.id)] = (cipher, stored.scope_hash, time.monotonic() + self._remember)
         return cipher
 
     async def _ciphers(self, key_ids: set[bytes], row: str) -> dict[bytes, AESGCM]:
@@ -159,13 +167,16 @@ class SealedContent:
             else:
                 missing.append(key_id.hex())
         if missing:
+            erasures = self._erasures
             stored = await self._keystore.by_ids(missing)
+            # Read before an erasure that finished meanwhile: good for this read, which began first, not to be kept.
+            keep = erasures == self._erasures
             for key_id_hex in missing:
                 if key_id_hex not in stored:
                     self._by_id.pop(bytes.fromhex(key_id_hex), None)
                     log.info("content of an erased scope asked for", extra={"row": row})
                     raise ContentErased("this conversation was erased")
-                found[bytes.fromhex(key_id_hex)] = self._remember_key(stored[key_id_hex])
+                found[bytes.fromhex(key_id_hex)] = self._remember_key(stored[key_id_hex], remember=keep)
         return found
 
     async def open(self, value: bytes, associated: bytes, *, row: str) -> bytes:
@@ -204,6 +215,7 @@ class SealedContent:
             for scope_hash, (sealer, _) in list(self._by_scope.items()):
                 if sealer.key_id in destroyed:
                     del self._by_scope[scope_hash]
+        self._erasures += 1
         return len(destroyed)
 
     async def start_problem(self) -> str | None:

@@ -7,7 +7,7 @@ ever carries a key's bytes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from statestore.encryption.master_keys import MasterKeyRing, read_master_keys
 from statestore.errors import ContentErased, UnopenableContent
 from statestore.sealing import new_key_text, parse_keys
 from statestore.store.engine import create_engine
-from statestore.store.keystore import KeyStore
+from statestore.store.keystore import KeyStore, StoredKey
 
 ALICE = Scope(owner="own_alice", tenant_id="ten_a", user_id=None)
 ALICE_U1 = Scope(owner="own_alice", tenant_id="ten_a", user_id="u1")
@@ -284,3 +284,44 @@ def test_settings_refuse_a_malformed_ring_without_showing_it() -> None:
         Settings(encryption_keys=f"{key}:k1")
     assert "STATESTORE_ENCRYPTION_KEYS" in str(raised.value)
     assert key[:10] not in str(raised.value) and key[-10:] not in str(raised.value)
+
+
+class _ErasedWhileRead(KeyStore):
+    """A key store on which an erasure of the scope finishes while a replica is reading the scope's key."""
+
+    content: SealedContent | None = None
+    armed = True
+
+    async def by_scope(self, scope_hash: str) -> StoredKey | None:
+        found = await super().by_scope(scope_hash)
+        await self._erase_once()
+        return found
+
+    async def by_ids(self, ids: Iterable[str]) -> dict[str, StoredKey]:
+        found = await super().by_ids(ids)
+        await self._erase_once()
+        return found
+
+    async def _erase_once(self) -> None:
+        if self.armed and self.content is not None:
+            self.armed = False
+            await self.content.erase(tenant_id="ten_a", user_id=None)
+
+
+async def test_a_key_read_across_an_erasure_is_not_remembered(engine: AsyncEngine) -> None:
+    keys, _ = ring_text("k1")
+    first = await sealed(engine, keys).sealer(ALICE)
+    assert isinstance(first, ScopeSealer)
+    store = _ErasedWhileRead(engine)
+    content = SealedContent(store, ring(keys), clock=lambda: 0, remember_seconds=3600)
+    store.content = content
+    # The sealer read the key just before the erasure destroyed it: a new key is read, never the destroyed one.
+    again = await content.sealer(ALICE)
+    assert isinstance(again, ScopeSealer) and again.key_id != first.key_id
+    value = again.seal(b"MARKER", b"row")
+    # An open that read the key before an erasure finished is served (it began first), but the key is not kept.
+    store.armed = True
+    content._by_id.clear()
+    assert await content.open(value, b"row", row="r") == b"MARKER"
+    with pytest.raises(ContentErased):
+        await content.open(value, b"row", row="r")
