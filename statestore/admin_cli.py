@@ -391,3 +391,7 @@ def add_commands(commands: Any) -> None:
         "purge", parents=[common], help="delete expired threads, responses and conversations now (`statestore purge`)"
     )
     p.set_defaults(operation=purge)
+
+    from statestore.encryption.commands import add_commands as add_encryption_commands  # noqa: PLC0415
+
+    add_encryption_commands(groups, common)

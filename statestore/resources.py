@@ -166,6 +166,7 @@ async def build_resources(
             cache=cache,
             clock=clock,
             batch_size=settings.purge_batch_size,
+            content=content,
         )
         responses = (
             ResponseTurns(

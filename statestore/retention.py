@@ -1,7 +1,9 @@
 """Purge and erasure, shared by the admin API, the CLI and the background purger (PROTOCOL §5, §8).
 
 The database goes first and the cache after: a cache entry left behind by a failure is unreachable (every read
-starts from the thread row) and expires with its TTL.
+starts from the thread row) and expires with its TTL. An erasure destroys the scopes' data keys before either (README
+"Encryption at rest"): from that instant the content opens nowhere, so an erasure cut off midway, or a backup taken
+before it, leaves nothing readable.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from statestore.clock import Clock
+from statestore.content_keys import ContentKeys
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CacheKey, conversation_key, response_key, thread_key
@@ -34,9 +37,18 @@ class Purged:
 
 class Retention:
     def __init__(
-        self, *, queries: RetentionQueries, admin: AdminRepository, cache: HistoryCache, clock: Clock, batch_size: int
+        self,
+        *,
+        queries: RetentionQueries,
+        admin: AdminRepository,
+        cache: HistoryCache,
+        clock: Clock,
+        batch_size: int,
+        content: ContentKeys | None = None,
     ) -> None:
         self.queries = queries
+        # None only where no erasure runs (a purge-only tool): erase() refuses to run without it.
+        self.content = content
         self.admin = admin
         self.cache = cache
         self.clock = clock
@@ -92,7 +104,11 @@ class Retention:
 
     async def erase(self, *, actor: str, tenant_id: str | None = None, user_id: str | None = None) -> Erasure:
         """Delete every thread, response tree and conversation of a tenant, of one `metadata.user_id`, or of both
-        together, live or not."""
+        together, live or not. Their data keys are destroyed first (with encryption off too: keys made while it was
+        on still name their scopes), so the rows are unreadable before the first is deleted."""
+        if self.content is None:
+            raise RuntimeError("an erasure needs the content keys (Retention(content=...))")
+        keys = await self.content.erase(tenant_id=tenant_id, user_id=user_id)
         total = 0
         while True:
             ids = await self.queries.erase_batch(batch_size=self.batch_size, tenant_id=tenant_id, user_id=user_id)
@@ -114,6 +130,7 @@ class Retention:
                 "threads": total,
                 "responses": responses,
                 "conversations": conversations,
+                "data_keys": keys,
                 "tenant_id": tenant_id,
                 "user_id": user_id,
             },
@@ -121,7 +138,13 @@ class Retention:
         )
         log.info(
             "erased",
-            extra={"threads": total, "responses": responses, "conversations": conversations, "actor": actor},
+            extra={
+                "threads": total,
+                "responses": responses,
+                "conversations": conversations,
+                "data_keys": keys,
+                "actor": actor,
+            },
         )
         return Erasure(threads=total, responses=responses, conversations=conversations)
 

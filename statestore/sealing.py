@@ -48,14 +48,16 @@ def parse_keys(raw: str) -> list[SealingKey]:
         key_id, colon, encoded = entry.partition(":")
         if not colon:
             raise ValueError(f"entry {position}: expected id:key")
+        # The id is named only when it is a valid one: an entry written key first ("<key>:k1") must not show the key.
+        named = f"entry {position} ({key_id})" if _KEY_ID.fullmatch(key_id) else f"entry {position}"
         try:
             key = _b64decode(encoded.rstrip("="))
         except (binascii.Error, ValueError):
-            raise ValueError(f"entry {position} ({key_id[:16]}): the key is not URL-safe base64") from None
+            raise ValueError(f"{named}: the key is not URL-safe base64") from None
         try:
             keys.append(SealingKey(key_id, key))
         except ValueError as exc:
-            raise ValueError(f"entry {position} ({key_id[:16]}): {exc}") from None
+            raise ValueError(f"{named}: {exc}") from None
     if not keys:
         raise ValueError("no keys")
     if len({k.key_id for k in keys}) != len(keys):

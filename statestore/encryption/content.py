@@ -24,7 +24,7 @@ from statestore.content_keys import CLEAR, MAGIC, ContentSealer, Scope, is_seale
 from statestore.encryption.master_keys import KeyWrapper, MissingMasterKey
 from statestore.errors import ContentErased, UnopenableContent
 from statestore.sealing import KEY_BYTES, NONCE_BYTES
-from statestore.store.keystore import KeyStore, StoredKey
+from statestore.store.keystore import KeyStore, Rewrap, StoredKey
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ class SealedContent:
         self._remember = remember_seconds
         self._by_scope: dict[str, tuple[ScopeSealer, float]] = {}
         self._by_id: dict[bytes, tuple[AESGCM, str, float]] = {}  # key id → (cipher, scope hash, until)
+        self._erasures = 0  # erasures finished in this process: a key read across one is not remembered
 
     @property
     def enabled(self) -> bool:
@@ -119,9 +120,15 @@ class SealedContent:
         found = self._by_scope.get(scope_hash)
         if found is not None and found[1] > time.monotonic():
             return found[0]
-        stored = await self._keystore.by_scope(scope_hash)
-        if stored is None:
-            stored = await self._keystore.add(self._new_key(scope, scope_hash), self._clock())
+        while True:
+            erasures = self._erasures
+            stored = await self._keystore.by_scope(scope_hash)
+            if stored is None:
+                stored = await self._keystore.add(self._new_key(scope, scope_hash), self._clock())
+            if erasures == self._erasures:
+                break
+            # An erasure finished while the key was read: it may be the key it destroyed, read just before, and it
+            # must not be remembered (and sealed under) after the erasure forgot it. Read it again.
         cipher = self._remember_key(stored)
         sealer = ScopeSealer(bytes.fromhex(stored.id), cipher)
         self._by_scope[scope_hash] = (sealer, time.monotonic() + self._remember)
@@ -132,7 +139,7 @@ class SealedContent:
         master_id, wrapped = self._master.wrap(secrets.token_bytes(KEY_BYTES), _wrap_data(key_id, scope_hash))
         return StoredKey(key_id, scope_hash, scope.owner, scope.tenant_id, scope.user_id, master_id, wrapped)
 
-    def _remember_key(self, stored: StoredKey) -> AESGCM:
+    def _remember_key(self, stored: StoredKey, *, remember: bool = True) -> AESGCM:
         try:
             key = self._master.unwrap(stored.master_id, stored.wrapped, _wrap_data(stored.id, stored.scope_hash))
         except MissingMasterKey as exc:
@@ -145,7 +152,8 @@ class SealedContent:
             self._by_id.clear()
             self._by_scope.clear()
         cipher = AESGCM(key)
-        self._by_id[bytes.fromhex(stored.id)] = (cipher, stored.scope_hash, time.monotonic() + self._remember)
+        if remember:
+            self._by_id[bytes.fromhex(stored.id)] = (cipher, stored.scope_hash, time.monotonic() + self._remember)
         return cipher
 
     async def _ciphers(self, key_ids: set[bytes], row: str) -> dict[bytes, AESGCM]:
@@ -159,30 +167,35 @@ class SealedContent:
             else:
                 missing.append(key_id.hex())
         if missing:
+            erasures = self._erasures
             stored = await self._keystore.by_ids(missing)
+            # Read before an erasure that finished meanwhile: good for this read, which began first, not to be kept.
+            keep = erasures == self._erasures
             for key_id_hex in missing:
                 if key_id_hex not in stored:
                     self._by_id.pop(bytes.fromhex(key_id_hex), None)
                     log.info("content of an erased scope asked for", extra={"row": row})
                     raise ContentErased("this conversation was erased")
-                found[bytes.fromhex(key_id_hex)] = self._remember_key(stored[key_id_hex])
+                found[bytes.fromhex(key_id_hex)] = self._remember_key(stored[key_id_hex], remember=keep)
         return found
 
     async def open(self, value: bytes, associated: bytes, *, row: str) -> bytes:
         return (await self.open_many([value], [associated], row=row))[0]
 
     async def open_many(self, values: Sequence[bytes], associated: Sequence[bytes], *, row: str) -> list[bytes]:
-        key_ids = {value[len(MAGIC) : len(MAGIC) + KEY_ID_BYTES] for value in values if is_sealed(value)}
-        if not key_ids:
+        sealed = [value for value in values if is_sealed(value)]
+        if not sealed:
             return list(values)
+        if any(len(value) < _HEADER + _TAG_BYTES for value in sealed):
+            # Checked before the keys are looked up: a cut key id would otherwise read as an erased scope's.
+            raise _unopenable(row)
+        key_ids = {value[len(MAGIC) : len(MAGIC) + KEY_ID_BYTES] for value in sealed}
         ciphers = await self._ciphers(key_ids, row)
         opened: list[bytes] = []
         for value, data in zip(values, associated, strict=True):
             if not is_sealed(value):
                 opened.append(value)
                 continue
-            if len(value) < _HEADER + _TAG_BYTES:
-                raise _unopenable(row)
             cipher = ciphers[value[len(MAGIC) : len(MAGIC) + KEY_ID_BYTES]]
             try:
                 opened.append(cipher.decrypt(value[_HEADER - NONCE_BYTES : _HEADER], value[_HEADER:], data))
@@ -202,6 +215,7 @@ class SealedContent:
             for scope_hash, (sealer, _) in list(self._by_scope.items()):
                 if sealer.key_id in destroyed:
                     del self._by_scope[scope_hash]
+        self._erasures += 1
         return len(destroyed)
 
     async def start_problem(self) -> str | None:
@@ -227,9 +241,11 @@ class SealedContent:
                     )
         return None
 
-    async def rotate(self, *, batch_size: int = 500) -> int:
-        """Re-wrap every data key not under the newest master key; how many. Online: a key is replaced only if it is
-        still wrapped as it was read, and the data key itself never changes."""
+    async def rotate(self, *, batch_size: int = 500, progress: Callable[[int], None] | None = None) -> int:
+        """Re-wrap every data key not under the newest master key; how many. Online: a batch is one short transaction,
+        a key is replaced only if it is still wrapped as it was read (an erasure or another rotation may have got
+        there first), and the data key itself never changes, so every sealed value stays as it is. `progress` hears
+        the running total after each batch."""
         newest = self._master.newest_id
         moved = 0
         while True:
@@ -240,11 +256,15 @@ class SealedContent:
             batch = await self._keystore.wrapped_under(older, limit=batch_size)
             if not batch:
                 return moved
+            rewrapped = []
             for stored in batch:
                 data = _wrap_data(stored.id, stored.scope_hash)
                 key = self._master.unwrap(stored.master_id, stored.wrapped, data)
                 master_id, wrapped = self._master.wrap(key, data)
-                moved += await self._keystore.rewrap(stored.id, stored.master_id, master_id, wrapped)
+                rewrapped.append(Rewrap(stored.id, stored.master_id, master_id, wrapped))
+            moved += await self._keystore.rewrap(rewrapped)
+            if progress is not None:
+                progress(moved)
 
 
 def _unopenable(row: str) -> UnopenableContent:

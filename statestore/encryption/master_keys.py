@@ -89,6 +89,9 @@ def read_master_keys(inline: str | None, file: Path | None) -> MasterKeyRing | N
             inline = file.read_text()
         except OSError as exc:
             raise ValueError(f"STATESTORE_ENCRYPTION_KEYS_FILE: cannot read {file}: {exc.strerror}") from None
+        except UnicodeDecodeError:
+            # Its own message quotes the offending byte, a byte of the file.
+            raise ValueError(f"STATESTORE_ENCRYPTION_KEYS_FILE: {file} is not UTF-8 text") from None
     if not inline or not inline.strip():
         return None
     try:

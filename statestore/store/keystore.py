@@ -24,6 +24,16 @@ class StoredKey:
     wrapped: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class Rewrap:
+    """A data key's new wrapping, to be stored if it is still wrapped under master key `was`."""
+
+    id: str
+    was: str
+    master_id: str
+    wrapped: bytes
+
+
 _COLUMNS = (
     data_keys.c.id,
     data_keys.c.scope_hash,
@@ -89,12 +99,16 @@ class KeyStore:
             rows = await conn.execute(select(*_COLUMNS).where(data_keys.c.master_id.in_(master_ids)).limit(limit))
             return [StoredKey(*row) for row in rows.all()]
 
-    async def rewrap(self, key_id: str, was: str, master_id: str, wrapped: bytes) -> bool:
-        """Replace a key's wrapping if it is still wrapped under `was` (another rotation may have got there first)."""
-        stmt = (
-            update(data_keys)
-            .where(data_keys.c.id == key_id, data_keys.c.master_id == was)
-            .values(master_id=master_id, wrapped=wrapped)
-        )
+    async def rewrap(self, keys: list[Rewrap]) -> int:
+        """Replace each key's wrapping if it is still wrapped under `was` (another rotation may have got there first,
+        or an erasure deleted it), in one transaction; how many were replaced."""
+        replaced = 0
         async with self.engine.begin() as conn:
-            return (await conn.execute(stmt)).rowcount == 1
+            for key in keys:
+                stmt = (
+                    update(data_keys)
+                    .where(data_keys.c.id == key.id, data_keys.c.master_id == key.was)
+                    .values(master_id=key.master_id, wrapped=key.wrapped)
+                )
+                replaced += (await conn.execute(stmt)).rowcount
+        return replaced

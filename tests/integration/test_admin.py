@@ -416,6 +416,7 @@ def test_audit_records_every_admin_change_without_content_or_secrets(
         "threads": 1,
         "responses": 0,
         "conversations": 0,
+        "data_keys": 0,
         "tenant_id": None,
         "user_id": user_id,
     }
