@@ -20,6 +20,8 @@ from anthropic.types.beta import BetaToolParam
 from statestore.content_keys import is_sealed
 from statestore.sealing import new_key_text
 from statestore.store.pg_hot_path import asyncpg_dsn
+from statestore.store.sealed_cache import split_frames
+from statestore.threads.context_cache import CONSOLIDATE_FRAMES
 from statestore.threads.ids import thread_of_response
 from tests.integration.test_threads import MODEL, echo, forwarded, said, user
 from tests.support.admin_api import Api, json_of
@@ -170,6 +172,11 @@ def test_threads_round_trip_sealed(sealed: Sealed, api_key: str, backend: FakeBa
         exported = json_of(api.export(thread_id))
         assert exported["messages"] == expected
     _assert_nowhere(sealed, marker)
+    if sealed.redis_url is not None:
+        entry = redis.Redis.from_url(sealed.redis_url).get(f"{sealed.prefix}{{{thread_id}}}:h")
+        frames = split_frames(entry or b"")
+        # One frame per turn until a read met more than CONSOLIDATE_FRAMES; then the commit wrote it back as one.
+        assert frames is not None and 1 <= len(frames) <= CONSOLIDATE_FRAMES + 1
 
 
 def test_a_sealed_row_moved_to_another_position_or_owner_does_not_open(sealed: Sealed, backend: FakeBackend) -> None:
