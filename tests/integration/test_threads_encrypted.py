@@ -174,7 +174,8 @@ def test_threads_round_trip_sealed(sealed: Sealed, api_key: str, backend: FakeBa
     _assert_nowhere(sealed, marker)
     if sealed.redis_url is not None:
         entry = redis.Redis.from_url(sealed.redis_url).get(f"{sealed.prefix}{{{thread_id}}}:h")
-        frames = split_frames(entry or b"")
+        assert isinstance(entry, bytes)
+        frames = split_frames(entry)
         # One frame per turn until a read met more than CONSOLIDATE_FRAMES; then the commit wrote it back as one.
         assert frames is not None and 1 <= len(frames) <= CONSOLIDATE_FRAMES + 1
 
