@@ -119,7 +119,7 @@ async def build_resources(
             keystore_engine = create_engine(settings.keystore_url, pool_size=2)
             stack.push_async_callback(keystore_engine.dispose)
         content = content_keys(settings, keystore_engine, clock)
-        cache = create_cache(settings.redis_url, settings.redis_prefix)
+        cache = create_cache(settings.redis_url, settings.redis_prefix, content)
         stack.push_async_callback(cache.aclose)
         upstream: Upstream = UpstreamClient(
             settings.upstream_url,
@@ -142,7 +142,9 @@ async def build_resources(
             stack.push_async_callback(pg_hot_path.aclose)
         # Both doors' turns take, renew, release and commit through one leased log, on the same pools.
         leased_log = LeasedLog(engine, single_statements, pg_hot_path)
-        repository: ThreadStore = ThreadRepository(engine, single_statements, pg=pg_hot_path, log=leased_log)
+        repository: ThreadStore = ThreadRepository(
+            engine, single_statements, pg=pg_hot_path, log=leased_log, content=content
+        )
         pg_responses = PgResponseStatements(pg_hot_path) if pg_hot_path is not None else None
         thread_cache: HistoryCache = cache
         if tracer is not None:
@@ -222,6 +224,7 @@ async def build_resources(
                 summaries=BackendSummaries(upstream),
                 windows=Windows(upstream),
                 clock=clock,
+                content=content,
             ),
             authenticator=authenticator,
             admin_tokens=AdminTokens(settings.admin_token_table()),
@@ -233,7 +236,7 @@ async def build_resources(
                 authenticator=authenticator,
                 clock=clock,
             ),
-            queries=ThreadQueries(engine),
+            queries=ThreadQueries(engine, content),
             retention=retention,
             clock=clock,
             metrics=metrics,

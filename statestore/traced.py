@@ -18,6 +18,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode, Tracer
 from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from statestore.content_keys import ContentSealer
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CachedHistory, CacheKey
 from statestore.store.thread_store import ThreadStore
@@ -69,11 +70,11 @@ class TracedRepository(ThreadStore):
                 thread, token=token, now_ms=now_ms, lease_until_ms=lease_until_ms, bind_session=bind_session
             )
 
-    async def load_context(self, thread_id: str) -> list[tuple[int, bytes]]:
+    async def load_context(self, thread_id: str, *, owner: str) -> list[tuple[int, bytes]]:
         with self._tracer.start_as_current_span(
             "statestore.history_read", attributes={"statestore.history.source": "database"}
         ) as span:
-            rows = await self._inner.load_context(thread_id)
+            rows = await self._inner.load_context(thread_id, owner=owner)
             span.set_attribute("statestore.history.messages", len(rows))
             return rows
 
@@ -149,16 +150,32 @@ class TracedCache(HistoryCache):
     def kind(self) -> str:
         return self._inner.kind
 
-    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int) -> None:
-        await self._inner.put(key, history, ttl_ms)
+    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer) -> None:
+        await self._inner.put(key, history, ttl_ms, sealer=sealer)
 
     async def append(
-        self, key: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+        self,
+        key: CacheKey,
+        expected_count: int,
+        added: list[bytes],
+        ttl_ms: int,
+        *,
+        sealer: ContentSealer,
+        new_count: int | None = None,
     ) -> None:
-        await self._inner.append(key, expected_count, added, ttl_ms, new_count=new_count)
+        await self._inner.append(key, expected_count, added, ttl_ms, sealer=sealer, new_count=new_count)
 
-    async def move(self, old: CacheKey, new: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
-        return await self._inner.move(old, new, expected_count, added, ttl_ms)
+    async def move(
+        self,
+        old: CacheKey,
+        new: CacheKey,
+        expected_count: int,
+        added: list[bytes],
+        ttl_ms: int,
+        *,
+        sealer: ContentSealer,
+    ) -> bool:
+        return await self._inner.move(old, new, expected_count, added, ttl_ms, sealer=sealer)
 
     async def delete(self, key: CacheKey) -> bool:
         return await self._inner.delete(key)

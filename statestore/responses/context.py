@@ -9,6 +9,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+# TODO(enc-responses): pass the sealer of the response's scope instead of CLEAR to every cache write below.
+from statestore.content_keys import CLEAR
 from statestore.policy import Policy
 from statestore.responses.chat_format import CHAT, split
 from statestore.responses.errors import previous_response_not_found
@@ -80,19 +82,25 @@ async def remember_head(
     # The parent's entry holds its depth + 1 = this response's depth joined segments. An entry that also holds a
     # conversation's version is put whole (a move counts segments only).
     movable = hit and not branched and parent_id is not None and context and segment and conversation_version is None
-    if movable and parent_id is not None and await cache.move(cache_key(parent_id), key, depth, [segment], ttl_ms):
+    if (
+        movable
+        and parent_id is not None
+        and await cache.move(cache_key(parent_id), key, depth, [segment], ttl_ms, sealer=CLEAR)
+    ):
         return
     history = CachedHistory(depth + 1, join_segments([context, segment]), conversation_version)
     if parent_id is None:
-        await cache.put(key, history, ttl_ms)
+        await cache.put(key, history, ttl_ms, sealer=CLEAR)
     elif conversation_version is None and context and not hit:
         # A branch read from the database: its parent's context is kept for the branches after it.
         kept = CachedHistory(depth, context, BRANCH_POINT)
-        await asyncio.gather(cache.put(key, history, ttl_ms), cache.put(cache_key(parent_id), kept, ttl_ms))
+        await asyncio.gather(
+            cache.put(key, history, ttl_ms, sealer=CLEAR), cache.put(cache_key(parent_id), kept, ttl_ms, sealer=CLEAR)
+        )
     elif branched:
-        await cache.put(key, history, ttl_ms)  # the parent's branch-point entry stays
+        await cache.put(key, history, ttl_ms, sealer=CLEAR)  # the parent's branch-point entry stays
     else:
-        await asyncio.gather(cache.put(key, history, ttl_ms), cache.delete(cache_key(parent_id)))
+        await asyncio.gather(cache.put(key, history, ttl_ms, sealer=CLEAR), cache.delete(cache_key(parent_id)))
 
 
 async def conversation_context(
@@ -129,9 +137,9 @@ async def remember_conversation(
     if first == "call":
         await cache.delete(key)
     elif hit and context and segment:
-        await cache.append(key, leased_at, [segment], ttl_ms, new_count=position)
+        await cache.append(key, leased_at, [segment], ttl_ms, new_count=position, sealer=CLEAR)
     else:
-        await cache.put(key, CachedHistory(position, join_segments([context, segment])), ttl_ms)
+        await cache.put(key, CachedHistory(position, join_segments([context, segment])), ttl_ms, sealer=CLEAR)
 
 
 def window_for(policy: Policy, truncation: str, *, on_conversation: bool) -> planner.Window | None:

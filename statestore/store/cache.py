@@ -17,6 +17,7 @@ from typing import Protocol
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
+from statestore.content_keys import ContentKeys, ContentSealer
 from statestore.store.cache_entry import CachedHistory, CacheKey, decode_count, encode_count
 from statestore.store.redis_commands import ClusterCommands, RedisCommands, StandaloneCommands
 from statestore.store.resp import RespError, Script, split_cluster_flag
@@ -25,7 +26,11 @@ logger = logging.getLogger(__name__)
 
 
 class HistoryCache(Protocol):
-    """Where a thread's pre-joined history is kept between turns; every method is fault-free for callers."""
+    """Where a thread's pre-joined history is kept between turns; every method is fault-free for callers.
+
+    Every write names the `sealer` of the entry's erasure scope (`await content.sealer(scope)`, CLEAR when encryption
+    is off): with encryption on the cache is a SealedCache (store/sealed_cache.py) and seals what it writes with it;
+    a clear cache ignores it."""
 
     @property
     def errors(self) -> int:
@@ -34,17 +39,33 @@ class HistoryCache(Protocol):
 
     async def get(self, key: CacheKey) -> CachedHistory | None: ...
 
-    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int) -> None: ...
+    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer) -> None: ...
 
     async def append(
-        self, key: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+        self,
+        key: CacheKey,
+        expected_count: int,
+        added: list[bytes],
+        ttl_ms: int,
+        *,
+        sealer: ContentSealer,
+        new_count: int | None = None,
     ) -> None:
         """Append `added` if the entry holds exactly `expected_count` messages and refresh its TTL;
         otherwise (missing or stale) drop the entry so the next read rebuilds it. Atomic. `new_count`: the count
         after, when the caller counts something else than joined messages (default `expected_count + len(added)`)."""
         ...
 
-    async def move(self, old: CacheKey, new: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+    async def move(
+        self,
+        old: CacheKey,
+        new: CacheKey,
+        expected_count: int,
+        added: list[bytes],
+        ttl_ms: int,
+        *,
+        sealer: ContentSealer,
+    ) -> bool:
         """The entry of `old`, if it holds `expected_count`, becomes `new`'s with `added` appended (a chain's
         head moving on: the bytes are not sent again). Atomic; the old entry is gone afterwards. False when nothing
         moved (missing, stale, a fault, or a cache that cannot move between keys): the caller puts instead."""
@@ -64,7 +85,26 @@ class HistoryCache(Protocol):
     def kind(self) -> str: ...
 
 
-def _tail(expected_count: int, added: list[bytes]) -> bytes:
+class FrameStore(Protocol):
+    """What a SealedCache (store/sealed_cache.py) keeps its entries in: raw bytes and a count string, appended and
+    moved by the same atomic steps as a clear entry, with no separator of its own (the frames carry theirs)."""
+
+    async def get_raw(self, key: CacheKey) -> tuple[bytes, bytes] | None:
+        """(count as stored, bytes), or None."""
+        ...
+
+    async def put_raw(self, key: CacheKey, count: bytes, data: bytes, ttl_ms: int) -> None: ...
+
+    async def append_raw(self, key: CacheKey, expected: bytes, count: bytes, tail: bytes, ttl_ms: int) -> None: ...
+
+    async def move_raw(
+        self, old: CacheKey, new: CacheKey, *, expected: bytes, count: bytes, tail: bytes, ttl_ms: int
+    ) -> bool: ...
+
+    async def delete(self, key: CacheKey) -> bool: ...
+
+
+def append_tail(expected_count: int, added: list[bytes]) -> bytes:
     """What an append adds to an entry of `expected_count` messages: an entry of none is b"" and takes no comma."""
     tail = b",".join(added)
     return b"," + tail if expected_count > 0 and added else tail
@@ -215,7 +255,7 @@ class RedisHistoryCache:
                 suppressed,
             )
 
-    async def get(self, key: CacheKey) -> CachedHistory | None:
+    async def get_raw(self, key: CacheKey) -> tuple[bytes, bytes] | None:
         try:
             joined, count = await self._commands.mget(self._keys(key))
         except _FAULTS as exc:
@@ -223,6 +263,13 @@ class RedisHistoryCache:
             return None
         if not isinstance(joined, bytes) or not isinstance(count, bytes):
             return None
+        return count, joined
+
+    async def get(self, key: CacheKey) -> CachedHistory | None:
+        found = await self.get_raw(key)
+        if found is None:
+            return None
+        count, joined = found
         decoded = decode_count(count)
         if decoded is None:
             return None
@@ -232,29 +279,41 @@ class RedisHistoryCache:
             return None
         return CachedHistory(n, joined, version)
 
-    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int) -> None:
+    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer) -> None:
+        await self.put_raw(key, encode_count(history.count, history.version), history.joined, ttl_ms)
+
+    async def put_raw(self, key: CacheKey, count: bytes, data: bytes, ttl_ms: int) -> None:
         if ttl_ms <= 0:
             await self.delete(key)
             return
         try:
-            count = encode_count(history.count, history.version)
-            await self._commands.run(_PUT, self._keys(key), (history.joined, count, ttl_ms))
+            await self._commands.run(_PUT, self._keys(key), (data, count, ttl_ms))
         except _FAULTS as exc:
             self._fault("put", key, exc)
 
     async def append(
-        self, key: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+        self,
+        key: CacheKey,
+        expected_count: int,
+        added: list[bytes],
+        ttl_ms: int,
+        *,
+        sealer: ContentSealer,
+        new_count: int | None = None,
     ) -> None:
+        # The script appends only when the entry holds `expected_count` messages, so the separator
+        # can be decided here: an entry of zero messages is b"" and takes no leading comma.
+        count = expected_count + len(added) if new_count is None else new_count
+        await self.append_raw(
+            key, encode_count(expected_count), encode_count(count), append_tail(expected_count, added), ttl_ms
+        )
+
+    async def append_raw(self, key: CacheKey, expected: bytes, count: bytes, tail: bytes, ttl_ms: int) -> None:
         if ttl_ms <= 0:
             await self.delete(key)
             return
-        # The script appends only when the entry holds `expected_count` messages, so the separator
-        # can be decided here: an entry of zero messages is b"" and takes no leading comma.
-        tail = _tail(expected_count, added)
-        count = expected_count + len(added) if new_count is None else new_count
-        keys = self._keys(key)
         try:
-            await self._commands.run(_APPEND, keys, (encode_count(expected_count), encode_count(count), ttl_ms, tail))
+            await self._commands.run(_APPEND, self._keys(key), (expected, count, ttl_ms, tail))
         except _FAULTS as exc:
             self._fault("append", key, exc)
             # The script is atomic, so the entry is either untouched (shorter, seen as stale) or fully
@@ -263,18 +322,33 @@ class RedisHistoryCache:
             if not isinstance(exc, (ConnectionError, RedisConnectionError)):
                 await self.delete(key)
 
-    async def move(self, old: CacheKey, new: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+    async def move(
+        self,
+        old: CacheKey,
+        new: CacheKey,
+        expected_count: int,
+        added: list[bytes],
+        ttl_ms: int,
+        *,
+        sealer: ContentSealer,
+    ) -> bool:
+        return await self.move_raw(
+            old,
+            new,
+            expected=encode_count(expected_count),
+            count=encode_count(expected_count + len(added)),
+            tail=append_tail(expected_count, added),
+            ttl_ms=ttl_ms,
+        )
+
+    async def move_raw(
+        self, old: CacheKey, new: CacheKey, *, expected: bytes, count: bytes, tail: bytes, ttl_ms: int
+    ) -> bool:
         if self._cluster or ttl_ms <= 0:
             return False
         keys = (*self._keys(new), *self._keys(old))
-        args = (
-            encode_count(expected_count),
-            encode_count(expected_count + len(added)),
-            ttl_ms,
-            _tail(expected_count, added),
-        )
         try:
-            moved = await self._commands.run(_MOVE, keys, args)
+            moved = await self._commands.run(_MOVE, keys, (expected, count, ttl_ms, tail))
         except _FAULTS as exc:
             self._fault("move", new, exc)
             return False
@@ -315,11 +389,15 @@ class RedisHistoryCache:
             self._fault("close", None, exc)
 
 
-def create_cache(redis_url: str | None, prefix: str) -> HistoryCache:
-    """Redis when configured, otherwise the in-process cache of the embedded default."""
-    if redis_url:
-        return RedisHistoryCache(redis_url, prefix)
-    # Imported here: memory_cache builds on this module.
+def create_cache(redis_url: str | None, prefix: str, content: ContentKeys | None = None) -> HistoryCache:
+    """Redis when configured, otherwise the in-process cache of the embedded default; sealed when `content` is
+    enabled (encryption on)."""
+    # Imported here: both build on this module.
     from statestore.store.memory_cache import MemoryHistoryCache  # noqa: PLC0415
+    from statestore.store.sealed_cache import SealedCache  # noqa: PLC0415
 
-    return MemoryHistoryCache()
+    backend: RedisHistoryCache | MemoryHistoryCache
+    backend = RedisHistoryCache(redis_url, prefix) if redis_url else MemoryHistoryCache()
+    if content is not None and content.enabled:
+        return SealedCache(backend, content)
+    return backend

@@ -45,6 +45,9 @@ class CachedHistory(NamedTuple):
     # version); an entry is served only for the version it was written with. BRANCH_POINT: a response's entry kept
     # for its branches.
     version: int | None = None
+    # How many sealed frames the entry was read from (0 for a clear entry): a reader that meets many rewrites the
+    # entry as one frame, so a long thread's hot read opens few values (store/sealed_cache.py).
+    frames: int = 0
 
 
 # A response's entry kept for its branches: its chain's context, written when a turn branched from it (its context was
@@ -75,6 +78,35 @@ def decode_count(raw: bytes) -> tuple[int, int | None] | None:
         if not raw.startswith(_FORMAT_PREFIX):
             return (int(raw), None) if raw.isdigit() else None  # format 1
         fields = raw[len(_FORMAT_PREFIX) :].split(b":")
+        if len(fields) == 1:
+            return int(fields[0]), None
+        if len(fields) == 2:
+            return int(fields[0]), int(fields[1])
+    except ValueError:
+        pass
+    return None
+
+
+# A sealed entry (encryption on, store/sealed_cache.py) is written in format 3: b"3:<count>" or b"3:<count>:<version>",
+# and its bytes are frames, not joined messages. A clear cache reads formats 1 and 2 only and a sealed one format 3
+# only, so a replica without keys never serves a sealed entry and a replica with keys never serves a clear one; the
+# scripts compare counts exactly, so an append or move across families drops the entry (a miss).
+SEALED_FORMAT = 3
+_SEALED_PREFIX = b"3:"
+
+
+def encode_sealed_count(count: int, version: int | None = None) -> bytes:
+    if version is None:
+        return b"3:%d" % count
+    return b"3:%d:%d" % (count, version)
+
+
+def decode_sealed_count(raw: bytes) -> tuple[int, int | None] | None:
+    """(count, version) of a sealed entry's count, or None for any other format."""
+    if not raw.startswith(_SEALED_PREFIX):
+        return None
+    fields = raw[len(_SEALED_PREFIX) :].split(b":")
+    try:
         if len(fields) == 1:
             return int(fields[0]), None
         if len(fields) == 2:

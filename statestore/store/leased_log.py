@@ -84,7 +84,8 @@ PG_TAKE_THREAD_BY_RESPONSE: Final = PgStatement(
 UPDATE threads SET lease_token = :token, lease_expires_ms = :until_ms
 WHERE id = :thread_id AND owner = :owner AND head_message_id = :head_message_id AND expires_ms > :now_ms
   AND (lease_token IS NULL OR lease_expires_ms <= :now_ms)
-RETURNING id, session_id, system, tools, system_fp, tools_fp, output_config_fp, fixed_markers, head_position,
+RETURNING id, owner, tenant_id, metadata_user_id, session_id, system, tools, system_fp, tools_fp, output_config_fp,
+  fixed_markers, head_position,
   byte_count, ttl_seconds, base_position, base_bytes, COALESCE(octet_length(context_head), 0) AS head_bytes,
   context_tokens
 """,
@@ -103,6 +104,9 @@ RETURNING next_position, coalesce(context_tokens, 0) AS context_tokens, coalesce
 
 LEASED_COLUMNS = (
     threads.c.id,
+    threads.c.owner,
+    threads.c.tenant_id,
+    threads.c.metadata_user_id,
     threads.c.session_id,
     threads.c.system,
     threads.c.tools,
@@ -223,6 +227,9 @@ def leased_thread(m: Mapping[Any, Any]) -> LeasedThread:
         base_bytes=m["base_bytes"],
         head_bytes=m["head_bytes"],
         context_tokens=m["context_tokens"],
+        owner=m["owner"],
+        tenant_id=m["tenant_id"],
+        metadata_user_id=m["metadata_user_id"],
     )
 
 

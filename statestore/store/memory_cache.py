@@ -8,6 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+from statestore.content_keys import ContentSealer
 from statestore.store.cache_entry import CachedHistory, CacheKey, appended
 
 _MIB = 1024 * 1024
@@ -27,6 +28,8 @@ class _Entry(NamedTuple):
     joined: bytes
     expires_at_ms: int
     version: int | None = None
+    # The count as a SealedCache wrote it (store/sealed_cache.py); None for a clear entry. Each reads only its own.
+    raw_count: bytes | None = None
 
 
 class MemoryHistoryCache:
@@ -91,12 +94,12 @@ class MemoryHistoryCache:
     async def get(self, key: CacheKey) -> CachedHistory | None:
         name = key.name
         entry = self._live(name, self._clock())
-        if entry is None:
+        if entry is None or entry.raw_count is not None:
             return None
         self._entries.move_to_end(name)
         return CachedHistory(entry.messages, entry.joined, entry.version)
 
-    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int) -> None:
+    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer) -> None:
         if ttl_ms <= 0:
             self._remove(key.name)
             return
@@ -104,7 +107,14 @@ class MemoryHistoryCache:
         self._store(key.name, _Entry(history.count, history.joined, now + ttl_ms, history.version), now)
 
     async def append(
-        self, key: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int, *, new_count: int | None = None
+        self,
+        key: CacheKey,
+        expected_count: int,
+        added: list[bytes],
+        ttl_ms: int,
+        *,
+        sealer: ContentSealer,
+        new_count: int | None = None,
     ) -> None:
         now = self._clock()
         name = key.name
@@ -112,21 +122,75 @@ class MemoryHistoryCache:
         if entry is None:
             return
         # As in Redis: only an entry of no version is appended to (nothing appends to a versioned one).
-        if entry.messages != expected_count or entry.version is not None or ttl_ms <= 0:
+        if entry.messages != expected_count or entry.version is not None or entry.raw_count is not None or ttl_ms <= 0:
             self._remove(name)
             return
         joined = appended(entry.joined, added)
         count = entry.messages + len(added) if new_count is None else new_count
         self._store(name, _Entry(count, joined, now + ttl_ms), now)
 
-    async def move(self, old: CacheKey, new: CacheKey, expected_count: int, added: list[bytes], ttl_ms: int) -> bool:
+    async def move(
+        self,
+        old: CacheKey,
+        new: CacheKey,
+        expected_count: int,
+        added: list[bytes],
+        ttl_ms: int,
+        *,
+        sealer: ContentSealer,
+    ) -> bool:
         now = self._clock()
         entry = self._live(old.name, now)
         self._remove(old.name)
-        if entry is None or entry.messages != expected_count or entry.version is not None or ttl_ms <= 0:
+        if (
+            entry is None
+            or entry.messages != expected_count
+            or entry.version is not None
+            or entry.raw_count is not None
+            or ttl_ms <= 0
+        ):
             return False
         joined = appended(entry.joined, added)
         self._store(new.name, _Entry(entry.messages + len(added), joined, now + ttl_ms), now)
+        return True
+
+    # -- the frame store of a SealedCache: raw bytes under a count string, compared exactly as the Redis scripts do --
+
+    async def get_raw(self, key: CacheKey) -> tuple[bytes, bytes] | None:
+        name = key.name
+        entry = self._live(name, self._clock())
+        if entry is None or entry.raw_count is None:
+            return None
+        self._entries.move_to_end(name)
+        return entry.raw_count, entry.joined
+
+    async def put_raw(self, key: CacheKey, count: bytes, data: bytes, ttl_ms: int) -> None:
+        if ttl_ms <= 0:
+            self._remove(key.name)
+            return
+        now = self._clock()
+        self._store(key.name, _Entry(-1, data, now + ttl_ms, raw_count=count), now)
+
+    async def append_raw(self, key: CacheKey, expected: bytes, count: bytes, tail: bytes, ttl_ms: int) -> None:
+        now = self._clock()
+        name = key.name
+        entry = self._live(name, now)
+        if entry is None:
+            return
+        if entry.raw_count != expected or ttl_ms <= 0:
+            self._remove(name)
+            return
+        self._store(name, _Entry(-1, entry.joined + tail, now + ttl_ms, raw_count=count), now)
+
+    async def move_raw(
+        self, old: CacheKey, new: CacheKey, *, expected: bytes, count: bytes, tail: bytes, ttl_ms: int
+    ) -> bool:
+        now = self._clock()
+        entry = self._live(old.name, now)
+        self._remove(old.name)
+        if entry is None or entry.raw_count != expected or ttl_ms <= 0:
+            return False
+        self._store(new.name, _Entry(-1, entry.joined + tail, now + ttl_ms, raw_count=count), now)
         return True
 
     async def delete(self, key: CacheKey) -> bool:

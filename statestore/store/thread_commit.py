@@ -15,10 +15,12 @@ from sqlalchemy import func, insert, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from statestore.content_keys import CLEAR
 from statestore.store import usage_rows
 from statestore.store.pg_hot_path import PgHotPath, affected
 from statestore.store.schema import sessions, thread_messages, threads
 from statestore.store.statement import PgStatement
+from statestore.store.thread_sealing import field_data, message_data
 from statestore.store.turn_records import TurnCommit
 
 
@@ -73,6 +75,19 @@ class CommitThreadTurn:
             moved, base_position, base_bytes, head = True, move.base_position, move.base_bytes, move.head
             compacted, truncated = move.count("compacted"), move.count("truncated")
             summarized = move.count("summarized")
+        positions = [commit.start_position + offset for offset in range(len(rows))]
+        bodies = [body for body, _ in rows]
+        sealer = commit.sealer
+        if sealer is not CLEAR:
+            # Sealed here, after the sizes are counted from the plaintext (byte counts say what a rebuild sends).
+            if not commit.owner:
+                raise ValueError("a sealed commit names its owner")
+            owner, thread_id = commit.owner, commit.thread_id
+            bodies = [
+                sealer.seal(body, message_data(owner, thread_id, p)) for body, p in zip(bodies, positions, strict=True)
+            ]
+            if head is not None:
+                head = sealer.seal(head, field_data(owner, thread_id, "context_head"))
         return cls(
             thread_id=commit.thread_id,
             token=commit.lease_token,
@@ -82,8 +97,8 @@ class CommitThreadTurn:
             now_ms=commit.now_ms,
             expires_ms=commit.expires_ms,
             metadata_user_id=commit.metadata_user_id,
-            positions=[commit.start_position + offset for offset in range(len(rows))],
-            bodies=[body for body, _ in rows],
+            positions=positions,
+            bodies=bodies,
             response_ids=[response_id for _, response_id in rows],
             backend_ids=[commit.reply_backend_id if response_id is not None else None for _, response_id in rows],
             input_tokens=usage.input_tokens,

@@ -9,7 +9,9 @@ from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
+from statestore.content_keys import ContentKeys
 from statestore.store.schema import sessions, thread_messages, threads
+from statestore.store.thread_sealing import field_data, message_data, open_rows
 from statestore.store.turn_records import TurnUsage
 
 
@@ -110,8 +112,10 @@ def live(owner: str, now_ms: int) -> ColumnElement[bool]:
 class ThreadQueries:
     """The owner's view of its threads (PROTOCOL §7)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
+    def __init__(self, engine: AsyncEngine, content: ContentKeys | None = None) -> None:
+        """`content`: what a sealed thread's content opens through (export stays in clear for its owner)."""
         self.engine = engine
+        self._content = content if content is not None and content.enabled else None
 
     async def list_threads(
         self, owner: str, *, now_ms: int, limit: int, after: str | None, session_id: str | None
@@ -168,7 +172,7 @@ class ThreadQueries:
             first = row.base_position if context_only else 0
             bodies = (
                 await conn.execute(
-                    select(thread_messages.c.body)
+                    select(thread_messages.c.position, thread_messages.c.body)
                     .where(
                         thread_messages.c.thread_id == thread_id,
                         thread_messages.c.position >= first,
@@ -176,17 +180,50 @@ class ThreadQueries:
                     )
                     .order_by(thread_messages.c.position)
                 )
-            ).scalars()
-            messages = [bytes(body) for body in bodies]
-            if context_only and row.context_head is not None:
-                messages.insert(0, bytes(row.context_head))
-            return ThreadExport(
-                system=row.system,
-                tools=row.tools,
-                messages=messages,
-                model=row.last_model,
-                max_tokens=row.last_max_tokens,
+            ).all()
+        positions = [position for position, _ in bodies]
+        messages = [bytes(body) for _, body in bodies]
+        head = bytes(row.context_head) if context_only and row.context_head is not None else None
+        system, tools = row.system, row.tools
+        if self._content is not None:
+            system, tools, head, messages = await self._open_export(
+                owner, thread_id, system=system, tools=tools, head=head, positions=positions, messages=messages
             )
+        if head is not None:
+            messages.insert(0, head)
+        return ThreadExport(
+            system=system,
+            tools=tools,
+            messages=messages,
+            model=row.last_model,
+            max_tokens=row.last_max_tokens,
+        )
+
+    async def _open_export(
+        self,
+        owner: str,
+        thread_id: str,
+        *,
+        system: bytes | None,
+        tools: bytes | None,
+        head: bytes | None,
+        positions: list[int],
+        messages: list[bytes],
+    ) -> tuple[bytes | None, bytes | None, bytes | None, list[bytes]]:
+        """An export's values opened at once (one key lookup); what was None stays None."""
+        assert self._content is not None
+        fields = [
+            (system, field_data(owner, thread_id, "system")),
+            (tools, field_data(owner, thread_id, "tools")),
+            (head, field_data(owner, thread_id, "context_head")),
+        ]
+        present = [(bytes(value), data) for value, data in fields if value is not None]
+        values = [value for value, _ in present] + messages
+        data = [d for _, d in present] + [message_data(owner, thread_id, p) for p in positions]
+        opened = await open_rows(self._content, values, data, table="threads", thread_id=thread_id)
+        it = iter(opened)
+        system, tools, head = (next(it) if value is not None else None for value, _ in fields)
+        return system, tools, head, list(it)
 
     async def session_thread(self, owner: str, session: str, *, now_ms: int) -> ThreadInfo | None:
         bound = select(sessions.c.thread_id).where(sessions.c.owner == owner, sessions.c.name == session)

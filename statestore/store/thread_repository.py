@@ -8,7 +8,7 @@ not expired.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from sqlalchemy import delete, exists, insert, literal, or_, select, union_all
@@ -16,6 +16,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
+from statestore.content_keys import ContentKeys
 from statestore.store.leased_log import (
     THREADS,
     LeasedLog,
@@ -27,6 +28,7 @@ from statestore.store.leased_log import (
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.schema import sessions, thread_messages, threads
 from statestore.store.statement import PgStatement
+from statestore.store.thread_sealing import context_data, field_data, open_rows, thread_scope
 from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread, TurnCommit
 
 
@@ -61,21 +63,43 @@ class ThreadRepository:
         *,
         pg: PgHotPath | None = None,
         log: LeasedLog | None = None,
+        content: ContentKeys | None = None,
     ) -> None:
         """`single_statements`: an engine in AUTOCOMMIT for the statements that are atomic by themselves, so they run
         without BEGIN/COMMIT round trips (its own pool: switching a pooled connection's isolation level on every
         checkout costs more than the statement). `pg`: PostgreSQL's hot statements on asyncpg. `log`: the leased log
-        the Responses door shares, else one on the same engines."""
+        the Responses door shares, else one on the same engines. `content`: the keys a thread's content is sealed and
+        opened through (store/thread_sealing.py); None, or not enabled, stores and reads it as it is."""
         self.engine = engine
         self._is_postgres = engine.dialect.name == "postgresql"
         self._single = single_statements or engine.execution_options(isolation_level="AUTOCOMMIT")
         self._pg = pg
         self.log = log or LeasedLog(engine, self._single, pg)
+        self._content = content if content is not None and content.enabled else None
+
+    async def _opened(self, leased: LeasedThread | None) -> LeasedThread | None:
+        """The leased thread with its system and tools opened (one key lookup for both)."""
+        if leased is None or self._content is None:
+            return leased
+        values: list[bytes] = []
+        data: list[bytes] = []
+        if leased.system is not None:
+            values.append(leased.system)
+            data.append(field_data(leased.owner, leased.id, "system"))
+        if leased.tools is not None:
+            values.append(leased.tools)
+            data.append(field_data(leased.owner, leased.id, "tools"))
+        if not values:
+            return leased
+        opened = await open_rows(self._content, values, data, table="threads", thread_id=leased.id)
+        system = opened.pop(0) if leased.system is not None else None
+        tools = opened.pop(0) if leased.tools is not None else None
+        return replace(leased, system=system, tools=tools)
 
     async def acquire_by_response(
         self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
     ) -> LeasedThread | None:
-        return await self.log.take_thread(
+        leased = await self.log.take_thread(
             TakeThreadByResponse(
                 thread_id=thread_id,
                 owner=owner,
@@ -85,6 +109,7 @@ class ThreadRepository:
                 until_ms=lease_until_ms,
             )
         )
+        return leased if self._content is None else await self._opened(leased)
 
     async def why_not_continuable(
         self, *, owner: str, thread_id: str, response_id: str, now_ms: int
@@ -130,9 +155,10 @@ class ThreadRepository:
     async def acquire_by_session(
         self, *, owner: str, session: str, token: str, now_ms: int, lease_until_ms: int
     ) -> LeasedThread | None:
-        return await self.log.take_thread(
+        leased = await self.log.take_thread(
             TakeThreadBySession(owner=owner, session=session, now_ms=now_ms, token=token, until_ms=lease_until_ms)
         )
+        return leased if self._content is None else await self._opened(leased)
 
     async def session_is_busy(self, *, owner: str, session: str, now_ms: int) -> bool:
         """Whether the session's thread is live but leased (or still being created) by another request."""
@@ -152,6 +178,13 @@ class ThreadRepository:
     ) -> bool:
         """Insert the thread row, leased and without a head until its first reply commits, and (with `bind_session`)
         bind the session name to it when the name's current thread is gone. False when a live thread holds the name."""
+        system, tools = thread.system, thread.tools
+        if self._content is not None and (system is not None or tools is not None):
+            sealer = await self._content.sealer(thread_scope(thread.owner, thread.tenant_id, thread.metadata_user_id))
+            if system is not None:
+                system = sealer.seal(system, field_data(thread.owner, thread.id, "system"))
+            if tools is not None:
+                tools = sealer.seal(tools, field_data(thread.owner, thread.id, "tools"))
         async with self.engine.begin() as conn:
             await conn.execute(
                 insert(threads).values(
@@ -160,8 +193,8 @@ class ThreadRepository:
                     tenant_id=thread.tenant_id,
                     session_id=thread.session_id,
                     metadata_user_id=thread.metadata_user_id,
-                    system=thread.system,
-                    tools=thread.tools,
+                    system=system,
+                    tools=tools,
                     system_fp=thread.system_fp,
                     tools_fp=thread.tools_fp,
                     output_config_fp=thread.output_config_fp,
@@ -227,9 +260,22 @@ class ThreadRepository:
         async with self._single.connect() as conn:
             return (await conn.execute(stmt)).first() is not None
 
-    async def load_context(self, thread_id: str) -> list[tuple[int, bytes]]:
+    async def load_context(self, thread_id: str, *, owner: str) -> list[tuple[int, bytes]]:
         """What a rebuild sends, in order: (-1, the head) when the thread has one, then (position, message bytes) of
-        every stored message from the base on."""
+        every stored message from the base on; opened, when sealed, all at once."""
+        rows = await self._load_context(thread_id)
+        if self._content is None or not rows:
+            return rows
+        opened = await open_rows(
+            self._content,
+            [body for _, body in rows],
+            [context_data(owner, thread_id, position) for position, _ in rows],
+            table="thread_messages",
+            thread_id=thread_id,
+        )
+        return [(position, body) for (position, _), body in zip(rows, opened, strict=True)]
+
+    async def _load_context(self, thread_id: str) -> list[tuple[int, bytes]]:
         if self._pg is not None:
             records = await self._pg.fetch(PG_LOAD_CONTEXT, LoadContext(thread_id=thread_id))
             return [(record[0], record[1]) for record in records]

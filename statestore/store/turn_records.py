@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from statestore.content_keys import CLEAR, ContentSealer
+
 ContinueRefusal = Literal["not_found", "already_continued", "in_flight"]
 
 
@@ -28,6 +30,10 @@ class LeasedThread:
     base_bytes: int = 0
     head_bytes: int = 0
     context_tokens: int = 0
+    # Whose it is (the erasure scope its content is sealed under: store/thread_sealing.py).
+    owner: str = ""
+    tenant_id: str | None = None
+    metadata_user_id: str | None = None
 
     @property
     def context_messages(self) -> int:
@@ -103,3 +109,7 @@ class TurnCommit:
     # The context's size in tokens after this turn, and the move of its base, if any (PROTOCOL §9).
     context_tokens: int = 0
     move: ContextMove | None = None
+    # Encryption at rest: the thread's owner and the sealer of its scope; the rows and the head are sealed at commit
+    # (CLEAR when encryption is off: stored as they are).
+    owner: str = ""
+    sealer: ContentSealer = CLEAR

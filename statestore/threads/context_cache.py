@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from statestore.content_keys import ContentSealer
 from statestore.errors import InternalError
 from statestore.metrics import Metrics
 from statestore.store.cache import HistoryCache
@@ -17,6 +18,9 @@ from statestore.threads.prepared import PreparedTurn
 
 log = logging.getLogger(__name__)
 
+# Past this many frames a sealed entry is rewritten as one (store/sealed_cache.py): a read opens few large values.
+CONSOLIDATE_FRAMES = 16
+
 
 async def context_of(
     cache: HistoryCache,
@@ -26,6 +30,7 @@ async def context_of(
     cached: CachedHistory | None,
     *,
     ttl_ms: int,
+    sealer: ContentSealer,
 ) -> bytes:
     """The context (the head, then the stored messages from the base on), pre-joined: from the cache when it holds
     the thread's context at its head position, else rebuilt from the database (and the cache refilled). A cache
@@ -34,7 +39,7 @@ async def context_of(
         metrics.count_cache_lookup("hit")
         return cached.joined
     metrics.count_cache_lookup("miss" if cached is None else "stale")
-    rows = await repository.load_context(leased.id)
+    rows = await repository.load_context(leased.id, owner=leased.owner)
     stored = sum(1 for position, _ in rows if position >= 0)
     if stored != leased.head_position - leased.base_position:
         log.error(
@@ -43,7 +48,7 @@ async def context_of(
         )
         raise InternalError("the stored thread is inconsistent")
     joined = assembly.join_history([body for _, body in rows])
-    await cache.put(thread_key(leased.id), CachedHistory(leased.head_position, joined), ttl_ms)
+    await cache.put(thread_key(leased.id), CachedHistory(leased.head_position, joined), ttl_ms, sealer=sealer)
     return joined
 
 
@@ -55,10 +60,18 @@ async def after_commit(
     key = thread_key(prepared.thread_id)
     ttl_ms = prepared.ttl_seconds * 1000
     head_position = prepared.start_position + len(added)
+    sealer = prepared.sealer
     if compaction is not None:
-        await cache.put(key, CachedHistory(head_position, compaction), ttl_ms)
+        await cache.put(key, CachedHistory(head_position, compaction), ttl_ms, sealer=sealer)
     elif prepared.creating or prepared.moved is not None:
         moved = [prepared.moved.joined] if prepared.moved is not None and prepared.moved.joined else []
-        await cache.put(key, CachedHistory(head_position, assembly.join_history([*moved, *added])), ttl_ms)
+        await cache.put(
+            key, CachedHistory(head_position, assembly.join_history([*moved, *added])), ttl_ms, sealer=sealer
+        )
+    elif prepared.cache_frames > CONSOLIDATE_FRAMES:
+        # A sealed entry of many frames (one per turn) is written back whole, as one frame, so the next read opens
+        # one value, not one per turn. Unconditional, as a create's put is: its count says which head it holds.
+        joined = assembly.join_history([prepared.history, *added]) if prepared.history else assembly.join_history(added)
+        await cache.put(key, CachedHistory(head_position, joined), ttl_ms, sealer=sealer)
     else:
-        await cache.append(key, prepared.history_count, added, ttl_ms)
+        await cache.append(key, prepared.history_count, added, ttl_ms, sealer=sealer)

@@ -54,7 +54,7 @@ async def step(
     new_bytes = sum(map(len, new_messages)) + len(new_messages)
     if forced is None and not planner.passes_trigger(window, context.estimate(leased, fixed, new_bytes)):
         return None
-    rows = await repository.load_context(leased.id)
+    rows = await repository.load_context(leased.id, owner=leased.owner)
     if sum(1 for position, _ in rows if position >= 0) != leased.head_position - leased.base_position:
         log.error("thread rows disagree with its head position", extra={"thread_id": leased.id})
         raise InternalError("the stored thread is inconsistent")

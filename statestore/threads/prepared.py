@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from statestore.content_keys import CLEAR, ContentSealer
 from statestore.policy import Policy
 from statestore.store.turn_records import LeasedThread, TurnUsage
 from statestore.threads.context_step import ContextStep, Summarize
@@ -65,6 +66,12 @@ class PreparedTurn:
     replay: tuple[str | None, int | None] = (None, None)
     # A continue whose context the policy manages: what a cut after the backend's refusal needs (refusal_retry.py).
     recut: Recut | None = None
+    # Encryption at rest: the thread's owner and the sealer of its scope (CLEAR when off); the context the turn read
+    # from a sealed cache entry of many frames, which the commit writes back as one (threads/context_cache.py).
+    owner: str = ""
+    sealer: ContentSealer = CLEAR
+    history: bytes = b""
+    cache_frames: int = 0
 
     def stop_keeper(self) -> None:
         if self.keeper is not None:

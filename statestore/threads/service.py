@@ -15,6 +15,7 @@ import orjson
 
 from statestore.auth import Principal
 from statestore.clock import wall_clock_ms
+from statestore.content_keys import CLEAR, ContentKeys, ContentSealer
 from statestore.errors import (
     InvalidRequest,
     ServiceUnavailable,
@@ -27,6 +28,7 @@ from statestore.policy import Policy
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CachedHistory, thread_key
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
+from statestore.store.thread_sealing import thread_scope
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import LeasedThread, NewThread, TurnCommit
 from statestore.threads import assembly, context_cache, context_step, rules
@@ -55,9 +57,13 @@ class ThreadService:
         summaries: Summaries | None = None,
         windows: Windows | None = None,
         clock: Callable[[], int] = wall_clock_ms,
+        content: ContentKeys | None = None,
     ) -> None:
         """`summaries`: where a `summarize` policy's summary requests go (PROTOCOL §9); without it, such a policy
-        truncates. `windows`: what the backend states of its windows, for a policy whose window is `auto`."""
+        truncates. `windows`: what the backend states of its windows, for a policy whose window is `auto`.
+        `content`: the keys the cache entries are sealed with (the repository seals the rows); None or not enabled
+        when encryption is off."""
+        self._content = content if content is not None and content.enabled else None
         self.metrics = metrics
         self.windows = windows
         self.summaries = summaries
@@ -149,6 +155,12 @@ class ThreadService:
                 raise ThreadContinueInFlight("another request is continuing this session right now")
         return await self._create(principal, token, turn, policy, now)
 
+    async def _sealer(self, owner: str, tenant_id: str | None, user_id: str | None) -> ContentSealer:
+        """The sealer of a thread's scope; CLEAR (and no await that does work) when encryption is off."""
+        if self._content is None:
+            return CLEAR
+        return await self._content.sealer(thread_scope(owner, tenant_id, user_id))
+
     async def _create(
         self, principal: Principal, token: str, turn: ThreadTurn, policy: Policy, now: int
     ) -> PreparedTurn:
@@ -183,6 +195,7 @@ class ThreadService:
         body = assembly.build_body(
             turn.fields, system=system_bytes, tools=tools_bytes, history=b"", new_messages=new.forwarded
         )
+        sealer = await self._sealer(principal.owner, principal.tenant_id, turn.metadata_user_id)
         if not await self.repository.begin_create(
             thread, token=token, now_ms=now, lease_until_ms=now + self.lease_ms, bind_session=not explicit
         ):
@@ -206,6 +219,8 @@ class ThreadService:
             fixed_bytes=fixed_bytes,
             rebind_session=(principal.owner, turn.session) if explicit and turn.session is not None else None,
             replay=replay_fields(turn),
+            owner=principal.owner,
+            sealer=sealer,
         )
 
     async def _continue(
@@ -240,14 +255,21 @@ class ThreadService:
                 size=fixed_bytes + (moved.size if moved else leased.context_bytes) + sum(map(len, new.stored)),
             )
             ttl = policy.ttl_for(turn.ttl_header, leased.ttl_seconds)
+            # The row keeps the first user id a turn gave (COALESCE): this turn's rows go under the scope it will hold.
+            sealer = await self._sealer(
+                leased.owner, leased.tenant_id, leased.metadata_user_id or turn.metadata_user_id
+            )
+            cache_frames = 0
             if moved is not None:
                 history = moved.joined
             else:
                 if not prefetched:
                     cached = await self.cache.get(thread_key(leased.id))
                 history = await context_cache.context_of(
-                    self.cache, self.repository, self.metrics, leased, cached, ttl_ms=ttl * 1000
+                    self.cache, self.repository, self.metrics, leased, cached, ttl_ms=ttl * 1000, sealer=sealer
                 )
+                if cached is not None and cached.count == leased.head_position:
+                    cache_frames = cached.frames
             body = assembly.build_body(
                 turn.fields, system=leased.system, tools=leased.tools, history=history, new_messages=new.forwarded
             )
@@ -277,6 +299,10 @@ class ThreadService:
             moved=moved,
             replay=replay_fields(turn),
             recut=Recut(leased, turn, policy, new.forwarded, summarize) if policy.context_strategy != "none" else None,
+            owner=leased.owner,
+            sealer=sealer,
+            history=history,
+            cache_frames=cache_frames,
         )
 
     # -- settling the turn -------------------------------------------------------------------------------------
@@ -318,6 +344,8 @@ class ThreadService:
             max_tokens=prepared.replay[1],
             context_tokens=context_tokens,
             move=move,
+            owner=prepared.owner,
+            sealer=prepared.sealer,
         )
         try:
             committed = await self.repository.commit_turn(commit)

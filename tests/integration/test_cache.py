@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
+from statestore.content_keys import CLEAR
 from statestore.store.cache import HistoryCache, RedisHistoryCache, create_cache
 from statestore.store.cache_entry import CachedHistory, CacheKey, thread_key
 from statestore.store.memory_cache import MemoryHistoryCache
@@ -88,48 +89,48 @@ def thread() -> CacheKey:
 async def test_put_get_round_trip(harness: Harness) -> None:
     cache, tid = harness.cache, thread()
     assert await cache.get(tid) is None
-    await cache.put(tid, CachedHistory(2, M1 + b"," + M2), TTL_MS)
+    await cache.put(tid, CachedHistory(2, M1 + b"," + M2), TTL_MS, sealer=CLEAR)
     assert await cache.get(tid) == CachedHistory(2, M1 + b"," + M2)
-    await cache.put(tid, CachedHistory(0, b""), TTL_MS)
+    await cache.put(tid, CachedHistory(0, b""), TTL_MS, sealer=CLEAR)
     assert await cache.get(tid) == CachedHistory(0, b"")
     assert await cache.ping()
 
 
 async def test_append_with_matching_count(harness: Harness) -> None:
     cache, tid = harness.cache, thread()
-    await cache.put(tid, CachedHistory(0, b""), TTL_MS)
-    await cache.append(tid, 0, [M1], TTL_MS)
+    await cache.put(tid, CachedHistory(0, b""), TTL_MS, sealer=CLEAR)
+    await cache.append(tid, 0, [M1], TTL_MS, sealer=CLEAR)
     assert await cache.get(tid) == CachedHistory(1, M1)
-    await cache.append(tid, 1, [M2, M3], TTL_MS)
+    await cache.append(tid, 1, [M2, M3], TTL_MS, sealer=CLEAR)
     assert await cache.get(tid) == CachedHistory(3, b",".join([M1, M2, M3]))
-    await cache.append(tid, 3, [], TTL_MS)
+    await cache.append(tid, 3, [], TTL_MS, sealer=CLEAR)
     assert await cache.get(tid) == CachedHistory(3, b",".join([M1, M2, M3]))
 
 
 async def test_append_with_stale_count_deletes(harness: Harness) -> None:
     cache, tid = harness.cache, thread()
-    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
-    await cache.append(tid, 2, [M3], TTL_MS)
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
+    await cache.append(tid, 2, [M3], TTL_MS, sealer=CLEAR)
     assert await cache.get(tid) is None
-    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
-    await cache.append(tid, 0, [M3], TTL_MS)
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
+    await cache.append(tid, 0, [M3], TTL_MS, sealer=CLEAR)
     assert await cache.get(tid) is None
 
 
 async def test_append_with_a_count_of_the_callers_own(harness: Harness) -> None:
     """A conversation counts its position, not joined messages: the appended entry records the given count."""
     cache, key = harness.cache, thread()
-    await cache.put(key, CachedHistory(5, M1), TTL_MS)
-    await cache.append(key, 5, [M2 + b"," + M3], TTL_MS, new_count=9)
+    await cache.put(key, CachedHistory(5, M1), TTL_MS, sealer=CLEAR)
+    await cache.append(key, 5, [M2 + b"," + M3], TTL_MS, new_count=9, sealer=CLEAR)
     assert await cache.get(key) == CachedHistory(9, b",".join([M1, M2, M3]))
-    await cache.append(key, 5, [M1], TTL_MS, new_count=7)  # stale: dropped
+    await cache.append(key, 5, [M1], TTL_MS, new_count=7, sealer=CLEAR)  # stale: dropped
     assert await cache.get(key) is None
 
 
 async def test_move_hands_an_entry_to_a_new_key_with_the_addition(harness: Harness) -> None:
     cache, parent, head = harness.cache, thread(), thread()
-    await cache.put(parent, CachedHistory(2, M1 + b"," + M2), TTL_MS)
-    moved = await cache.move(parent, head, 2, [M3], 5_000)
+    await cache.put(parent, CachedHistory(2, M1 + b"," + M2), TTL_MS, sealer=CLEAR)
+    moved = await cache.move(parent, head, 2, [M3], 5_000, sealer=CLEAR)
     if isinstance(cache, RedisHistoryCache) and cache._cluster:
         assert not moved  # Cluster: the keys are in different slots; the caller puts instead
         return
@@ -139,14 +140,14 @@ async def test_move_hands_an_entry_to_a_new_key_with_the_addition(harness: Harne
     assert all(4_000 < ttl <= 5_000 for ttl in await harness.remaining_ttl_ms(head))
     # a stale or missing source moves nothing, and a stale one is dropped
     other = thread()
-    assert not await cache.move(parent, other, 2, [M3], TTL_MS)
-    assert not await cache.move(head, other, 2, [M3], TTL_MS)
+    assert not await cache.move(parent, other, 2, [M3], TTL_MS, sealer=CLEAR)
+    assert not await cache.move(head, other, 2, [M3], TTL_MS, sealer=CLEAR)
     assert await cache.get(head) is None and await cache.get(other) is None
 
 
 async def test_append_to_missing_entry_stays_missing(harness: Harness) -> None:
     cache, tid = harness.cache, thread()
-    await cache.append(tid, 0, [M1], TTL_MS)
+    await cache.append(tid, 0, [M1], TTL_MS, sealer=CLEAR)
     assert await cache.get(tid) is None
     if harness.raw is not None:
         assert await harness.raw.exists(f"{harness.prefix}{{{tid}}}:h", f"{harness.prefix}{{{tid}}}:n") == 0
@@ -154,11 +155,11 @@ async def test_append_to_missing_entry_stays_missing(harness: Harness) -> None:
 
 async def test_ttl_applied_and_refreshed(harness: Harness) -> None:
     cache, tid = harness.cache, thread()
-    await cache.put(tid, CachedHistory(1, M1), 5_000)
+    await cache.put(tid, CachedHistory(1, M1), 5_000, sealer=CLEAR)
     assert all(4_000 < ttl <= 5_000 for ttl in await harness.remaining_ttl_ms(tid))
-    await cache.append(tid, 1, [M2], 20_000)
+    await cache.append(tid, 1, [M2], 20_000, sealer=CLEAR)
     assert all(19_000 < ttl <= 20_000 for ttl in await harness.remaining_ttl_ms(tid))
-    await cache.put(tid, CachedHistory(1, M1), 0)  # a non-positive TTL stores nothing
+    await cache.put(tid, CachedHistory(1, M1), 0, sealer=CLEAR)  # a non-positive TTL stores nothing
     assert await cache.get(tid) is None
 
 
@@ -166,7 +167,7 @@ async def test_delete_and_delete_many(harness: Harness) -> None:
     cache = harness.cache
     ids = [thread() for _ in range(600)]  # more than one delete_many batch
     for tid in ids:
-        await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+        await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
     await cache.delete(ids[0])
     assert await cache.get(ids[0]) is None
     assert await cache.get(ids[1]) == CachedHistory(1, M1)
@@ -181,7 +182,7 @@ async def test_delete_and_delete_many(harness: Harness) -> None:
 async def test_keys_of_one_thread_share_a_slot(raw_redis: Redis, prefix: str) -> None:
     cache = RedisHistoryCache(REDIS_URL, prefix)
     tid = thread()
-    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
     keys = sorted([key async for key in raw_redis.scan_iter(match=f"{prefix}*")])
     assert keys == [f"{prefix}{{{tid}}}:h".encode(), f"{prefix}{{{tid}}}:n".encode()]
     assert key_slot(keys[0]) == key_slot(keys[1]) == key_slot(tid.name.encode())
@@ -192,8 +193,8 @@ async def test_unreachable_redis_behaves_like_a_miss(prefix: str) -> None:
     cache = RedisHistoryCache("redis://127.0.0.1:1/0", prefix, socket_timeout=0.2)
     tid = thread()
     assert await cache.get(tid) is None
-    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
-    await cache.append(tid, 1, [M2], TTL_MS)
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
+    await cache.append(tid, 1, [M2], TTL_MS, sealer=CLEAR)
     await cache.delete(tid)
     await cache.delete_many([tid, thread()])
     assert await cache.ping() is False
@@ -206,8 +207,8 @@ async def test_outage_logs_one_warning_per_burst_without_content(prefix: str, ca
     tid = thread()
     with caplog.at_level(logging.WARNING, logger="statestore.store.cache"):
         for _ in range(5):
-            await cache.put(tid, CachedHistory(1, M1), TTL_MS)
-            await cache.append(tid, 1, [M2], TTL_MS)
+            await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
+            await cache.append(tid, 1, [M2], TTL_MS, sealer=CLEAR)
     assert cache.errors == 10
     assert len(caplog.records) == 1
     assert tid.name in caplog.text
@@ -226,7 +227,7 @@ async def test_hung_redis_times_out_to_a_miss(prefix: str) -> None:
     cache = RedisHistoryCache(f"redis://127.0.0.1:{port}/0", prefix, socket_timeout=0.1)
     started = time.monotonic()
     assert await cache.get(thread()) is None
-    await cache.append(thread(), 1, [M2], TTL_MS)  # times out, then its best-effort DEL times out too
+    await cache.append(thread(), 1, [M2], TTL_MS, sealer=CLEAR)  # times out, then its best-effort DEL times out too
     assert cache.errors == 3
     assert time.monotonic() - started < 2
     await cache.aclose()
@@ -237,7 +238,7 @@ async def test_cluster_mode_against_a_standalone_redis_degrades_to_misses(prefix
     cache = RedisHistoryCache(f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}cluster=1", prefix)
     assert cache._commands.__class__.__name__ == "ClusterCommands"
     assert await cache.get(thread()) is None
-    await cache.put(thread(), CachedHistory(1, M1), TTL_MS)
+    await cache.put(thread(), CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
     assert await cache.ping() is False
     assert cache.errors == 3
     await cache.aclose()
@@ -248,7 +249,10 @@ async def test_a_burst_shares_connections_and_every_reply_reaches_its_request(pr
     cache = RedisHistoryCache(REDIS_URL, prefix)
     tids = [thread() for _ in range(200)]
     await asyncio.gather(
-        *[cache.put(tid, CachedHistory(i + 1, b",".join([M1] * (i + 1))), TTL_MS) for i, tid in enumerate(tids)]
+        *[
+            cache.put(tid, CachedHistory(i + 1, b",".join([M1] * (i + 1))), TTL_MS, sealer=CLEAR)
+            for i, tid in enumerate(tids)
+        ]
     )
     results = await asyncio.gather(*[cache.get(tid) for tid in tids])
     assert results == [CachedHistory(i + 1, b",".join([M1] * (i + 1))) for i in range(len(tids))]
@@ -259,12 +263,12 @@ async def test_a_burst_shares_connections_and_every_reply_reaches_its_request(pr
 async def test_failed_write_inside_script_drops_the_entry(raw_redis: Redis, prefix: str) -> None:
     cache = RedisHistoryCache(REDIS_URL, prefix)
     tid = thread()
-    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
     # A wrong-typed bytes key makes APPEND fail after the count check passed: the script must not
     # leave the count describing bytes it did not write.
     await raw_redis.delete(f"{prefix}{{{tid}}}:h")
     await raw_redis.rpush(f"{prefix}{{{tid}}}:h", b"junk")
-    await cache.append(tid, 1, [M2], TTL_MS)
+    await cache.append(tid, 1, [M2], TTL_MS, sealer=CLEAR)
     assert cache.errors == 1
     assert await raw_redis.exists(f"{prefix}{{{tid}}}:h", f"{prefix}{{{tid}}}:n") == 0
     assert await cache.get(tid) is None
@@ -286,12 +290,12 @@ async def test_inconsistent_keys_are_a_miss(raw_redis: Redis, prefix: str) -> No
 async def test_noscript_recovery(raw_redis: Redis, prefix: str) -> None:
     cache = RedisHistoryCache(REDIS_URL, prefix)
     tid = thread()
-    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
     await raw_redis.script_flush()
-    await cache.append(tid, 1, [M2], TTL_MS)
+    await cache.append(tid, 1, [M2], TTL_MS, sealer=CLEAR)
     await raw_redis.script_flush()
-    await cache.put(tid, CachedHistory(2, M1 + b"," + M2), TTL_MS)
-    await cache.append(tid, 2, [M3], TTL_MS)
+    await cache.put(tid, CachedHistory(2, M1 + b"," + M2), TTL_MS, sealer=CLEAR)
+    await cache.append(tid, 2, [M3], TTL_MS, sealer=CLEAR)
     assert await cache.get(tid) == CachedHistory(3, b",".join([M1, M2, M3]))
     assert cache.errors == 0
     await cache.aclose()
@@ -320,8 +324,8 @@ async def test_transport_runtime_error_is_a_miss(prefix: str) -> None:
     cache._commands.run = closed_transport  # type: ignore[method-assign]
     tid = thread()
     assert await cache.get(tid) is None
-    await cache.put(tid, CachedHistory(1, M1), TTL_MS)
-    await cache.append(tid, 1, [M2], TTL_MS)
+    await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
+    await cache.append(tid, 1, [M2], TTL_MS, sealer=CLEAR)
     assert await cache.delete(tid) is False
     assert cache.errors == 5  # get, put, append and its DEL, delete
     await cache.aclose()

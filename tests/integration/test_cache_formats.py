@@ -9,6 +9,7 @@ import uuid
 import pytest
 from redis.asyncio import Redis
 
+from statestore.content_keys import CLEAR
 from statestore.store.cache import RedisHistoryCache
 from statestore.store.cache_entry import CachedHistory, thread_key
 
@@ -31,20 +32,20 @@ async def test_each_format_is_read_or_missed_as_it_should_be(raw: Redis, redis_u
         await raw.set(count, b"1", px=TTL_MS)
         assert await cache.get(thread) == CachedHistory(1, M1)
         # Its count is not this release's string: the append drops it, and the next turn rebuilds it.
-        await cache.append(thread, 1, [M2], TTL_MS)
+        await cache.append(thread, 1, [M2], TTL_MS, sealer=CLEAR)
         assert await cache.get(thread) is None
-        await cache.put(thread, CachedHistory(1, M1), TTL_MS)
+        await cache.put(thread, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
         assert await raw.get(count) == b"2:1"
-        await cache.append(thread, 1, [M2], TTL_MS)
+        await cache.append(thread, 1, [M2], TTL_MS, sealer=CLEAR)
         assert await cache.get(thread) == CachedHistory(2, M1 + b"," + M2)
         # A later release's format is not served.
         await raw.set(count, b"3:2", px=TTL_MS)
         assert await cache.get(thread) is None
         # The version travels apart from the count, and a versioned entry is never appended to.
-        await cache.put(thread, CachedHistory(2, M1 + b"," + M2, version=7), TTL_MS)
+        await cache.put(thread, CachedHistory(2, M1 + b"," + M2, version=7), TTL_MS, sealer=CLEAR)
         assert await raw.get(count) == b"2:2:7"
         assert await cache.get(thread) == CachedHistory(2, M1 + b"," + M2, 7)
-        await cache.append(thread, 2, [M1], TTL_MS)
+        await cache.append(thread, 2, [M1], TTL_MS, sealer=CLEAR)
         assert await cache.get(thread) is None
         assert cache.errors == 0
     finally:

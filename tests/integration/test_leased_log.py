@@ -167,7 +167,7 @@ async def test_a_lost_lease_is_the_same_for_a_thread_and_a_conversation(stores: 
     assert await stores.conversations.context_items(conversation_id) == [("message", ITEM.rendered)]
     await stores.log.release(THREADS, Release(log_id=thread_id, token=second))
     await stores.log.release(CONVERSATIONS, Release(log_id=conversation_id, token=second))
-    assert [position for position, _ in await stores.threads.load_context(thread_id)] == [0, 1, 2, 3]
+    assert [position for position, _ in await stores.threads.load_context(thread_id, owner=owner)] == [0, 1, 2, 3]
 
 
 async def test_a_released_lease_frees_the_log(stores: Stores) -> None:

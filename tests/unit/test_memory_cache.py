@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from statestore.content_keys import CLEAR
 from statestore.store.cache import RedisHistoryCache
 from statestore.store.cache_entry import CachedHistory, thread_key
 from statestore.store.memory_cache import MemoryHistoryCache
@@ -25,24 +26,24 @@ class FakeClock:
 async def test_memory_entry_expires_with_clock() -> None:
     clock = FakeClock()
     cache = MemoryHistoryCache(clock=clock)
-    await cache.put(thread_key("thr_a"), CachedHistory(1, M1), 1_000)
+    await cache.put(thread_key("thr_a"), CachedHistory(1, M1), 1_000, sealer=CLEAR)
     clock.now_ms += 999
     assert await cache.get(thread_key("thr_a")) == CachedHistory(1, M1)
     clock.now_ms += 1
     assert await cache.get(thread_key("thr_a")) is None
     assert len(cache) == 0 and cache.size_bytes == 0
-    await cache.put(thread_key("thr_a"), CachedHistory(1, M1), 1_000)
+    await cache.put(thread_key("thr_a"), CachedHistory(1, M1), 1_000, sealer=CLEAR)
     clock.now_ms += 1_000
-    await cache.append(thread_key("thr_a"), 1, [M2], 1_000)  # expired: a miss, not an append
+    await cache.append(thread_key("thr_a"), 1, [M2], 1_000, sealer=CLEAR)  # expired: a miss, not an append
     assert await cache.get(thread_key("thr_a")) is None
 
 
 async def test_memory_sweep_drops_untouched_expired_entries() -> None:
     clock = FakeClock()
     cache = MemoryHistoryCache(clock=clock)
-    await cache.put(thread_key("thr_old"), CachedHistory(1, M1), 1_000)
+    await cache.put(thread_key("thr_old"), CachedHistory(1, M1), 1_000, sealer=CLEAR)
     clock.now_ms += 61_000
-    await cache.put(thread_key("thr_new"), CachedHistory(1, M2), 1_000)
+    await cache.put(thread_key("thr_new"), CachedHistory(1, M2), 1_000, sealer=CLEAR)
     assert len(cache) == 1
 
 
@@ -55,16 +56,16 @@ async def test_memory_lru_eviction_by_bytes() -> None:
     cache = MemoryHistoryCache(max_bytes=3 * (1_000 + 128))  # room for three 1000-byte entries
     blob = b"x" * 1_000
     for name in ("a", "b", "c"):
-        await cache.put(thread_key(name), CachedHistory(1, blob), TTL_MS)
+        await cache.put(thread_key(name), CachedHistory(1, blob), TTL_MS, sealer=CLEAR)
     assert await cache.get(thread_key("a")) is not None  # now most recently used: "b" goes first
-    await cache.put(thread_key("d"), CachedHistory(1, blob), TTL_MS)
+    await cache.put(thread_key("d"), CachedHistory(1, blob), TTL_MS, sealer=CLEAR)
     assert await cache.get(thread_key("b")) is None
     assert all([await cache.get(thread_key(name)) is not None for name in ("a", "c", "d")])
     assert cache.size_bytes <= 3 * (1_000 + 128)
-    await cache.append(thread_key("a"), 1, [blob], TTL_MS)  # growing "a" pushes out the least recent
+    await cache.append(thread_key("a"), 1, [blob], TTL_MS, sealer=CLEAR)  # growing "a" pushes out the least recent
     assert await cache.get(thread_key("a")) == CachedHistory(2, blob + b"," + blob)
     assert await cache.get(thread_key("c")) is None
-    await cache.put(thread_key("huge"), CachedHistory(1, b"y" * 10_000), TTL_MS)  # larger than the budget
+    await cache.put(thread_key("huge"), CachedHistory(1, b"y" * 10_000), TTL_MS, sealer=CLEAR)  # larger than the budget
     assert await cache.get(thread_key("huge")) is None
     assert await cache.get(thread_key("a")) is not None
 
