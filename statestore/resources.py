@@ -35,6 +35,7 @@ from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_statements import PgResponseStatements
 from statestore.store.response_store import ResponseStore
 from statestore.store.retention_queries import RetentionQueries
+from statestore.store.sealed_events import sealed_event_log
 from statestore.store.thread_reads import ThreadQueries
 from statestore.store.thread_repository import ThreadRepository
 from statestore.store.thread_store import ThreadStore
@@ -172,8 +173,8 @@ async def build_resources(
         )
         responses = (
             ResponseTurns(
-                responses=ResponseStore(engine, leased_log, pg_responses),
-                conversations=ConversationStore(engine, leased_log, pg_responses),
+                responses=ResponseStore(engine, leased_log, pg_responses, content),
+                conversations=ConversationStore(engine, leased_log, pg_responses, content),
                 cache=cache,
                 policies=policies,
                 clock=clock,
@@ -187,9 +188,10 @@ async def build_resources(
         )
         background = None
         if responses is not None:
-            events = create_event_log(settings.redis_url, settings.redis_prefix, cap=settings.background_events_max)
-            stack.push_async_callback(events.aclose)
-            background_store = BackgroundStore(engine, single_statements, pg_hot_path)
+            kept = create_event_log(settings.redis_url, settings.redis_prefix, cap=settings.background_events_max)
+            stack.push_async_callback(kept.aclose)
+            events = sealed_event_log(kept, content)
+            background_store = BackgroundStore(engine, single_statements, pg_hot_path, content)
             background = BackgroundTurns(
                 turns=responses,
                 store=background_store,

@@ -14,6 +14,7 @@ import orjson
 
 from statestore.auth import Principal
 from statestore.clock import Clock
+from statestore.content_keys import Scope
 from statestore.responses.background_events import final_frame, with_status
 from statestore.responses.background_runs import BackgroundRunner
 from statestore.responses.background_turn import Held
@@ -106,7 +107,11 @@ class BackgroundTurns:
         frames = queued_frames(body)
         try:
             await self.events.publish(
-                job.id, 0, [Event(0, frames[0]), Event(1, frames[1])], ttl_ms=max(prepared.ttl_ms, 1000)
+                job.id,
+                0,
+                [Event(0, frames[0]), Event(1, frames[1])],
+                ttl_ms=max(prepared.ttl_ms, 1000),
+                scope=Scope(job.owner, job.tenant_id, job.metadata_user_id),
             )
         except (EventLogUnavailable, Superseded) as exc:
             log.warning("background events not kept", extra={"response_id": job.id, "error": str(exc)})
@@ -166,7 +171,9 @@ class BackgroundTurns:
         if job is None:
             return False
         body = with_status(job.body, "cancelled")
-        ended = await self.store.end_unclaimed(response_id, status="cancelled", body=body, now_ms=self.clock())
+        ended = await self.store.end_unclaimed(
+            response_id, status="cancelled", body=body, now_ms=self.clock(), scope=job.scope
+        )
         if ended is None:
             return False
         if ended.conversation_id is not None and ended.conversation_lease is not None:
@@ -175,7 +182,9 @@ class BackgroundTurns:
             last = await self.events.last(response_id)
             seq = last[0] + 1 if last is not None else 2
             frame = final_frame(body, seq)
-            await self.events.publish(response_id, ended.attempt + 1, [Event(seq, frame, final=True)], 60_000)
+            await self.events.publish(
+                response_id, ended.attempt + 1, [Event(seq, frame, final=True)], 60_000, scope=ended.scope
+            )
         except (EventLogUnavailable, Superseded):
             pass
         self.runner.metrics.count_background_turn("cancelled")

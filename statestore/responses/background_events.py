@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import orjson
 
+from statestore.content_keys import Scope
 from statestore.responses.replay import final_event_type
 from statestore.responses.stream import SequencedEvents
 from statestore.store.event_log import Event, EventLog, EventLogUnavailable, Superseded
@@ -46,8 +47,12 @@ class Publisher:
         attempt: int,
         ttl_ms: int,
         on_published: Callable[[], None] | None = None,
+        *,
+        scope: Scope | None = None,
     ) -> None:
-        """`on_published`: called after each batch is kept (a follower on this replica wakes on it)."""
+        """`on_published`: called after each batch is kept (a follower on this replica wakes on it). `scope`: the
+        turn's, which a sealed event log seals its events under."""
+        self._scope = scope
         self._on_published = on_published
         self._events = events
         self._id = response_id
@@ -70,7 +75,7 @@ class Publisher:
             while self._pending and not self.superseded:
                 batch, self._pending = self._pending, []
                 try:
-                    await self._events.publish(self._id, self._attempt, batch, self._ttl_ms)
+                    await self._events.publish(self._id, self._attempt, batch, self._ttl_ms, scope=self._scope)
                     if self._on_published is not None:
                         self._on_published()
                 except Superseded:

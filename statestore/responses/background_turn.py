@@ -115,7 +115,9 @@ class TurnRuns:
         # Asked for as a stream, its events are published as the backend's chunks come; else the backend answers
         # whole, and the events a stream of it would have had are published once it is stored.
         streamed = prepared.turn.stream
-        publisher = held.publisher = Publisher(self.events, job.id, job.attempt, prepared.ttl_ms, held.notify)
+        publisher = held.publisher = Publisher(
+            self.events, job.id, job.attempt, prepared.ttl_ms, held.notify, scope=job.scope
+        )
         numbered = SequencedEvents()
         numbered.next = held.next_seq
         last = b""
@@ -230,7 +232,11 @@ class TurnRuns:
         if not (told and told[-1].final):  # the run had told its end already: it is not told twice
             with contextlib.suppress(Superseded, EventLogUnavailable):
                 await self.events.publish(
-                    held.job.id, held.job.attempt, [Event(seq, final_frame(body, seq), final=True)], self._ttl(held.job)
+                    held.job.id,
+                    held.job.attempt,
+                    [Event(seq, final_frame(body, seq), final=True)],
+                    self._ttl(held.job),
+                    scope=held.job.scope,
                 )
         await self.store.end(held.job.id, token=self.token, status=status, body=None, now_ms=self.clock())
         self.metrics.count_background_turn("completed" if status == "completed" else "incomplete")
@@ -246,11 +252,14 @@ class TurnRuns:
             with contextlib.suppress(Superseded):
                 await held.publisher.drain()
         body = with_status(job.body, status, error)
-        if not await self.store.end(job.id, token=self.token, status=status, body=body, now_ms=self.clock()):
+        ended = await self.store.end(
+            job.id, token=self.token, status=status, body=body, now_ms=self.clock(), scope=job.scope
+        )
+        if not ended:
             return  # the claim was lost: the replica that holds it says how the turn ended
         seq = held.next_seq
         with contextlib.suppress(Superseded, EventLogUnavailable):
             await self.events.publish(
-                job.id, job.attempt, [Event(seq, final_frame(body, seq), final=True)], self._ttl(job)
+                job.id, job.attempt, [Event(seq, final_frame(body, seq), final=True)], self._ttl(job), scope=job.scope
             )
         self.metrics.count_background_turn(status)

@@ -104,14 +104,14 @@ async def remember_head(
 
 
 async def conversation_context(
-    store: ConversationStore, conversation_id: str, *, position: int, cached: CachedHistory | None
+    store: ConversationStore, owner: str, conversation_id: str, *, position: int, cached: CachedHistory | None
 ) -> bytes:
     """The conversation's joined messages at `position` (read with the lease): the cached entry when it was made at
     that very position (only the commit that made a position writes its entry, and every change of the items moves
     the position), else a join from the database. A miss is not written back: the turn's commit writes the entry."""
     if cached is not None and cached.count == position and cached.version is None:
         return cached.joined
-    return join_rendered(await store.context_items(conversation_id))
+    return join_rendered(await store.context_items(owner, conversation_id))
 
 
 async def remember_conversation(

@@ -184,7 +184,7 @@ class ResponseTurns:
             prepared.keeper.start()
             try:
                 prepared.context = await conversation_context(
-                    self.conversations, conversation, position=position, cached=cached
+                    self.conversations, principal.owner, conversation, position=position, cached=cached
                 )
             except BaseException:
                 await self._refuse(prepared)
@@ -242,6 +242,7 @@ class ResponseTurns:
             expires_ms=now + prepared.ttl_ms,
             inputs=prepared.inputs,
             outputs=outputs,
+            conversation_position=prepared.position if turn.conversation_id is not None else None,
             context=prepared.context_record(
                 prepared.response_id,
                 response.get("usage"),

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import and_, delete, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from statestore.content_keys import ContentKeys, ContentSealer, Scope
 from statestore.store.background_statements import (
     CORE_ADMIT,
     CORE_END,
@@ -30,6 +31,7 @@ from statestore.store.background_statements import (
     KeepForCommit,
 )
 from statestore.store.pg_hot_path import PgHotPath, affected
+from statestore.store.response_sealing import active, background_data
 from statestore.store.schema import background_responses as bg
 
 FINAL = ("completed", "incomplete", "failed", "cancelled")
@@ -41,6 +43,7 @@ class BackgroundJob:
     id: str
     owner: str
     tenant_id: str | None
+    metadata_user_id: str | None
     conversation_id: str | None
     status: str
     request: bytes
@@ -56,11 +59,17 @@ class BackgroundJob:
     def open(self) -> bool:
         return self.status in OPEN
 
+    @property
+    def scope(self) -> Scope:
+        """Its erasure scope: what its stored content and its events are sealed under."""
+        return Scope(self.owner, self.tenant_id, self.metadata_user_id)
+
 
 _COLUMNS = (
     bg.c.id,
     bg.c.owner,
     bg.c.tenant_id,
+    bg.c.metadata_user_id,
     bg.c.conversation_id,
     bg.c.status,
     bg.c.request,
@@ -95,7 +104,11 @@ class NewJob:
 
 class BackgroundStore:
     def __init__(
-        self, engine: AsyncEngine, single_statements: AsyncEngine | None = None, pg: PgHotPath | None = None
+        self,
+        engine: AsyncEngine,
+        single_statements: AsyncEngine | None = None,
+        pg: PgHotPath | None = None,
+        content: ContentKeys | None = None,
     ) -> None:
         """`single_statements`: an engine in AUTOCOMMIT for the statements that are atomic by themselves (all but the
         claim), so they run without a BEGIN and a COMMIT around them. `pg`: on PostgreSQL, the admission and the end
@@ -103,6 +116,27 @@ class BackgroundStore:
         self.engine = engine
         self._single = single_statements or engine.execution_options(isolation_level="AUTOCOMMIT")
         self._pg = pg
+        # With encryption on, the request, its headers (the client's credential) and the Response are sealed under
+        # the turn's scope, each bound to its row and column (store/response_sealing.py).
+        self._keys = active(content)
+
+    async def _opened(self, row: Any) -> BackgroundJob:
+        job = _job(row)
+        if self._keys is None:
+            return job
+        values = [job.request, job.body] if job.headers is None else [job.request, job.body, job.headers]
+        columns = ("request", "body", "headers")
+        data = [background_data(job.owner, job.id, column) for column in columns[: len(values)]]
+        opened = await self._keys.open_many(values, data, row=f"background_responses:{job.id}")
+        headers = opened[2] if len(opened) > 2 else None
+        return dataclasses.replace(job, request=opened[0], body=opened[1], headers=headers)
+
+    async def _sealer(self, scope: Scope | None) -> ContentSealer | None:
+        if self._keys is None:
+            return None
+        if scope is None:
+            raise ValueError("a background turn's body to seal names its scope")
+        return await self._keys.sealer(scope)
 
     async def admit(
         self, job: NewJob, *, bound: int, claim_token: str | None, claim_until_ms: int, started: bool
@@ -113,6 +147,12 @@ class BackgroundStore:
         claimed = claim_token is not None
         status = "in_progress" if claimed and started else "queued"
         attempt = 1 if claimed else 0
+        request, headers, body = job.request, job.headers, job.body
+        sealer = await self._sealer(Scope(job.owner, job.tenant_id, job.metadata_user_id))
+        if sealer is not None:
+            request = sealer.seal(request, background_data(job.owner, job.id, "request"))
+            headers = sealer.seal(headers, background_data(job.owner, job.id, "headers"))
+            body = sealer.seal(body, background_data(job.owner, job.id, "body"))
         admit = Admit(
             id=job.id,
             owner=job.owner,
@@ -121,9 +161,9 @@ class BackgroundStore:
             conversation_id=job.conversation_id,
             conversation_lease=job.conversation_lease,
             status=status,
-            request=job.request,
-            headers=job.headers,
-            body=job.body,
+            request=request,
+            headers=headers,
+            body=body,
             claim_token=claim_token,
             claim_expires_ms=claim_until_ms if claimed else None,
             attempt=attempt,
@@ -145,6 +185,7 @@ class BackgroundStore:
             id=job.id,
             owner=job.owner,
             tenant_id=job.tenant_id,
+            metadata_user_id=job.metadata_user_id,
             conversation_id=job.conversation_id,
             status=status,
             request=job.request,
@@ -161,7 +202,7 @@ class BackgroundStore:
         query = select(*_COLUMNS).where(bg.c.id == response_id, bg.c.owner == owner, bg.c.expires_ms > now_ms)
         async with self._single.connect() as conn:
             row = (await conn.execute(query)).first()
-        return _job(row) if row is not None else None
+        return await self._opened(row) if row is not None else None
 
     async def claimable(self, *, now_ms: int, limit: int) -> list[str]:
         """Open turns no live claim holds, oldest first: queued ones, and those whose replica stopped renewing."""
@@ -201,7 +242,7 @@ class BackgroundStore:
             ).first()
         if taken is None:
             return None
-        job = _job(taken)
+        job = await self._opened(taken)
         # The status it had: "queued" never ran; "in_progress" ran on a replica that stopped renewing its claim.
         return dataclasses.replace(job, status=before[0])
 
@@ -278,8 +319,14 @@ class BackgroundStore:
         # (A queued one a replica holds, waiting for a worker there, stays "queued": that replica ends it.)
         return "queued" if claim_expires is None or claim_expires <= now_ms else str(status)
 
-    async def end_unclaimed(self, response_id: str, *, status: str, body: bytes, now_ms: int) -> BackgroundJob | None:
-        """End a turn no live claim holds (a queued one cancelled); None when a replica claimed it meanwhile."""
+    async def end_unclaimed(
+        self, response_id: str, *, status: str, body: bytes, now_ms: int, scope: Scope | None = None
+    ) -> BackgroundJob | None:
+        """End a turn no live claim holds (a queued one cancelled); None when a replica claimed it meanwhile.
+        `scope`: the turn's (BackgroundJob.scope), which its body is sealed under with encryption on."""
+        sealer = await self._sealer(scope)
+        if sealer is not None and scope is not None:
+            body = sealer.seal(body, background_data(scope.owner, response_id, "body"))
         statement = (
             update(bg)
             .where(
@@ -292,11 +339,25 @@ class BackgroundStore:
         )
         async with self._single.connect() as conn:
             row = (await conn.execute(statement)).first()
-        return _job(row) if row is not None else None
+        return await self._opened(row) if row is not None else None
 
-    async def end(self, response_id: str, *, token: str, status: str, body: bytes | None, now_ms: int) -> bool:
+    async def end(
+        self,
+        response_id: str,
+        *,
+        token: str,
+        status: str,
+        body: bytes | None,
+        now_ms: int,
+        scope: Scope | None = None,
+    ) -> bool:
         """End a turn this replica holds: its final status, its Response (None: kept, as for a stored one, whose
-        responses row is the truth), its credential forgotten. False when the claim was lost."""
+        responses row is the truth), its credential forgotten. False when the claim was lost. `scope`: the turn's
+        (BackgroundJob.scope), which a body is sealed under with encryption on."""
+        if body is not None:
+            sealer = await self._sealer(scope)
+            if sealer is not None and scope is not None:
+                body = sealer.seal(body, background_data(scope.owner, response_id, "body"))
         if self._pg is not None:
             ended = End(id=response_id, token=token, status=status, body=body, now_ms=now_ms)
             return affected(await self._pg.execute(PG_END, ended)) == 1

@@ -9,14 +9,16 @@ Core here, and on PostgreSQL the context read runs as an asyncpg prepared statem
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from sqlalchemy import ColumnElement, and_, delete, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statestore.content_keys import ContentKeys, Scope
 from statestore.store.leased_log import CONVERSATIONS, LeasedLog, Release, Renew, TakeConversation
 from statestore.store.response_commit import item_rows
 from statestore.store.response_records import ConversationRow, StoredItem
+from statestore.store.response_sealing import active, conversation_data, conversation_item_data, seal_items
 from statestore.store.response_statements import PgResponseStatements
 from statestore.store.schema import conversation_items, conversations
 
@@ -26,10 +28,27 @@ class Locked(Exception):
 
 
 class ConversationStore:
-    def __init__(self, engine: AsyncEngine, log: LeasedLog, pg: PgResponseStatements | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        log: LeasedLog,
+        pg: PgResponseStatements | None = None,
+        content: ContentKeys | None = None,
+    ) -> None:
+        """`content`: the keys stored content is sealed under (store/response_sealing.py); None or off: in clear."""
         self.engine = engine
         self.log = log
         self._pg = pg
+        self._keys = active(content)
+
+    async def _opened_items(
+        self, owner: str, conversation_id: str, rows: Sequence[Sequence[Any]], *, at: int, column: str
+    ) -> list[bytes]:
+        """The column at `at` of item rows whose next column is the position, opened (as read when off)."""
+        if self._keys is None:
+            return [row[at] for row in rows]
+        data = [conversation_item_data(owner, conversation_id, row[at + 1], column) for row in rows]
+        return await self._keys.open_many([row[at] for row in rows], data, row=f"conversations:{conversation_id}")
 
     @staticmethod
     def _mine(owner: str, conversation_id: str, now_ms: int) -> list[ColumnElement[bool]]:
@@ -55,6 +74,10 @@ class ConversationStore:
         now_ms: int,
         expires_ms: int,
     ) -> None:
+        if self._keys is not None:
+            sealer = await self._keys.sealer(Scope(owner, tenant_id, metadata_user_id))
+            metadata = sealer.seal(metadata, conversation_data(owner, conversation_id))
+            items = seal_items(sealer, items, owner, conversation_id, 0, conversation=True)
         async with self.engine.begin() as conn:
             await conn.execute(
                 insert(conversations).values(
@@ -78,11 +101,22 @@ class ConversationStore:
         )
         async with self.engine.connect() as conn:
             row = (await conn.execute(query)).first()
-        return ConversationRow(row[0], row[1], row[2]) if row is not None else None
+        if row is None:
+            return None
+        metadata = row[1]
+        if self._keys is not None:
+            metadata = await self._keys.open(metadata, conversation_data(owner, conversation_id), row=row[0])
+        return ConversationRow(row[0], metadata, row[2])
 
     async def update_metadata(
         self, owner: str, conversation_id: str, *, metadata: bytes, user_id: str | None, now_ms: int
     ) -> bool:
+        if self._keys is not None:
+            scope = await self._scope(owner, conversation_id, now_ms, user_id=user_id)
+            if scope is None:
+                return False
+            sealer = await self._keys.sealer(scope)
+            metadata = sealer.seal(metadata, conversation_data(owner, conversation_id))
         async with self.engine.begin() as conn:
             changed = await conn.execute(
                 update(conversations)
@@ -90,6 +124,21 @@ class ConversationStore:
                 .values(metadata=metadata, metadata_user_id=user_id)
             )
         return changed.rowcount > 0
+
+    async def _scope(
+        self, owner: str, conversation_id: str, now_ms: int, *, user_id: str | bool | None = False
+    ) -> Scope | None:
+        """The conversation's erasure scope (with `user_id` for its user id when one is being set); None: no such
+        conversation. Read apart from the write it seals for, so a data key made on first use is never made inside
+        that write's transaction (on SQLite the key store may share its database)."""
+        query = select(conversations.c.tenant_id, conversations.c.metadata_user_id).where(
+            *self._mine(owner, conversation_id, now_ms)
+        )
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        if row is None:
+            return None
+        return Scope(owner, row[0], row[1] if isinstance(user_id, bool) else user_id)
 
     async def delete(self, owner: str, conversation_id: str, *, now_ms: int) -> bool:
         async with self.engine.begin() as conn:
@@ -126,20 +175,32 @@ class ConversationStore:
     async def release(self, conversation_id: str, token: str) -> None:
         await self.log.release(CONVERSATIONS, Release(log_id=conversation_id, token=token))
 
-    async def context_items(self, conversation_id: str) -> list[tuple[str, bytes]]:
+    async def context_items(self, owner: str, conversation_id: str) -> list[tuple[str, bytes]]:
         """The (kind, rendering) of every item, in order (responses/context.py joins them)."""
+        rows: Sequence[Sequence[Any]]
         if self._pg is not None:
-            return await self._pg.conversation_items(conversation_id)
-        query = (
-            select(conversation_items.c.kind, conversation_items.c.rendered)
-            .where(conversation_items.c.conversation_id == conversation_id)
-            .order_by(conversation_items.c.position)
-        )
-        async with self.engine.connect() as conn:
-            return [(row[0], row[1]) for row in (await conn.execute(query)).all()]
+            rows = await self._pg.conversation_items(conversation_id)
+        else:
+            query = (
+                select(conversation_items.c.kind, conversation_items.c.rendered, conversation_items.c.position)
+                .where(conversation_items.c.conversation_id == conversation_id)
+                .order_by(conversation_items.c.position)
+            )
+            async with self.engine.connect() as conn:
+                rows = (await conn.execute(query)).all()
+        if self._keys is None:
+            return [(row[0], row[1]) for row in rows]
+        opened = await self._opened_items(owner, conversation_id, rows, at=1, column="rendered")
+        return [(row[0], value) for row, value in zip(rows, opened, strict=True)]
 
     async def append(self, owner: str, conversation_id: str, items: Sequence[StoredItem], *, now_ms: int) -> None:
         """Append items unless a turn holds the conversation (Locked) or it does not exist (LookupError)."""
+        sealer = None
+        if self._keys is not None:
+            scope = await self._scope(owner, conversation_id, now_ms)
+            if scope is None:
+                raise LookupError(conversation_id)
+            sealer = await self._keys.sealer(scope)
         async with self.engine.begin() as conn:
             claimed = await conn.execute(
                 update(conversations)
@@ -156,7 +217,10 @@ class ConversationStore:
                     await conn.execute(select(conversations.c.id).where(*self._mine(owner, conversation_id, now_ms)))
                 ).first()
                 raise Locked() if exists is not None else LookupError(conversation_id)
-            rows = [{**row, "conversation_id": conversation_id} for row in item_rows(items, end - len(items))]
+            first = end - len(items)
+            if sealer is not None:
+                items = seal_items(sealer, items, owner, conversation_id, first, conversation=True)
+            rows = [{**row, "conversation_id": conversation_id} for row in item_rows(items, first)]
             await conn.execute(insert(conversation_items), rows)
 
     async def items(
@@ -183,20 +247,29 @@ class ConversationStore:
                         conversation_items.c.position < anchor if descending else conversation_items.c.position > anchor
                     )
             order = conversation_items.c.position.desc() if descending else conversation_items.c.position
-            query = select(conversation_items.c.body).where(and_(*where)).order_by(order).limit(limit + 1)
-            bodies = [row[0] for row in (await conn.execute(query)).all()]
-        return bodies[:limit], len(bodies) > limit
+            query = (
+                select(conversation_items.c.body, conversation_items.c.position)
+                .where(and_(*where))
+                .order_by(order)
+                .limit(limit + 1)
+            )
+            rows = (await conn.execute(query)).all()
+        bodies = await self._opened_items(owner, conversation_id, rows[:limit], at=0, column="body")
+        return bodies, len(rows) > limit
 
     async def item(self, owner: str, conversation_id: str, item_id: str, *, now_ms: int) -> bytes | None:
         query = (
-            select(conversation_items.c.body)
+            select(conversation_items.c.body, conversation_items.c.position)
             .join(conversations, conversations.c.id == conversation_items.c.conversation_id)
             .where(*self._mine(owner, conversation_id, now_ms), conversation_items.c.item_id == item_id)
             .order_by(conversation_items.c.position)
             .limit(1)
         )
         async with self.engine.connect() as conn:
-            return (await conn.execute(query)).scalar()
+            row = (await conn.execute(query)).first()
+        return (
+            None if row is None else (await self._opened_items(owner, conversation_id, [row], at=0, column="body"))[0]
+        )
 
     async def delete_item(self, owner: str, conversation_id: str, item_id: str, *, now_ms: int) -> bool:
         """Delete an item (refused as Locked while a turn holds the conversation). The position moves on by one, a

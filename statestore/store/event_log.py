@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
+from statestore.content_keys import Scope
 from statestore.store.resp import RespClient, RespError, Script, split_cluster_flag
 
 log = logging.getLogger(__name__)
@@ -46,7 +47,11 @@ class EventLogUnavailable(Exception):
 
 
 class EventLog(Protocol):
-    async def publish(self, response_id: str, attempt: int, events: Sequence[Event], ttl_ms: int) -> None: ...
+    async def publish(
+        self, response_id: str, attempt: int, events: Sequence[Event], ttl_ms: int, *, scope: Scope | None = None
+    ) -> None:
+        """`scope`: the turn's erasure scope (a sealed log seals the frames under it; store/sealed_events.py)."""
+        ...
 
     async def read(self, response_id: str, after: int, *, block_ms: int) -> list[Event]:
         """Events numbered above `after`, oldest first; waits up to `block_ms` for one when there is none yet."""
@@ -138,7 +143,9 @@ class RedisEventLog:
     def _key(self, response_id: str) -> str:
         return f"{self._prefix}bg:{{{response_id}}}:events"
 
-    async def publish(self, response_id: str, attempt: int, events: Sequence[Event], ttl_ms: int) -> None:
+    async def publish(
+        self, response_id: str, attempt: int, events: Sequence[Event], ttl_ms: int, *, scope: Scope | None = None
+    ) -> None:
         if not events:
             return
         args: list[Any] = [attempt, max(ttl_ms, 1000), self._cap]
@@ -221,7 +228,9 @@ class MemoryEventLog:
         self._streams = streams
         self._kept: OrderedDict[str, _Kept] = OrderedDict()
 
-    async def publish(self, response_id: str, attempt: int, events: Sequence[Event], ttl_ms: int) -> None:
+    async def publish(
+        self, response_id: str, attempt: int, events: Sequence[Event], ttl_ms: int, *, scope: Scope | None = None
+    ) -> None:
         if not events:
             return
         kept = self._kept.get(response_id)

@@ -38,6 +38,8 @@ class ResponseRow:
     context_head: bytes | None = None
     # Where its chain's items lie (store/response_runs.py); None: the chain is walked.
     context_runs: bytes | None = None
+    # Whose it is (the read names it): sealed content is bound to its owner (store/response_sealing.py).
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ class NewResponse:
     inputs: Sequence[StoredItem]
     outputs: Sequence[StoredItem]
     context: ContextRecord = field(default_factory=ContextRecord)
+    # On a conversation: the position its lease read, where the commit stores its items (their sealing names it).
+    conversation_position: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,7 +189,8 @@ SELECT start FROM claimed
 
 LOAD_CONVERSATION: Final = PgStatement(
     OfConversation,
-    "SELECT kind, rendered FROM conversation_items WHERE conversation_id = :conversation_id ORDER BY position",
+    "SELECT kind, rendered, position FROM conversation_items WHERE conversation_id = :conversation_id"
+    " ORDER BY position",
     durable=True,
 )
 # A chain rebuilt from the database (store/response_store.py chain_segments says how it is read): every member
@@ -202,12 +203,13 @@ WITH RECURSIVE chain AS (
     UNION ALL
     SELECT r.id, r.parent_id, r.depth, r.conversation_position FROM responses r JOIN chain ON r.id = chain.parent_id
 )
-SELECT depth, kind, rendered FROM (
+SELECT depth, kind, rendered, id, position FROM (
     SELECT depth, -1 AS position, CASE WHEN conversation_position IS NULL THEN 'none' ELSE 'pointed' END AS kind,
-        ''::bytea AS rendered
+        ''::bytea AS rendered, id
     FROM chain
     UNION ALL
-    SELECT chain.depth, i.position, i.kind, i.rendered FROM chain JOIN response_items i ON i.response_id = chain.id
+    SELECT chain.depth, i.position, i.kind, i.rendered, chain.id FROM chain
+        JOIN response_items i ON i.response_id = chain.id
 ) AS members
 ORDER BY depth, position
 """,
@@ -218,10 +220,10 @@ ORDER BY depth, position
 RUN_ITEMS: Final = PgStatement(
     OfRuns,
     """
-SELECT i.response_id, i.kind, i.rendered
+SELECT i.response_id, i.kind, i.rendered, i.position
 FROM unnest(:keys::bigint[], :ends::integer[]) WITH ORDINALITY AS p(run_id, run_end, ord)
 CROSS JOIN LATERAL (
-    SELECT response_id, kind, rendered, run_position FROM response_items
+    SELECT response_id, kind, rendered, position, run_position FROM response_items
     WHERE run_id = p.run_id AND run_position < p.run_end
 ) AS i
 ORDER BY p.ord, i.run_position
@@ -232,7 +234,7 @@ ORDER BY p.ord, i.run_position
 POINTED_ITEMS: Final = PgStatement(
     OfResponse,
     """
-SELECT i.kind, i.rendered FROM responses r JOIN conversation_items i
+SELECT i.kind, i.rendered, i.position, i.conversation_id FROM responses r JOIN conversation_items i
     ON i.conversation_id = r.conversation_id AND i.position >= r.conversation_position
     AND i.position < r.conversation_position + r.input_count + r.output_count
 WHERE r.id = :response_id
@@ -259,17 +261,18 @@ class PgResponseStatements:
         return await self._pg.fetchrow(GET_RESPONSE, get)
 
     async def chain_rows(self, head_id: str) -> list[asyncpg.Record]:
-        """(depth, kind, rendered) of the chain ending at `head_id`, as CHAIN_CONTEXT orders them."""
+        """(depth, kind, rendered, response id, position) of the chain ending at `head_id`, as CHAIN_CONTEXT orders
+        them."""
         return await self._pg.fetch(CHAIN_CONTEXT, OfResponse(response_id=head_id))
 
     async def run_items(self, keys: list[int], ends: list[int]) -> list[asyncpg.Record]:
-        """(response id, kind, rendered) of the runs' prefixes, as RUN_ITEMS orders them."""
+        """(response id, kind, rendered, position) of the runs' prefixes, as RUN_ITEMS orders them."""
         return await self._pg.fetch(RUN_ITEMS, OfRuns(keys=keys, ends=ends))
 
-    async def pointed_items(self, response_id: str) -> list[tuple[str, bytes]]:
-        rows = await self._pg.fetch(POINTED_ITEMS, OfResponse(response_id=response_id))
-        return [(row[0], row[1]) for row in rows]
+    async def pointed_items(self, response_id: str) -> list[asyncpg.Record]:
+        """(kind, rendered, position, conversation id) of the items a response made on a conversation points at."""
+        return await self._pg.fetch(POINTED_ITEMS, OfResponse(response_id=response_id))
 
-    async def conversation_items(self, conversation_id: str) -> list[tuple[str, bytes]]:
-        rows = await self._pg.fetch(LOAD_CONVERSATION, OfConversation(conversation_id=conversation_id))
-        return [(row[0], row[1]) for row in rows]
+    async def conversation_items(self, conversation_id: str) -> list[asyncpg.Record]:
+        """(kind, rendered, position) of a conversation's items, in order."""
+        return await self._pg.fetch(LOAD_CONVERSATION, OfConversation(conversation_id=conversation_id))

@@ -8,15 +8,25 @@ PostgreSQL the hot statements (get, the chain's items, commit) run as asyncpg pr
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import and_, case, delete, func, literal, null, select, union_all
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statestore.content_keys import ContentKeys
 from statestore.store.leased_log import LeasedLog
 from statestore.store.response_records import NewResponse, ResponseRow
 from statestore.store.response_runs import Row, Runs, decode, segments_of
+from statestore.store.response_sealing import (
+    active,
+    conversation_item_data,
+    response_data,
+    response_item_data,
+    scope_of,
+    seal_response,
+)
 from statestore.store.response_statements import GetResponse, PgResponseStatements
 from statestore.store.schema import conversation_items, conversations, response_items, responses
 
@@ -34,15 +44,38 @@ def _in_conversation(items: Any) -> Any:
 
 
 class ResponseStore:
-    def __init__(self, engine: AsyncEngine, log: LeasedLog, pg: PgResponseStatements | None = None) -> None:
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        log: LeasedLog,
+        pg: PgResponseStatements | None = None,
+        content: ContentKeys | None = None,
+    ) -> None:
+        """`content`: the keys stored content is sealed under (store/response_sealing.py); None or off: in clear."""
         self.engine = engine
         self.log = log
         self._pg = pg
+        self._keys = active(content)
 
     async def get(self, owner: str, response_id: str, *, now_ms: int) -> ResponseRow | None:
+        found = await self._get(owner, response_id, now_ms=now_ms)
+        if found is None:
+            return None
+        # The read's twelve columns (mypy cannot count a record's), then whose it is.
+        row = ResponseRow(*found, owner=owner)  # type: ignore[misc]
+        if self._keys is None:
+            return row
+        values, data = [row.body], [response_data(owner, row.id, "body")]
+        if row.context_head is not None and row.context_head_id is not None:
+            values.append(row.context_head)
+            data.append(response_data(owner, row.context_head_id, "head"))
+        opened = await self._keys.open_many(values, data, row=f"responses:{row.id}")
+        head = opened[1] if len(opened) > 1 else row.context_head
+        return dataclasses.replace(row, body=opened[0], context_head=head)
+
+    async def _get(self, owner: str, response_id: str, *, now_ms: int) -> Sequence[Any] | None:
         if self._pg is not None:
-            record = await self._pg.get(GetResponse(response_id=response_id, owner=owner, now_ms=now_ms))
-            return ResponseRow(*record) if record is not None else None
+            return await self._pg.get(GetResponse(response_id=response_id, owner=owner, now_ms=now_ms))
         root = responses.alias("root")
         holder = responses.alias("holder")
         version = case(
@@ -71,8 +104,7 @@ class ResponseStore:
             .where(responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms)
         )
         async with self.engine.connect() as conn:
-            row = (await conn.execute(query)).first()
-        return ResponseRow(*row) if row is not None else None
+            return (await conn.execute(query)).first()
 
     async def chain_segments(self, head: ResponseRow) -> list[list[tuple[str, bytes]]] | None:
         """The (kind, rendering) of the items of each response of the chain ending at `head`, oldest first, from the
@@ -85,25 +117,40 @@ class ResponseStore:
         head has no runs (stored before revision 0013, or begun on a conversation), the parents are walked."""
         if head.context_runs is not None:
             runs = decode(head.context_runs)
-            found = segments_of(runs, await self._run_items(runs), head.depth)
+            read = await self._run_items(runs)
+            if self._keys is not None:
+                read = await self._opened(read, head.owner, at=2, id_at=0, position_at=3)
+            found = segments_of(runs, read, head.depth)
             if found is not None:
                 return found
         # Every member of the chain once, ahead of its items, so that a missing ancestor shows as a missing depth in
         # the same query; a member whose items are in its conversation is marked, and they are read apart (rare).
         # On PostgreSQL a prepared statement (response_statements.CHAIN_CONTEXT), else the same query through Core.
+        rows: Sequence[Row]
         rows = await self._pg.chain_rows(head.id) if self._pg is not None else await self._chain_rows(head.id)
+        if self._keys is not None:
+            rows = await self._opened(rows, head.owner, at=2, id_at=3, position_at=4)
         segments: list[list[tuple[str, bytes]]] = [[] for _ in range(head.depth + 1)]
         seen = set()
-        for depth, kind, rendered in rows:
+        for row in rows:
+            depth, kind = row[0], row[1]
             seen.add(depth)
             if kind == _POINTED:
                 # Only a root is made on a conversation (a turn has a conversation or a previous response).
-                segments[depth] = await self._pointed_items(head.root_id)
+                segments[depth] = await self._pointed_items(head.root_id, head.owner)
             else:
-                segments[depth].append((kind, rendered))
+                segments[depth].append((kind, row[2]))
         if len(seen) != head.depth + 1:
             return None
         return segments
+
+    async def _opened(self, rows: Sequence[Row], owner: str, *, at: int, id_at: int, position_at: int) -> list[Row]:
+        """`rows` with the response item rendering at `at` opened: one key lookup for them all, then a tight loop
+        (a rebuild opens every item of the chain once; a rendering is bound to its response id and position)."""
+        assert self._keys is not None
+        data = [response_item_data(owner, row[id_at], row[position_at], "rendered") for row in rows]
+        opened = await self._keys.open_many([row[at] for row in rows], data, row=f"response_items:{owner}")
+        return [(*row[:at], value, *row[at + 1 :]) for row, value in zip(rows, opened, strict=True)]
 
     async def _run_items(self, runs: Runs) -> Sequence[Row]:
         if self._pg is not None:
@@ -115,11 +162,14 @@ class ResponseStore:
                 response_items.c.response_id,
                 response_items.c.kind,
                 response_items.c.rendered,
+                response_items.c.position,
             ).where(response_items.c.run_id == key, response_items.c.run_position < end)
             for order, (key, end) in enumerate(runs.runs)
         ]
         both = union_all(*prefixes).subquery()
-        query = select(both.c.response_id, both.c.kind, both.c.rendered).order_by(both.c.run_order, both.c.run_position)
+        query = select(both.c.response_id, both.c.kind, both.c.rendered, both.c.position).order_by(
+            both.c.run_order, both.c.run_position
+        )
         async with self.engine.connect() as conn:
             return (await conn.execute(query)).all()
 
@@ -128,36 +178,55 @@ class ResponseStore:
         chain = select(*walked).where(responses.c.id == head_id).cte("chain", recursive=True)
         chain = chain.union_all(select(*walked).where(responses.c.id == chain.c.parent_id))
         marker = case((chain.c.conversation_position.is_(None), literal("none")), else_=literal(_POINTED))
-        members = select(chain.c.depth, literal(-1), marker, literal(b""))
-        own = select(chain.c.depth, response_items.c.position, response_items.c.kind, response_items.c.rendered).join(
-            response_items, response_items.c.response_id == chain.c.id
-        )
+        members = select(chain.c.depth, literal(-1), marker, literal(b""), chain.c.id)
+        own = select(
+            chain.c.depth,
+            response_items.c.position,
+            response_items.c.kind,
+            response_items.c.rendered,
+            chain.c.id,
+        ).join(response_items, response_items.c.response_id == chain.c.id)
         both = union_all(members, own).subquery()
-        query = select(both.c[0], both.c[2], both.c[3]).order_by(both.c[0], both.c[1])
+        # (depth, kind, rendering, response id, position), as CHAIN_CONTEXT reads them.
+        query = select(both.c[0], both.c[2], both.c[3], both.c[4], both.c[1]).order_by(both.c[0], both.c[1])
         async with self.engine.connect() as conn:
             return list((await conn.execute(query)).all())
 
-    async def _pointed_items(self, response_id: str) -> list[tuple[str, bytes]]:
+    async def _pointed_items(self, response_id: str, owner: str) -> list[tuple[str, bytes]]:
+        rows: Sequence[Row]
         if self._pg is not None:
-            return await self._pg.pointed_items(response_id)
-        pointed = (
-            select(conversation_items.c.kind, conversation_items.c.rendered)
-            .select_from(responses)
-            .join(conversation_items, _in_conversation(conversation_items))
-            .where(responses.c.id == response_id)
-            .order_by(conversation_items.c.position)
-        )
-        async with self.engine.connect() as conn:
-            return [(row[0], row[1]) for row in (await conn.execute(pointed)).all()]
+            rows = await self._pg.pointed_items(response_id)
+        else:
+            pointed = (
+                select(
+                    conversation_items.c.kind,
+                    conversation_items.c.rendered,
+                    conversation_items.c.position,
+                    conversation_items.c.conversation_id,
+                )
+                .select_from(responses)
+                .join(conversation_items, _in_conversation(conversation_items))
+                .where(responses.c.id == response_id)
+                .order_by(conversation_items.c.position)
+            )
+            async with self.engine.connect() as conn:
+                rows = (await conn.execute(pointed)).all()
+        if self._keys is None:
+            return [(row[0], row[1]) for row in rows]
+        data = [conversation_item_data(owner, row[3], row[2], "rendered") for row in rows]
+        opened = await self._keys.open_many([row[1] for row in rows], data, row=f"responses:{response_id}")
+        return [(row[0], value) for row, value in zip(rows, opened, strict=True)]
 
     async def commit(self, new: NewResponse, *, conversation_lease: str | None = None) -> bool:
         """Store a completed turn (store/response_commit.py): False when it was on a conversation whose lease this
         turn no longer held (nothing stored), as for every leased log."""
+        if self._keys is not None:
+            new = seal_response(new, await self._keys.sealer(scope_of(new)))
         return await self.log.commit_response(new, conversation_lease)
 
     async def input_items(self, owner: str, response_id: str, *, now_ms: int) -> list[bytes] | None:
         """The response's input item bodies, from wherever they are stored; None when there is no such response."""
-        found = select(responses.c.conversation_position, responses.c.input_count).where(
+        found = select(responses.c.conversation_position, responses.c.input_count, responses.c.conversation_id).where(
             responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms
         )
         async with self.engine.connect() as conn:
@@ -166,13 +235,13 @@ class ResponseStore:
                 return None
             if row[0] is None:
                 query = (
-                    select(response_items.c.body)
+                    select(response_items.c.body, response_items.c.position)
                     .where(response_items.c.response_id == response_id, response_items.c.is_output.is_(False))
                     .order_by(response_items.c.position)
                 )
             else:
                 query = (
-                    select(conversation_items.c.body)
+                    select(conversation_items.c.body, conversation_items.c.position)
                     .select_from(responses)
                     .join(conversation_items, _in_conversation(conversation_items))
                     .where(
@@ -181,7 +250,14 @@ class ResponseStore:
                     )
                     .order_by(conversation_items.c.position)
                 )
-            return [item[0] for item in (await conn.execute(query)).all()]
+            items = (await conn.execute(query)).all()
+        if self._keys is None:
+            return [item[0] for item in items]
+        if row[0] is None:
+            data = [response_item_data(owner, response_id, item[1], "body") for item in items]
+        else:
+            data = [conversation_item_data(owner, row[2], item[1], "body") for item in items]
+        return await self._keys.open_many([item[0] for item in items], data, row=f"responses:{response_id}")
 
     async def delete(self, owner: str, response_id: str, *, now_ms: int) -> list[str] | None:
         """Delete one of the owner's live responses. Returns the ids of its tree (whose cached contexts may hold its

@@ -160,11 +160,11 @@ async def test_a_lost_lease_is_the_same_for_a_thread_and_a_conversation(stores: 
     assert not await stores.log.renew(CONVERSATIONS, Renew(log_id=conversation_id, token=first, until_ms=NOW + 40))
     assert not await stores.log.commit_thread_turn(_turn(thread_id, first, f"msg_{_token()}", start=2))
     assert not await stores.log.commit_response(_response(conversation_id, owner), first)
-    assert await stores.conversations.context_items(conversation_id) == []
+    assert await stores.conversations.context_items(owner, conversation_id) == []
     # The holder commits; a release after that changes nothing.
     assert await stores.log.commit_thread_turn(_turn(thread_id, second, f"msg_{_token()}", start=2))
     assert await stores.log.commit_response(_response(conversation_id, owner), second)
-    assert await stores.conversations.context_items(conversation_id) == [("message", ITEM.rendered)]
+    assert await stores.conversations.context_items(owner, conversation_id) == [("message", ITEM.rendered)]
     await stores.log.release(THREADS, Release(log_id=thread_id, token=second))
     await stores.log.release(CONVERSATIONS, Release(log_id=conversation_id, token=second))
     assert [position for position, _ in await stores.threads.load_context(thread_id, owner=owner)] == [0, 1, 2, 3]

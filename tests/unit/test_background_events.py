@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 import pytest
 
+from statestore.content_keys import Scope
 from statestore.responses.background_events import Publisher, final_frame, with_status
 from statestore.responses.replay import replayed_frames, run_frames
 from statestore.store.event_log import Event, MemoryEventLog, Superseded
@@ -122,10 +123,12 @@ async def test_the_publisher_coalesces_and_reports_a_later_run() -> None:
     calls: list[list[int]] = []
 
     class Counting(MemoryEventLog):
-        async def publish(self, response_id: str, attempt: int, events: Any, ttl_ms: int) -> None:
+        async def publish(
+            self, response_id: str, attempt: int, events: Any, ttl_ms: int, *, scope: Scope | None = None
+        ) -> None:
             calls.append([e.seq for e in events])
             await asyncio.sleep(0.01)
-            await super().publish(response_id, attempt, events, ttl_ms)
+            await super().publish(response_id, attempt, events, ttl_ms, scope=scope)
 
     log = Counting(cap=100)
     publisher = Publisher(log, "r", 1, 1000)
