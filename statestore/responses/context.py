@@ -9,8 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-# TODO(enc-responses): pass the sealer of the response's scope instead of CLEAR to every cache write below.
-from statestore.content_keys import CLEAR
+from statestore.content_keys import ContentSealer
 from statestore.policy import Policy
 from statestore.responses.chat_format import CHAT, split
 from statestore.responses.errors import previous_response_not_found
@@ -69,8 +68,10 @@ async def remember_head(
     parent_id: str | None,
     hit: bool,
     ttl_ms: int,
+    sealer: ContentSealer,
     conversation_version: int | None = None,
     branched: bool = False,
+    whole: bool = False,
 ) -> None:
     """The new head's context goes in the cache. When the turn read its parent's head entry, the entry itself moves to
     the new head with the turn's segment appended, so a long chain's context is not sent to the cache again every
@@ -81,26 +82,35 @@ async def remember_head(
     key = cache_key(response_id)
     # The parent's entry holds its depth + 1 = this response's depth joined segments. An entry that also holds a
     # conversation's version is put whole (a move counts segments only).
-    movable = hit and not branched and parent_id is not None and context and segment and conversation_version is None
+    # `whole`: the entry read was sealed in many frames (one a turn): it is put back as one (CONSOLIDATE_FRAMES).
+    movable = (
+        hit
+        and not whole
+        and not branched
+        and parent_id is not None
+        and context
+        and segment
+        and conversation_version is None
+    )
     if (
         movable
         and parent_id is not None
-        and await cache.move(cache_key(parent_id), key, depth, [segment], ttl_ms, sealer=CLEAR)
+        and await cache.move(cache_key(parent_id), key, depth, [segment], ttl_ms, sealer=sealer)
     ):
         return
     history = CachedHistory(depth + 1, join_segments([context, segment]), conversation_version)
     if parent_id is None:
-        await cache.put(key, history, ttl_ms, sealer=CLEAR)
+        await cache.put(key, history, ttl_ms, sealer=sealer)
     elif conversation_version is None and context and not hit:
         # A branch read from the database: its parent's context is kept for the branches after it.
         kept = CachedHistory(depth, context, BRANCH_POINT)
         await asyncio.gather(
-            cache.put(key, history, ttl_ms, sealer=CLEAR), cache.put(cache_key(parent_id), kept, ttl_ms, sealer=CLEAR)
+            cache.put(key, history, ttl_ms, sealer=sealer), cache.put(cache_key(parent_id), kept, ttl_ms, sealer=sealer)
         )
     elif branched:
-        await cache.put(key, history, ttl_ms, sealer=CLEAR)  # the parent's branch-point entry stays
+        await cache.put(key, history, ttl_ms, sealer=sealer)  # the parent's branch-point entry stays
     else:
-        await asyncio.gather(cache.put(key, history, ttl_ms, sealer=CLEAR), cache.delete(cache_key(parent_id)))
+        await asyncio.gather(cache.put(key, history, ttl_ms, sealer=sealer), cache.delete(cache_key(parent_id)))
 
 
 async def conversation_context(
@@ -125,6 +135,8 @@ async def remember_conversation(
     added: list[StoredItem],
     segment: bytes,
     ttl_ms: int,
+    sealer: ContentSealer,
+    whole: bool = False,
 ) -> None:
     """After the commit that moved the conversation from `leased_at` to `position`: its context then, for the next
     turn, appended to the entry the turn read (only when that entry still holds `leased_at`), else put whole. A stale
@@ -136,10 +148,10 @@ async def remember_conversation(
     first = next((item.kind for item in added if item.kind != "none"), None)
     if first == "call":
         await cache.delete(key)
-    elif hit and context and segment:
-        await cache.append(key, leased_at, [segment], ttl_ms, new_count=position, sealer=CLEAR)
+    elif hit and context and segment and not whole:
+        await cache.append(key, leased_at, [segment], ttl_ms, new_count=position, sealer=sealer)
     else:
-        await cache.put(key, CachedHistory(position, join_segments([context, segment])), ttl_ms, sealer=CLEAR)
+        await cache.put(key, CachedHistory(position, join_segments([context, segment])), ttl_ms, sealer=sealer)
 
 
 def window_for(policy: Policy, truncation: str, *, on_conversation: bool) -> planner.Window | None:

@@ -41,6 +41,7 @@ class PreparedResponse:
     lease: str | None = None
     position: int = 0  # on a conversation: its position when the lease was taken
     cache_hit: bool = False  # the context came from the cache (its entry can be extended in place)
+    cache_frames: int = 0  # the sealed frames the entry read was kept in (0: clear)
     branch_point: bool = False  # ... from its parent's branch-point entry (kept, never moved: responses/context.py)
     keeper: LeaseKeeper | None = None
     done: bool = field(default=False)

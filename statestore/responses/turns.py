@@ -40,6 +40,7 @@ from statestore.store.cache_entry import BRANCH_POINT
 from statestore.store.conversation_store import ConversationStore, Locked
 from statestore.store.response_records import NewResponse
 from statestore.store.response_store import ResponseStore
+from statestore.store.sealed_cache import CONSOLIDATE_FRAMES
 from statestore.threads.ids import new_lease_token
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
@@ -150,6 +151,7 @@ class ResponseTurns:
             prepared.measured = (parent.context_tokens, parent.context_bytes)
             cached = cached_chain(parent, cached)
             prepared.cache_hit = cached is not None
+            prepared.cache_frames = cached.frames if cached is not None else 0
             prepared.branch_point = cached is not None and cached.version == BRANCH_POINT
             prepared.context = await chain_context(self.responses, parent, cached)
         elif turn.conversation_id is not None:
@@ -175,6 +177,7 @@ class ResponseTurns:
             prepared.position = position
             prepared.measured = (measured[0], measured[1])
             prepared.cache_hit = cached is not None and cached.count == position
+            prepared.cache_frames = cached.frames if cached is not None else 0
             # A reply that outlasts a third of the lease renews it, as a threaded turn does.
             prepared.keeper = LeaseKeeper(
                 lambda: self.conversations.renew(conversation, token, until_ms=self.clock() + self.lease_ms),
@@ -256,6 +259,8 @@ class ResponseTurns:
         self._count(prepared, "stored" if committed else "not_stored")
         if not committed:
             return False
+        # The cache entry is sealed under the turn's scope as its rows are (the keys remember it: no second lookup).
+        sealer = await self.responses.sealer_for(new)
         if turn.conversation_id is not None:
             await remember_conversation(
                 self.cache,
@@ -269,6 +274,8 @@ class ResponseTurns:
                 added=[*prepared.inputs, *outputs],
                 segment=segment,
                 ttl_ms=prepared.ttl_ms,
+                sealer=sealer,
+                whole=prepared.cache_frames > CONSOLIDATE_FRAMES,
             )
         else:
             depth = prepared.parent.depth + 1 if prepared.parent else 0
@@ -281,6 +288,8 @@ class ResponseTurns:
                 parent_id=prepared.parent.id if prepared.parent else None,
                 hit=prepared.cache_hit,
                 ttl_ms=prepared.ttl_ms,
+                sealer=sealer,
+                whole=prepared.cache_frames > CONSOLIDATE_FRAMES,
                 conversation_version=prepared.parent.conversation_version if prepared.parent else None,
                 branched=prepared.branch_point,
             )

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import and_, case, delete, func, literal, null, select, union_all
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from statestore.content_keys import ContentKeys
+from statestore.content_keys import CLEAR, ContentKeys, ContentSealer
 from statestore.store.leased_log import LeasedLog
 from statestore.store.response_records import NewResponse, ResponseRow
 from statestore.store.response_runs import Row, Runs, decode, segments_of
@@ -56,6 +56,10 @@ class ResponseStore:
         self.log = log
         self._pg = pg
         self._keys = active(content)
+
+    async def sealer_for(self, new: NewResponse) -> ContentSealer:
+        """What the turn's cache entries are sealed with: its rows' scope, or nothing when encryption is off."""
+        return CLEAR if self._keys is None else await self._keys.sealer(scope_of(new))
 
     async def get(self, owner: str, response_id: str, *, now_ms: int) -> ResponseRow | None:
         found = await self._get(owner, response_id, now_ms=now_ms)

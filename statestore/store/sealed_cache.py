@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 CACHE_DATA = row_data("cache")
 _LENGTH = struct.Struct(">I")
 
+# Past this many frames a turn puts its entry back whole, as one frame (both doors' cache writes): a read opens few
+# large values, not one a turn.
+CONSOLIDATE_FRAMES = 16
+
 
 def frame(sealed: bytes) -> bytes:
     """One frame: the sealed value's length, then the value."""

@@ -11,15 +11,13 @@ from statestore.errors import InternalError
 from statestore.metrics import Metrics
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CachedHistory, thread_key
+from statestore.store.sealed_cache import CONSOLIDATE_FRAMES
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import LeasedThread
 from statestore.threads import assembly
 from statestore.threads.prepared import PreparedTurn
 
 log = logging.getLogger(__name__)
-
-# Past this many frames a sealed entry is rewritten as one (store/sealed_cache.py): a read opens few large values.
-CONSOLIDATE_FRAMES = 16
 
 
 async def context_of(

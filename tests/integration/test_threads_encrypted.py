@@ -20,8 +20,7 @@ from anthropic.types.beta import BetaToolParam
 from statestore.content_keys import is_sealed
 from statestore.sealing import new_key_text
 from statestore.store.pg_hot_path import asyncpg_dsn
-from statestore.store.sealed_cache import split_frames
-from statestore.threads.context_cache import CONSOLIDATE_FRAMES
+from statestore.store.sealed_cache import CONSOLIDATE_FRAMES, split_frames
 from statestore.threads.ids import thread_of_response
 from tests.integration.test_threads import MODEL, echo, forwarded, said, user
 from tests.support.admin_api import Api, json_of

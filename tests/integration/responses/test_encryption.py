@@ -1,9 +1,8 @@
 """Encryption at rest through the Responses door: with STATESTORE_ENCRYPTION_KEYS set, chains, conversations,
 background turns and compaction round-trip through the official SDK on PostgreSQL with Redis and on SQLite, while no
 content byte lies in clear in the door's tables or in Redis (its event streams included); a stored item copied to
-another position or another owner's row does not open (a 500 that names no content).
-
-The history cache's entries are another engineer's to seal (store/cache.py): they are left out of the Redis scan."""
+another position or another owner's row does not open (a 500 that names no content). The history cache's entries
+(store/sealed_cache.py) are in the Redis scan too."""
 
 from __future__ import annotations
 
@@ -117,16 +116,14 @@ async def _content_holding(url: str, marker: bytes) -> list[str]:
 
 
 def _redis_holding(redis_url: str, prefix: str, marker: bytes) -> tuple[list[str], int]:
-    """The keys under `prefix` holding `marker` (streams read whole), leaving out the history cache's entries; and how
-    many event streams were read."""
+    """The keys under `prefix` holding `marker` (streams read whole, the history cache's entries with the rest); and
+    how many event streams were read."""
     client: Any = redis.Redis.from_url(redis_url)  # its replies' types are wide unions
     found: list[str] = []
     streams = 0
     try:
         for raw in client.scan_iter(match=f"{prefix}*", count=500):
             key = raw.decode()
-            if "{resp:" in key or "{conv:" in key:
-                continue  # the history cache: sealed by its own change
             kind = client.type(raw).decode()
             values: list[bytes] = []
             if kind == "string":
