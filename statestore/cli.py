@@ -98,19 +98,10 @@ def cmd_migrate(args: argparse.Namespace) -> None:
         sys.exit(f"statestore: migration failed ({type(exc).__name__}: {exc})")
     print(f"statestore: {migrated.describe()} ({_safe_url(settings.database_url)})")
     if settings.keystore_url:
-        asyncio.run(_create_keystore(settings.keystore_url))
+        from statestore.store.keystore import create_keystore
+
+        asyncio.run(create_keystore(settings.keystore_url))
         print(f"statestore: key store ready ({_safe_url(settings.keystore_url)})")
-
-
-async def _create_keystore(url: str) -> None:
-    from statestore.store.engine import create_engine
-    from statestore.store.keystore import KeyStore
-
-    engine = create_engine(url, pool_size=1)
-    try:
-        await KeyStore(engine).create_table()
-    finally:
-        await engine.dispose()
 
 
 def _safe_url(url: str) -> str:

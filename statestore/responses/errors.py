@@ -86,4 +86,6 @@ def as_openai(error: StatestoreError) -> OpenAIError:
     converted.error_type = _OPENAI_TYPES.get(error.error_type, "server_error")  # type: ignore[misc]
     if error.status == 401:
         converted.code = "invalid_api_key"
+    elif error.error_code is not None:
+        converted.code = error.error_code  # e.g. content_erased: what a client can act on, in OpenAI's field for it
     return converted

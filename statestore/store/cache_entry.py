@@ -67,17 +67,23 @@ _FORMAT_PREFIX = b"2:"
 
 
 def encode_count(count: int, version: int | None = None) -> bytes:
-    if version is None:
-        return b"2:%d" % count
-    return b"2:%d:%d" % (count, version)
+    return _encoded(_FORMAT_PREFIX, count, version)
 
 
 def decode_count(raw: bytes) -> tuple[int, int | None] | None:
     """(count, version) of a count key's value, or None for a value this code cannot read."""
+    if not raw.startswith(_FORMAT_PREFIX):
+        return (int(raw), None) if raw.isdigit() else None  # format 1
+    return _decoded(raw[len(_FORMAT_PREFIX) :])
+
+
+def _encoded(prefix: bytes, count: int, version: int | None) -> bytes:
+    return prefix + (b"%d" % count if version is None else b"%d:%d" % (count, version))
+
+
+def _decoded(fields_text: bytes) -> tuple[int, int | None] | None:
+    fields = fields_text.split(b":")
     try:
-        if not raw.startswith(_FORMAT_PREFIX):
-            return (int(raw), None) if raw.isdigit() else None  # format 1
-        fields = raw[len(_FORMAT_PREFIX) :].split(b":")
         if len(fields) == 1:
             return int(fields[0]), None
         if len(fields) == 2:
@@ -96,24 +102,12 @@ _SEALED_PREFIX = b"3:"
 
 
 def encode_sealed_count(count: int, version: int | None = None) -> bytes:
-    if version is None:
-        return b"3:%d" % count
-    return b"3:%d:%d" % (count, version)
+    return _encoded(_SEALED_PREFIX, count, version)
 
 
 def decode_sealed_count(raw: bytes) -> tuple[int, int | None] | None:
     """(count, version) of a sealed entry's count, or None for any other format."""
-    if not raw.startswith(_SEALED_PREFIX):
-        return None
-    fields = raw[len(_SEALED_PREFIX) :].split(b":")
-    try:
-        if len(fields) == 1:
-            return int(fields[0]), None
-        if len(fields) == 2:
-            return int(fields[0]), int(fields[1])
-    except ValueError:
-        pass
-    return None
+    return _decoded(raw[len(_SEALED_PREFIX) :]) if raw.startswith(_SEALED_PREFIX) else None
 
 
 def appended(joined: bytes, added: list[bytes]) -> bytes:

@@ -10,6 +10,7 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from statestore.store.engine import create_engine
 from statestore.store.schema import data_keys
 
 
@@ -43,6 +44,15 @@ _COLUMNS = (
     data_keys.c.master_id,
     data_keys.c.wrapped,
 )
+
+
+async def create_keystore(url: str) -> None:
+    """The key store's table in a database of its own (`statestore migrate` with STATESTORE_KEYSTORE_URL)."""
+    engine = create_engine(url, pool_size=1)
+    try:
+        await KeyStore(engine).create_table()
+    finally:
+        await engine.dispose()
 
 
 class KeyStore:

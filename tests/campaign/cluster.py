@@ -15,8 +15,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from statestore.store.engine import create_engine
-from statestore.store.keystore import KeyStore
+from statestore.store.keystore import create_keystore
 from statestore.store.migrate import upgrade
 from tests.campaign.network import Balancer, FaultProxy, NetworkLoop
 from tests.reliability.proof_support import ADMIN_TOKEN
@@ -87,14 +86,6 @@ def _ready(url: str) -> bool:
     return False
 
 
-async def _create_keystore(url: str) -> None:
-    engine = create_engine(url, pool_size=1)
-    try:
-        await KeyStore(engine).create_table()
-    finally:
-        await engine.dispose()
-
-
 def _through(url: str, port: int) -> str:
     parts = urlsplit(url)
     return parts._replace(
@@ -144,7 +135,7 @@ def running_cluster(
         if keystore_database is not None:
             keystore_url = pg.url.rsplit("/", 1)[0] + "/" + keystore_database
             pg.create_database(keystore_database)
-            asyncio.run(_create_keystore(keystore_url))
+            asyncio.run(create_keystore(keystore_url))
             settings["STATESTORE_KEYSTORE_URL"] = _through(keystore_url, proxies["postgres"].port)
         processes: list[ServerProcess] = []
         for _ in range(replicas):

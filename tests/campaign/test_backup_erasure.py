@@ -122,9 +122,11 @@ def test_an_erasure_reaches_a_backup_taken_before_it(tmp_path: Path) -> None:
                     with pytest.raises(anthropic.NotFoundError) as thread_refused:
                         conversation.continue_thread(restored.url)
                     assert "erased" in str(thread_refused.value.message), label
+                    assert thread_refused.value.response.json()["error"]["details"]["error_code"] == "content_erased"
                     with pytest.raises(openai.NotFoundError) as chain_refused:
                         conversation.continue_chain(restored.url)
                     assert "erased" in str(chain_refused.value.message), label
+                    assert chain_refused.value.code == "content_erased", label
                     continue
                 cluster.backend.reset()
                 conversation.continue_thread(restored.url)
