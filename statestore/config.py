@@ -50,7 +50,9 @@ class Settings(BaseSettings):
     encryption_keys: SecretStr | None = None
     encryption_keys_file: Path | None = None
     keystore_url: str | None = None
-    data_key_cache_seconds: float = Field(default=30.0, ge=0, le=3600)
+    # An erasure waits this long (and the database timeout) after destroying keys, so it also takes what replicas sealed
+    # under them meanwhile.
+    data_key_cache_seconds: float = Field(default=10.0, ge=0, le=600)
 
     default_ttl_seconds: int = Field(default=300, ge=1)
     max_ttl_seconds: int = Field(default=86_400, ge=1)

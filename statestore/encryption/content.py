@@ -7,15 +7,17 @@ does not open. A value without MAGIC was stored before encryption was turned on,
 
 Data keys are made on a scope's first use, kept wrapped in the key store, and remembered unwrapped for
 STATESTORE_DATA_KEY_CACHE_SECONDS; an erasure deletes them (the key store first) and forgets them here at once. Other
-replicas forget within that many seconds: until then a replica may still seal a new value of an erased scope under
-its destroyed key, and such a value is unreadable, as the scope's content is meant to be."""
+replicas forget within that many seconds, and until then may still seal a new value of the erased scope under its
+destroyed key; so `erase` returns only once that time (and one commit's, `settle_seconds`) has passed, and the rows the
+erasure then deletes include every one sealed meanwhile: nothing is left stored that no key opens."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -101,9 +103,15 @@ class SealedContent:
         master: KeyWrapper,
         *,
         clock: Callable[[], int],
-        remember_seconds: float = 30.0,
+        remember_seconds: float = 10.0,
+        settle_seconds: float = 6.0,
+        pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        """`settle_seconds`: how long a commit may take between sealing its values and their rows becoming visible
+        (the database timeout, and a margin)."""
         self._keystore = keystore
+        self._settle = settle_seconds
+        self._pause = pause
         self._master = master
         self._clock = clock
         self._remember = remember_seconds
@@ -216,6 +224,10 @@ class SealedContent:
                 if sealer.key_id in destroyed:
                     del self._by_scope[scope_hash]
         self._erasures += 1
+        if destroyed:
+            # Until every replica has forgotten the keys, a turn of the scope may still seal under one; its rows are
+            # visible to the deletion that follows only after this wait, so the deletion takes them too.
+            await self._pause(self._remember + self._settle)
         return len(destroyed)
 
     async def start_problem(self) -> str | None:

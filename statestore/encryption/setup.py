@@ -16,7 +16,13 @@ def content_keys(settings: Settings, keystore_engine: AsyncEngine, clock: Clock)
     ring = settings.master_keys()
     if ring is None:
         return ClearContent(keystore)
-    return SealedContent(keystore, ring, clock=clock, remember_seconds=settings.data_key_cache_seconds)
+    return SealedContent(
+        keystore,
+        ring,
+        clock=clock,
+        remember_seconds=settings.data_key_cache_seconds,
+        settle_seconds=settings.database_timeout_seconds + 1,
+    )
 
 
 async def encryption_problem(settings: Settings) -> str | None:

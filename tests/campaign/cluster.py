@@ -117,6 +117,8 @@ def running_cluster(
         settings = {**REPLICA_SETTINGS, **(extra_settings or {})}
         if encryption:
             settings["STATESTORE_ENCRYPTION_KEYS"] = ENCRYPTION_KEYS
+            # An erasure waits for every replica to forget the keys it destroyed: short here, within a client's timeout.
+            settings["STATESTORE_DATA_KEY_CACHE_SECONDS"] = "1"
         redis = PrivateRedis()
         stack.callback(redis.stop)
         redis.start()

@@ -185,6 +185,8 @@ def test_a_key_store_of_its_own_is_made_by_migrate_used_and_reached_by_erasure(
         admin_tokens=ADMIN_TOKENS,
         upstream_api_key=UPSTREAM_KEY,
         key_cache_seconds="0",
+        # The erasure below waits this (and a commit's time) for other replicas to forget the keys it destroys.
+        data_key_cache_seconds="1",
     )
     try:
         with AdminApi(running.url) as admin:

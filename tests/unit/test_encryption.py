@@ -43,8 +43,35 @@ async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
     await made.dispose()
 
 
+PAUSES: list[float] = []  # what erasures waited (recorded, not slept)
+
+
+async def _recorded_pause(seconds: float) -> None:
+    PAUSES.append(seconds)
+
+
 def sealed(engine: AsyncEngine, keys: str, remember: float = 30.0) -> SealedContent:
-    return SealedContent(KeyStore(engine), ring(keys), clock=lambda: 1_000, remember_seconds=remember)
+    return SealedContent(
+        KeyStore(engine),
+        ring(keys),
+        clock=lambda: 1_000,
+        remember_seconds=remember,
+        settle_seconds=6.0,
+        pause=_recorded_pause,
+    )
+
+
+async def test_an_erasure_waits_out_every_replicas_memory_of_its_keys_before_rows_go(engine: AsyncEngine) -> None:
+    """Another replica may seal under a destroyed key until it forgets it: the erasure's row deletion must come after,
+    so it takes those rows too. No key destroyed: nothing to wait for."""
+    keys = f"k1:{new_key_text()}"
+    content = sealed(engine, keys, remember=12.0)
+    PAUSES.clear()
+    assert await content.erase(tenant_id=None, user_id="nobody") == 0
+    assert PAUSES == []
+    await content.sealer(Scope("t:ten_a", "ten_a", "u9"))
+    assert await content.erase(tenant_id=None, user_id="u9") == 1
+    assert PAUSES == [18.0]
 
 
 async def test_a_value_round_trips_and_carries_no_plaintext(engine: AsyncEngine) -> None:
@@ -313,7 +340,7 @@ async def test_a_key_read_across_an_erasure_is_not_remembered(engine: AsyncEngin
     first = await sealed(engine, keys).sealer(ALICE)
     assert isinstance(first, ScopeSealer)
     store = _ErasedWhileRead(engine)
-    content = SealedContent(store, ring(keys), clock=lambda: 0, remember_seconds=3600)
+    content = SealedContent(store, ring(keys), clock=lambda: 0, remember_seconds=3600, pause=_recorded_pause)
     store.content = content
     # The sealer read the key just before the erasure destroyed it: a new key is read, never the destroyed one.
     again = await content.sealer(ALICE)
