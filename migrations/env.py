@@ -46,6 +46,10 @@ def configure(**options: Any) -> None:
         # SQLite does run DDL in transactions once we issue BEGIN ourselves (see make_sqlite_transactional), so a
         # failed revision leaves nothing half done there either.
         transactional_ddl=True,
+        # PostgreSQL: each revision commits on its own, so the locks one takes (an ADD COLUMN's ACCESS EXCLUSIVE) are
+        # held for that revision only, never across the whole chain while the release before serves on (a rolling
+        # upgrade from several revisions back saw a 503 while 0009-0017 ran in one transaction).
+        transaction_per_migration=not sqlite,
         compare_type=True,
         compare_server_default=True,
         **options,
