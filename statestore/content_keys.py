@@ -6,6 +6,7 @@ A sealed value begins with MAGIC; a value without it was stored in clear (before
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Protocol
 MAGIC = b"\x00ss\x01"  # no stored JSON or SSE value begins with a NUL byte
 
 
-def is_sealed(value: bytes) -> bool:
+def is_sealed(value: bytes | memoryview) -> bool:
     return value[: len(MAGIC)] == MAGIC
 
 
@@ -28,8 +29,13 @@ class Scope:
 
     @property
     def hash(self) -> str:
-        user = b"\x01" + self.user_id.encode() if self.user_id is not None else b"\x00"
-        return hashlib.sha256(self.owner.encode() + b"\x00" + user).hexdigest()
+        return _scope_hash(self.owner, self.user_id)
+
+
+@functools.lru_cache(maxsize=4096)  # asked on every turn, for the few scopes a replica serves at a time
+def _scope_hash(owner: str, user_id: str | None) -> str:
+    user = b"\x01" + user_id.encode() if user_id is not None else b"\x00"
+    return hashlib.sha256(owner.encode() + b"\x00" + user).hexdigest()
 
 
 def row_data(*parts: str | int) -> bytes:
@@ -64,7 +70,9 @@ class ContentKeys(Protocol):
         open. `row` names the row in the log (ids only)."""
         ...
 
-    async def open_many(self, values: Sequence[bytes], associated: Sequence[bytes], *, row: str) -> list[bytes]: ...
+    async def open_many(
+        self, values: Sequence[bytes | memoryview], associated: Sequence[bytes], *, row: str
+    ) -> list[bytes]: ...
 
     async def erase(self, *, tenant_id: str | None, user_id: str | None) -> int:
         """Destroy the data keys of the scopes an erasure names; how many."""

@@ -4,9 +4,10 @@ protected part of a deployment).
 An entry is a sequence of frames, each a 4-byte big-endian length and a sealed value whose plaintext is exactly the
 bytes the clear entry would have had appended (its separator included). So a put writes one frame, an append or a
 move appends one frame with the same atomic scripts as a clear entry (no separator of their own: the frame carries
-it), and a read opens every frame with one `open_many` (one key lookup, then a tight loop) and joins them. Readers
-that meet many frames write the entry back as one (threads/context_cache.py), so a long thread's hot read opens few
-values.
+it), and a read opens every frame with one `open_many` (one key lookup, then each frame decrypted from a view of
+the entry: a long entry's bytes are not copied on the way, since each large allocation costs the first touch of its
+pages) and joins them. Readers that meet many frames write the entry back as one (threads/context_cache.py), so a
+long thread's hot read opens few values.
 
 The associated data of a frame cannot name its key (a move renames it), so it is fixed: a frame is bound to its
 scope by the scope's data key, not to its entry. Counts are written in format 3 (store/cache_entry.py), which a clear
@@ -34,14 +35,16 @@ _LENGTH = struct.Struct(">I")
 CONSOLIDATE_FRAMES = 16
 
 
-def frame(sealed: bytes) -> bytes:
+def sealed_frame(sealer: ContentSealer, plaintext: bytes) -> bytes:
     """One frame: the sealed value's length, then the value."""
+    sealed = sealer.seal(plaintext, CACHE_DATA)
     return _LENGTH.pack(len(sealed)) + sealed
 
 
-def split_frames(data: bytes) -> list[bytes] | None:
-    """The sealed values of an entry's bytes, in order; None when the bytes are not a whole number of frames."""
-    values: list[bytes] = []
+def split_frames(data: bytes) -> list[memoryview] | None:
+    """The sealed values of an entry's bytes, in order, as views of them (nothing copied); None when the bytes are
+    not a whole number of frames."""
+    values: list[memoryview] = []
     at = 0
     end = len(data)
     view = memoryview(data)
@@ -52,7 +55,7 @@ def split_frames(data: bytes) -> list[bytes] | None:
         at += 4
         if at + length > end:
             return None
-        values.append(data[at : at + length])
+        values.append(view[at : at + length])
         at += length
     return values
 
@@ -110,7 +113,7 @@ class SealedCache:
         return CachedHistory(count, joined, version, frames=len(values))
 
     async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer) -> None:
-        data = frame(sealer.seal(history.joined, CACHE_DATA)) if history.joined else b""
+        data = sealed_frame(sealer, history.joined) if history.joined else b""
         await self._store.put_raw(key, encode_sealed_count(history.count, history.version), data, ttl_ms)
 
     async def append(
@@ -167,4 +170,4 @@ class SealedCache:
 def _framed_tail(sealer: ContentSealer, expected_count: int, added: list[bytes]) -> bytes:
     """The frame an append adds: the clear entry's tail (its separator included), sealed; nothing for nothing."""
     tail = append_tail(expected_count, added)
-    return frame(sealer.seal(tail, CACHE_DATA)) if tail else b""
+    return sealed_frame(sealer, tail) if tail else b""

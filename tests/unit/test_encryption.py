@@ -97,6 +97,28 @@ async def test_open_many_opens_values_of_several_scopes_and_clear_ones(engine: A
     assert await sealed(engine, keys).open_many(values, datas, row="r") == [b"a", values[1], b"b"]
 
 
+async def test_a_cache_entrys_frames_open_from_views_of_it(engine: AsyncEngine) -> None:
+    """A long entry's frames (one put whole, then appended tails, of two scopes after a move) open from views of the
+    entry's bytes; a view of other associated data, a damaged frame or a cut one does not open."""
+    keys, _ = ring_text("k1")
+    content = sealed(engine, keys)
+    alice, bob = await content.sealer(ALICE), await content.sealer(BOB)
+    parts = [b"x" * 300_000, b",m2", b",m3"]
+    entry = b"".join(sealer.seal(part, b"cache") for sealer, part in zip((alice, alice, bob), parts, strict=True))
+    view = memoryview(entry)
+    at = [0, len(parts[0]) + 48, len(parts[0]) + 48 + 51, len(entry)]
+    views = [view[at[i] : at[i + 1]] for i in range(3)]
+    assert await sealed(engine, keys).open_many(views, [b"cache"] * 3, row="r") == parts
+    with pytest.raises(UnopenableContent):
+        await content.open_many(views, [b"cache", b"other", b"cache"], row="r")
+    damaged = bytearray(entry)
+    damaged[at[2] - 1] ^= 1
+    with pytest.raises(UnopenableContent):
+        await content.open_many([memoryview(damaged)[at[1] : at[2]]], [b"cache"], row="r")
+    with pytest.raises(UnopenableContent):
+        await content.open_many([views[0][:30]], [b"cache"], row="r")
+
+
 @pytest.mark.parametrize(
     "moved",
     [

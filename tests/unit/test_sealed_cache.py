@@ -19,9 +19,15 @@ from statestore.store.cache_entry import (
     thread_key,
 )
 from statestore.store.memory_cache import MemoryHistoryCache
-from statestore.store.sealed_cache import CACHE_DATA, SealedCache, frame, split_frames
+from statestore.store.sealed_cache import CACHE_DATA, SealedCache, sealed_frame, split_frames
 
 KEY = thread_key("thr_sealed")
+
+
+def frame(value: bytes) -> bytes:
+    return len(value).to_bytes(4, "big") + value
+
+
 TTL = 60_000
 
 
@@ -45,7 +51,9 @@ class _Keys:
     async def open(self, value: bytes, associated: bytes, *, row: str) -> bytes:
         return (await self.open_many([value], [associated], row=row))[0]
 
-    async def open_many(self, values: Sequence[bytes], associated: Sequence[bytes], *, row: str) -> list[bytes]:
+    async def open_many(
+        self, values: Sequence[bytes | memoryview], associated: Sequence[bytes], *, row: str
+    ) -> list[bytes]:
         self.calls += 1
         out = []
         for value, data in zip(values, associated, strict=True):
@@ -66,8 +74,18 @@ def test_frames_round_trip() -> None:
     values = [b"", b"a", b"x" * 70_000]
     data = b"".join(frame(value) for value in values)
     assert data[:4] == b"\x00\x00\x00\x00"
-    assert split_frames(data) == values
+    split = split_frames(data)
+    assert split is not None and [bytes(view) for view in split] == values
+    assert all(view.obj is data for view in split)  # views of the entry, nothing copied
     assert split_frames(b"") == []
+
+
+def test_a_sealed_frame_is_the_frame_of_a_sealed_value() -> None:
+    keys = _Keys()
+    for plaintext in (b"m1", b"x" * 100_000):
+        (value,) = split_frames(sealed_frame(keys.sealer_, plaintext)) or []
+        assert keys.cipher.decrypt(value[20:32], value[32:], CACHE_DATA) == plaintext
+    assert sealed_frame(CLEAR, b"m1") == frame(b"m1")
 
 
 @pytest.mark.parametrize("data", [b"\x00\x00\x00", b"\x00\x00\x00\x05abc", frame(b"ok") + b"\x00"])
