@@ -40,7 +40,7 @@ def _scope_hash(owner: str, user_id: str | None) -> str:
 
 def row_data(*parts: str | int) -> bytes:
     """Associated data naming a row: table tag, owner, id, position…, each part unambiguous."""
-    return b"\x1f".join(str(part).encode() for part in parts)
+    return "\x1f".join(map(str, parts)).encode()
 
 
 class ContentSealer(Protocol):

@@ -212,13 +212,14 @@ class SealedContent:
 
     async def _ciphers_of(self, values: Sequence[bytes | memoryview], row: str) -> dict[bytes, AESGCM]:
         """The ciphers of the data keys the sealed `values` name."""
-        sealed = [value for value in values if is_sealed(value)]
-        if not sealed:
-            return {}
-        if any(len(value) < _HEADER + _TAG_BYTES for value in sealed):
-            # Checked before the keys are looked up: a cut key id would otherwise read as an erased scope's.
-            raise _unopenable(row)
-        return await self._ciphers({bytes(value[len(MAGIC) : len(MAGIC) + KEY_ID_BYTES]) for value in sealed}, row)
+        key_ids: set[bytes] = set()
+        for value in values:
+            if is_sealed(value):
+                if len(value) < _HEADER + _TAG_BYTES:
+                    # Checked before any key is looked up: a cut key id would otherwise read as an erased scope's.
+                    raise _unopenable(row)
+                key_ids.add(bytes(value[len(MAGIC) : len(MAGIC) + KEY_ID_BYTES]))
+        return await self._ciphers(key_ids, row) if key_ids else {}
 
     async def erase(self, *, tenant_id: str | None, user_id: str | None) -> int:
         destroyed = {bytes.fromhex(i) for i in await self._keystore.destroy(tenant_id=tenant_id, user_id=user_id)}
