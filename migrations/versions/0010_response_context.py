@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from statestore.store.online_ddl import run_online
+
 revision: str = "0010"
 down_revision: str | Sequence[str] | None = "0009"
 branch_labels: str | Sequence[str] | None = None
@@ -25,6 +27,26 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
+    if op.get_bind().dialect.name == "postgresql":
+        # Each column on its own (store/online_ddl.py): in one transaction, the lock on `responses` and the wait for
+        # `conversations` deadlocked with a serving conversation turn's commit, which writes both (the drill's 503).
+        run_online(
+            [
+                [f"ALTER TABLE responses ADD COLUMN IF NOT EXISTS {column}"]
+                for column in (
+                    "context_tokens BIGINT",
+                    "context_bytes BIGINT",
+                    "context_kept BIGINT",
+                    "context_head_id VARCHAR(40)",
+                    "context_head BYTEA",
+                )
+            ]
+            + [
+                [f"ALTER TABLE conversations ADD COLUMN IF NOT EXISTS {column}"]
+                for column in ("context_tokens BIGINT", "context_bytes BIGINT")
+            ]
+        )
+        return
     with op.batch_alter_table("responses") as batch:
         batch.add_column(sa.Column("context_tokens", sa.BigInteger(), nullable=True))
         batch.add_column(sa.Column("context_bytes", sa.BigInteger(), nullable=True))

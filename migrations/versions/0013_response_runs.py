@@ -18,11 +18,12 @@ Create Date: 2026-12-02
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
+from statestore.store.online_ddl import run_online
 
 revision: str = "0013"
 down_revision: str | Sequence[str] | None = "0010"
@@ -39,12 +40,6 @@ _PARTIAL = (
     ("ix_responses_tenant_id", "responses", ["tenant_id"], "tenant_id"),
     ("ix_responses_metadata_user_id", "responses", ["metadata_user_id"], "metadata_user_id"),
 )
-
-
-# On PostgreSQL, while the release before serves (a rolling upgrade): how long a statement waits for its table's lock
-# before it gives way to the serving transactions and is tried again, and how often.
-LOCK_TIMEOUT_MS = 1000
-ATTEMPTS = 30
 
 
 def upgrade() -> None:
@@ -97,20 +92,7 @@ def _upgrade_online() -> None:
             [f"ALTER INDEX {name}_partial RENAME TO {name}"],
         ]
     steps.append(["DROP INDEX CONCURRENTLY IF EXISTS ix_responses_expires_ms"])
-    with op.get_context().autocommit_block():
-        bind = op.get_bind()
-        bind.exec_driver_sql(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
-        for step in steps:
-            for attempt in range(1, ATTEMPTS + 1):
-                try:
-                    for statement in step:
-                        bind.exec_driver_sql(statement)
-                    break
-                except sa.exc.DBAPIError as error:
-                    if attempt == ATTEMPTS or not ("lock timeout" in str(error) or "deadlock" in str(error)):
-                        raise
-                    time.sleep(0.1 * attempt)
-        bind.exec_driver_sql("RESET lock_timeout")
+    run_online(steps)
 
 
 def downgrade() -> None:

@@ -13,11 +13,12 @@ Create Date: 2026-12-03
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 
 import sqlalchemy as sa
 from alembic import op
+
+from statestore.store.online_ddl import run_online
 
 revision: str = "0016"
 down_revision: str | Sequence[str] | None = "0015"
@@ -27,29 +28,10 @@ depends_on: str | Sequence[str] | None = None
 _OPEN = sa.text("status IN ('queued', 'in_progress')")
 
 
-# On PostgreSQL, while the release before serves (a rolling upgrade): how long the policies column waits for its
-# table's lock before it gives way to the serving reads and is tried again, and how often (as revision 0013 does).
-LOCK_TIMEOUT_MS = 1000
-ATTEMPTS = 30
-
-
 def _add_policy_column_online() -> None:
     """The column in a transaction of its own, with a short lock timeout, retried: an ALTER TABLE queued for its lock
     holds up every read of the table behind it, and each turn reads the policies now and then."""
-    with op.get_context().autocommit_block():
-        bind = op.get_bind()
-        bind.exec_driver_sql(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
-        for attempt in range(1, ATTEMPTS + 1):
-            try:
-                bind.exec_driver_sql(
-                    "ALTER TABLE policies ADD COLUMN IF NOT EXISTS max_background_turns INTEGER NOT NULL DEFAULT 16"
-                )
-                break
-            except sa.exc.DBAPIError as error:
-                if attempt == ATTEMPTS or not ("lock timeout" in str(error) or "deadlock" in str(error)):
-                    raise
-                time.sleep(0.1 * attempt)
-        bind.exec_driver_sql("RESET lock_timeout")
+    run_online([["ALTER TABLE policies ADD COLUMN IF NOT EXISTS max_background_turns INTEGER NOT NULL DEFAULT 16"]])
 
 
 def upgrade() -> None:

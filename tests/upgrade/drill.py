@@ -198,7 +198,7 @@ def check_failures(load: Load, drill: Drill) -> list[str]:
     for failure in load.failures:
         window = stopping.get(failure.replica)
         if window is None or not window[0] - 1 <= failure.at <= window[1] + 1:
-            allowed.append(f"{failure.kind} on {failure.replica}: {failure.error}")
+            allowed.append(f"{failure.kind} on {failure.replica} at {failure.at:.1f}: {failure.error}")
     return allowed
 
 
