@@ -25,7 +25,8 @@ from statestore.responses.turns import ResponseTurns
 from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.background_store import BackgroundStore
-from statestore.store.cache import HistoryCache, create_cache
+from statestore.store.cache import HistoryCache
+from statestore.store.cache_setup import create_cache
 from statestore.store.console_guard import ConsoleGuard
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.engine import create_engine

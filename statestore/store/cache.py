@@ -17,7 +17,7 @@ from typing import Protocol
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
-from statestore.content_keys import ContentKeys, ContentSealer
+from statestore.content_keys import ContentSealer
 from statestore.store.cache_entry import CachedHistory, CacheKey, decode_count, encode_count
 from statestore.store.redis_commands import ClusterCommands, RedisCommands, StandaloneCommands
 from statestore.store.resp import RespError, Script, split_cluster_flag
@@ -387,17 +387,3 @@ class RedisHistoryCache:
             await self._commands.aclose()
         except _FAULTS as exc:
             self._fault("close", None, exc)
-
-
-def create_cache(redis_url: str | None, prefix: str, content: ContentKeys | None = None) -> HistoryCache:
-    """Redis when configured, otherwise the in-process cache of the embedded default; sealed when `content` is
-    enabled (encryption on)."""
-    # Imported here: both build on this module.
-    from statestore.store.memory_cache import MemoryHistoryCache  # noqa: PLC0415
-    from statestore.store.sealed_cache import SealedCache  # noqa: PLC0415
-
-    backend: RedisHistoryCache | MemoryHistoryCache
-    backend = RedisHistoryCache(redis_url, prefix) if redis_url else MemoryHistoryCache()
-    if content is not None and content.enabled:
-        return SealedCache(backend, content)
-    return backend

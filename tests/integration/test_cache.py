@@ -19,8 +19,9 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from statestore.content_keys import CLEAR
-from statestore.store.cache import HistoryCache, RedisHistoryCache, create_cache
+from statestore.store.cache import HistoryCache, RedisHistoryCache
 from statestore.store.cache_entry import CachedHistory, CacheKey, thread_key
+from statestore.store.cache_setup import create_cache
 from statestore.store.memory_cache import MemoryHistoryCache
 
 REDIS_URL = os.environ.get("STATESTORE_TEST_REDIS", "redis://127.0.0.1:6379/0")

@@ -17,7 +17,7 @@ import pytest
 
 from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
-from statestore.store.cache import create_cache
+from statestore.store.cache_setup import create_cache
 from statestore.store.engine import create_engine
 from statestore.store.retention_queries import RetentionQueries
 from statestore.threads.ids import new_thread_id, thread_of_response
