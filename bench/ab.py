@@ -175,15 +175,24 @@ def main(argv: list[str] | None = None) -> None:
                 **_statestore_env(database, redis_url, prefix, f"http://127.0.0.1:{echo_port}", "WARNING"),
                 "STATESTORE_CHAT_UPSTREAM_URL": f"http://127.0.0.1:{echo_port}",
                 "PYTHONPATH": str(code),  # `python -m` also puts the working directory, `code`, first
+                # the editable install maps statestore.migrations to the working tree's folder: each side runs its own
+                "STATESTORE_MIGRATIONS_DIR": str(code / "migrations"),
             }
             for setting in [*args.set, *(args.head_set if name == "head" else [])]:
                 key, _, value = setting.partition("=")
                 env.pop(key, None)
                 if value:
                     env[key] = value
-            subprocess.run(
-                [python(), "-m", "statestore.cli", "migrate"], env=env, cwd=code, check=True, capture_output=True
+            migrated = subprocess.run(
+                [python(), "-m", "statestore.cli", "migrate"],
+                env=env,
+                cwd=code,
+                capture_output=True,
+                text=True,
+                check=False,
             )
+            if migrated.returncode:
+                raise SystemExit(f"bench.ab: `statestore migrate` failed for {name}: {migrated.stderr.strip()}")
             port = free_port()
             service = Service(
                 name,
