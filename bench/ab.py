@@ -8,7 +8,10 @@ client's latency per continue. The ratio head/base is what a change costs or sav
 doing at the time, since both arms suffer it alike.
 
     .venv/bin/python -m bench.ab --base HEAD~1 [--rounds 8] [--turns 150] [--history-kb 8] [--stream]
-        [--door messages|responses]
+        [--door messages|responses] [--repeat K]
+
+On these small shared machines one run's ratio can stray by 5 % or more (two A/A runs have read 0.96x and 1.06x):
+`--repeat K` makes K whole runs, each on fresh servers, and reports the median of their ratios.
 """
 
 from __future__ import annotations
@@ -144,7 +147,42 @@ def main(argv: list[str] | None = None) -> None:
         metavar="STATESTORE_X=VALUE",
         help="a setting for the head server only (repeatable; an empty value unsets it), e.g. to weigh one part",
     )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="whole runs, each on fresh servers; the median of their ratios is the figure (default 1)",
+    )
     args = parser.parse_args(argv)
+    ratios: list[tuple[float, float]] = []
+    for run in range(args.repeat):
+        cpu, latency = _run(args)
+        cpu_ratio, latency_ratio = cpu["head"] / cpu["base"], latency["head"] / latency["base"]
+        ratios.append((cpu_ratio, latency_ratio))
+        if run == 0:
+            print(
+                f"{args.rounds} rounds x {args.turns} {'threaded' if args.door == 'messages' else 'Responses'} "
+                f"{'streamed' if args.stream else 'JSON'} continues per server, "
+                f"interleaved; history {args.history_kb} KiB"
+            )
+        if args.repeat > 1:
+            print(f"run {run + 1} of {args.repeat}:")
+        print("server | CPU per continue | client p50 latency")
+        for name in cpu:
+            print(f"{name:6} | {cpu[name]:11.0f} µs   | {latency[name]:8.2f} ms")
+        print(f"head / base ({args.base}): CPU {cpu_ratio:.3f}x, latency {latency_ratio:.3f}x")
+    if args.repeat > 1:
+        cpu_median = statistics.median(r[0] for r in ratios)
+        latency_median = statistics.median(r[1] for r in ratios)
+        print(
+            f"median of {args.repeat} runs, head / base ({args.base}): CPU {cpu_median:.3f}x, "
+            f"latency {latency_median:.3f}x (CPU from {min(r[0] for r in ratios):.3f}x to "
+            f"{max(r[0] for r in ratios):.3f}x)"
+        )
+
+
+def _run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
+    """One whole run on fresh servers: each server's median CPU (µs) and client p50 (ms) per continue."""
     admin_dsn = os.environ.get("STATESTORE_BENCH_PG", DEFAULT_PG)
     redis_url = os.environ.get("STATESTORE_BENCH_REDIS", DEFAULT_REDIS)
     base_env = {k: v for k, v in os.environ.items() if not k.startswith(("STATESTORE_", "OTEL_", "PYTHONPATH"))}
@@ -219,16 +257,7 @@ def main(argv: list[str] | None = None) -> None:
 
     cpu = {name: statistics.median(r[0] for r in rows) for name, rows in results.items()}
     latency = {name: statistics.median(r[1] for r in rows) for name, rows in results.items()}
-    print(
-        f"{args.rounds} rounds x {args.turns} {'threaded' if args.door == 'messages' else 'Responses'} "
-        f"{'streamed' if args.stream else 'JSON'} continues per server, "
-        f"interleaved; history {args.history_kb} KiB"
-    )
-    print("server | CPU per continue | client p50 latency")
-    for name in results:
-        print(f"{name:6} | {cpu[name]:11.0f} µs   | {latency[name]:8.2f} ms")
-    cpu_ratio, latency_ratio = cpu["head"] / cpu["base"], latency["head"] / latency["base"]
-    print(f"head / base ({args.base}): CPU {cpu_ratio:.3f}x, latency {latency_ratio:.3f}x")
+    return cpu, latency
 
 
 if __name__ == "__main__":

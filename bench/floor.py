@@ -9,6 +9,10 @@ under the next id. Connections come from statestore's own lean pool, Redis clien
 (upstream/http1.py), the cheapest this stack has. No routing, validation, auth, policy, logging, metrics, limits,
 fingerprints, usage counters or context policy: those are what statestore adds on top of this floor.
 
+With `--lease redis` the lease is a Redis claim instead (SET NX PX, sent in the one pipeline that reads the history,
+released by a compare-and-delete sent with the append), and the durable commit's guard is a compare-and-set on the
+head: the PostgreSQL round trip of the lease is gone, which is what this arm measures.
+
     python -m bench.floor --port 8092 --upstream http://127.0.0.1:8090 --database postgresql://… --redis redis://…
 """
 
@@ -45,6 +49,15 @@ WITH moved AS (
 INSERT INTO floor_messages (thread_id, position, body)
 SELECT moved.id, moved.position - 2 + m.i, m.body FROM moved, unnest($4::bytea[]) WITH ORDINALITY AS m(body, i)
 """
+COMMIT_ON_HEAD = """
+WITH moved AS (
+    UPDATE floor_threads SET head = $3, position = position + 2 WHERE id = $1 AND head = $2 AND lease IS NULL
+    RETURNING id, position
+)
+INSERT INTO floor_messages (thread_id, position, body)
+SELECT moved.id, moved.position - 2 + m.i, m.body FROM moved, unnest($4::bytea[]) WITH ORDINALITY AS m(body, i)
+"""
+RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 CREATE = "INSERT INTO floor_threads (id, head, position) VALUES ($1, $2, $3)"
 INSERT_MESSAGES = (
     "INSERT INTO floor_messages (thread_id, position, body) "
@@ -54,8 +67,9 @@ _RESPONSE_HEADERS = [(b"content-type", b"application/json")]
 
 
 class Floor:
-    def __init__(self, upstream: str, database: str, redis: str, prefix: str) -> None:
+    def __init__(self, upstream: str, database: str, redis: str, prefix: str, *, redis_lease: bool = False) -> None:
         self._prefix = prefix
+        self._redis_lease = redis_lease
         self._upstream_url = upstream.rstrip("/") + "/v1/messages"
         self._database = database
         self._client = StatestoreUpstream(upstream)
@@ -100,7 +114,8 @@ class Floor:
         if thread["type"] == "create":
             reply, status = await self._create(request, new)
         else:
-            reply, status = await self._continue(request, new, thread["previous_message_id"])
+            continue_ = self._continue_claimed if self._redis_lease else self._continue
+            reply, status = await continue_(request, new, thread["previous_message_id"])
         await send({"type": "http.response.start", "status": status, "headers": _RESPONSE_HEADERS})
         await send({"type": "http.response.body", "body": reply, "more_body": False})
 
@@ -161,6 +176,37 @@ class Floor:
         reply["id"] = head
         return orjson.dumps(reply), 200
 
+    async def _continue_claimed(self, request: dict[str, object], new: list[bytes], previous: str) -> tuple[bytes, int]:
+        thread_id, _, at = previous.partition(".")
+        position = int(at)
+        token = secrets.token_hex(8)
+        claim_key = f"{self._prefix}{thread_id}:lease"
+        assert self._durable is not None
+        claimed, (history, count) = await self._redis.pipeline(
+            [
+                ("SET", claim_key, token, "NX", "PX", 30_000),
+                ("MGET", f"{self._prefix}{thread_id}:h", f"{self._prefix}{thread_id}:n"),
+            ]
+        )
+        if claimed is None or count is None or int(count) != position:
+            return b'{"error":"not continuable or not cached"}', 409
+        reply = await self._forward(request, b",".join([history, *new]))
+        stored = orjson.dumps({"role": "assistant", "content": reply["content"]})
+        head = f"{thread_id}.{position + len(new) + 1}"
+        async with self._durable.acquire() as conn:
+            moved = await conn.execute(COMMIT_ON_HEAD, thread_id, previous, head, [*new, stored])
+        if moved.endswith(" 0"):
+            return b'{"error":"the head moved"}', 409
+        await self._redis.pipeline(
+            [
+                ("APPEND", f"{self._prefix}{thread_id}:h", b"," + b",".join([*new, stored])),
+                ("SET", f"{self._prefix}{thread_id}:n", position + len(new) + 1),
+                ("EVAL", RELEASE, 1, claim_key, token),
+            ]
+        )
+        reply["id"] = head
+        return orjson.dumps(reply), 200
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.floor", description=__doc__.split("\n\n")[0])
@@ -169,8 +215,15 @@ def main() -> None:
     parser.add_argument("--database", required=True, help="a postgresql:// URL of a scratch database")
     parser.add_argument("--redis", required=True)
     parser.add_argument("--redis-prefix", required=True)
+    parser.add_argument(
+        "--lease",
+        choices=("postgres", "redis"),
+        default="postgres",
+        help="where a turn takes its lease (default postgres)",
+    )
     args = parser.parse_args()
-    serve_bare(Floor(args.upstream, args.database, args.redis, args.redis_prefix), "127.0.0.1", args.port)
+    floor = Floor(args.upstream, args.database, args.redis, args.redis_prefix, redis_lease=args.lease == "redis")
+    serve_bare(floor, "127.0.0.1", args.port)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ One echo backend; R, R* and B relay the whole history every turn (≈ 2k tokens 
 with only the new turn. Rounds alternate between the servers; the figures are each server's CPU per turn
 (sum_exec_runtime of its threads) and the client's median latency, and the ratios: F/R* is what the round trips and
 the parse that durability needs cost any implementation on the same client, C/F what statestore adds to that floor,
-F/B and C/B where the floor and statestore stand against relaying the same history statelessly.
+F/B and C/B where the floor and statestore stand against relaying the same history statelessly. Fr is the floor with
+its lease as a Redis claim (`bench.floor --lease redis`): Fr/F is what moving the lease out of PostgreSQL would save.
 
     .venv/bin/python -m bench.floor_compare [--rounds 8] [--turns 150] [--history-kb 8]
 """
@@ -82,33 +83,31 @@ def main(argv: list[str] | None = None) -> None:
             base_env,
             "/v1/models",
         )
-        floor_db = stack.enter_context(scratch_database(admin_dsn))
-        floor_prefix = stack.enter_context(redis_prefix(redis_url))
-        floor, floor_url = start(
-            "floor",
-            [
-                python(),
-                "-m",
-                "bench.floor",
-                "--upstream",
-                echo_url,
-                "--database",
-                floor_db,
-                "--redis",
-                redis_url,
-                "--redis-prefix",
-                floor_prefix,
-            ],
-            base_env,
-            "/missing",
-        )
+
+        def start_floor(name: str, lease: str) -> tuple[Service, str]:
+            database = stack.enter_context(scratch_database(admin_dsn))
+            prefix = stack.enter_context(redis_prefix(redis_url))
+            argv = [python(), "-m", "bench.floor", "--upstream", echo_url, "--database", database]
+            argv += ["--redis", redis_url, "--redis-prefix", prefix, "--lease", lease]
+            return start(name, argv, base_env, "/missing")
+
+        floor, floor_url = start_floor("floor", "postgres")
+        claimed_floor, claimed_floor_url = start_floor("floor-redis-lease", "redis")
         database = stack.enter_context(scratch_database(admin_dsn)).replace("postgresql://", "postgresql+asyncpg://")
         prefix = stack.enter_context(redis_prefix(redis_url))
         env = {**base_env, **_statestore_env(database, redis_url, prefix, echo_url, "WARNING")}
         subprocess.run([python(), "-m", "statestore.cli", "migrate"], env=env, check=True, capture_output=True)
         statestore, statestore_url = start("statestore", [python(), "-m", "statestore.cli", "serve"], env, "/healthz")
 
-        results: dict[str, list[tuple[float, float]]] = {"A": [], "R": [], "R*": [], "B": [], "F": [], "C": []}
+        results: dict[str, list[tuple[float, float]]] = {
+            "A": [],
+            "R": [],
+            "R*": [],
+            "B": [],
+            "F": [],
+            "Fr": [],
+            "C": [],
+        }
         with httpx.Client(timeout=30) as client:
 
             def relay_round(service: Service, url: str, turns: int) -> tuple[float, float]:
@@ -134,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
                 "R*": lambda turns: relay_round(lean_relay, lean_relay_url, turns),
                 "B": lambda turns: relay_round(statestore, statestore_url, turns),
                 "F": lambda turns: thread_round(floor, floor_url, turns),
+                "Fr": lambda turns: thread_round(claimed_floor, claimed_floor_url, turns),
                 "C": lambda turns: thread_round(statestore, statestore_url, turns),
             }
             for arm in arms.values():  # a warm-up round each, not counted
@@ -154,6 +154,10 @@ def main(argv: list[str] | None = None) -> None:
         f"CPU: C/R {cpu['C'] / cpu['R']:.2f}x, R*/R {cpu['R*'] / cpu['R']:.2f}x, F/R* {cpu['F'] / cpu['R*']:.2f}x, "
         f"C/F {cpu['C'] / cpu['F']:.2f}x, F/B {cpu['F'] / cpu['B']:.2f}x, C/B {cpu['C'] / cpu['B']:.2f}x; "
         f"latency: C-F {latency['C'] - latency['F']:+.2f} ms, F-R* {latency['F'] - latency['R*']:+.2f} ms"
+    )
+    print(
+        f"the lease as a Redis claim (Fr): Fr/F CPU {cpu['Fr'] / cpu['F']:.2f}x, "
+        f"latency Fr-F {latency['Fr'] - latency['F']:+.2f} ms; C/Fr {cpu['C'] / cpu['Fr']:.2f}x"
     )
     added = ", ".join(f"{name} {latency[name] - latency['A']:+.2f}" for name in results if name != "A")
     print(f"latency added over calling the backend directly (A), p50: {added} ms")
