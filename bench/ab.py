@@ -29,7 +29,7 @@ import httpx
 import orjson
 
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
-from bench.procs import REPO, Service, cpu_sample, free_port, python
+from bench.procs import REPO, Service, cpu_sample, free_port, migrate, python
 
 THREADS_BETA = "message-threads-2026-08-12"
 HEADERS = {"content-type": "application/json", "x-api-key": "bench-ab", "anthropic-beta": THREADS_BETA}
@@ -221,16 +221,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
                 env.pop(key, None)
                 if value:
                     env[key] = value
-            migrated = subprocess.run(
-                [python(), "-m", "statestore.cli", "migrate"],
-                env=env,
-                cwd=code,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if migrated.returncode:
-                raise SystemExit(f"bench.ab: `statestore migrate` failed for {name}: {migrated.stderr.strip()}")
+            migrate(env, code)
             port = free_port()
             service = Service(
                 name,

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -29,7 +28,7 @@ import orjson
 
 from bench.ab import HEADERS, _continue, _create, history_turns
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
-from bench.procs import Service, cpu_sample, free_port, python
+from bench.procs import Service, cpu_sample, free_port, migrate, python
 
 
 def _history_body(history_bytes: int, n: int) -> bytes:
@@ -96,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
         database = stack.enter_context(scratch_database(admin_dsn)).replace("postgresql://", "postgresql+asyncpg://")
         prefix = stack.enter_context(redis_prefix(redis_url))
         env = {**base_env, **_statestore_env(database, redis_url, prefix, echo_url, "WARNING")}
-        subprocess.run([python(), "-m", "statestore.cli", "migrate"], env=env, check=True, capture_output=True)
+        migrate(env)
         statestore, statestore_url = start("statestore", [python(), "-m", "statestore.cli", "serve"], env, "/healthz")
 
         results: dict[str, list[tuple[float, float]]] = {

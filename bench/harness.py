@@ -40,6 +40,7 @@ from bench.procs import (
     free_port,
     load_average,
     machine_busy_ticks,
+    migrate,
     python,
     stat_ticks,
 )
@@ -183,16 +184,7 @@ def run(options: Options) -> Path:
             backend_port = free_port()
             upstream = f"http://127.0.0.1:{backend_port}"
             env = _statestore_env(database, redis_url, prefix, upstream, options.log_level) | options.statestore_env
-            migrated = subprocess.run(
-                [python(), "-m", "statestore.cli", "migrate"],
-                env=env,
-                cwd=REPO,
-                capture_output=True,
-                text=True,
-                check=False,
-            )
-            if migrated.returncode != 0:
-                raise RuntimeError(f"migration failed:\n{migrated.stdout}{migrated.stderr}")
+            migrate(env)
             backend_argv = [python(), "-m", "bench.backend", "--port", str(backend_port)]
             if options.reply_bytes:
                 backend_argv += ["--reply-bytes", str(options.reply_bytes)]

@@ -182,6 +182,16 @@ def python() -> str:
     return sys.executable
 
 
+def migrate(env: Mapping[str, str], cwd: Path = REPO) -> None:
+    """`statestore migrate` with `env` (its STATESTORE_DATABASE_URL), from the code in `cwd`; a failure raises with
+    what the command said."""
+    migrated = subprocess.run(
+        [python(), "-m", "statestore.cli", "migrate"], env=env, cwd=cwd, capture_output=True, text=True, check=False
+    )
+    if migrated.returncode != 0:
+        raise RuntimeError(f"`statestore migrate` failed (code in {cwd}):\n{migrated.stdout}{migrated.stderr}")
+
+
 def machine_busy_ticks() -> tuple[int, int]:
     """(busy, total) clock ticks of all CPUs since boot, from /proc/stat."""
     with open("/proc/stat", "rb") as f:
