@@ -166,10 +166,15 @@ class BackgroundTurns:
         return await self.store.delete(owner, response_id)
 
     async def _cancel_unclaimed(self, owner: str, response_id: str) -> bool:
-        """End a turn no replica holds as cancelled; False when one holds it (it then sees the cancel itself)."""
+        """End a turn no replica holds as cancelled (or as stored, when its run had committed); False when one holds
+        it (it then sees the cancel itself)."""
         job = await self.store.get(owner, response_id, now_ms=self.clock())
         if job is None:
             return False
+        if job.status == "in_progress" and await self.turns.responses.get(owner, response_id, now_ms=self.clock()):
+            # Its run stored the response and stopped before it said so (the commit's answer lost, or its replica
+            # gone): a cancel never undoes a commit, so the turn is taken over here and ends as it was stored.
+            return await self.runner.take_over(response_id)
         body = with_status(job.body, "cancelled")
         ended = await self.store.end_unclaimed(
             response_id, status="cancelled", body=body, now_ms=self.clock(), scope=job.scope

@@ -106,22 +106,32 @@ class BackgroundRunner(TurnRuns):
             return
         now = self.clock()
         for response_id in await self.store.claimable(now_ms=now, limit=room):
-            job = await self.store.claim(response_id, token=self.token, now_ms=now, until_ms=now + self.lease_ms)
-            if job is not None:
-                await self._take_over(job)
+            await self.take_over(response_id)
+
+    async def take_over(self, response_id: str) -> bool:
+        """Claim a turn no live claim holds and end or run it here (a cancel of a turn whose run stopped); False when
+        another replica claimed it first."""
+        now = self.clock()
+        job = await self.store.claim(response_id, token=self.token, now_ms=now, until_ms=now + self.lease_ms)
+        if job is None:
+            return False
+        await self._take_over(job)
+        return True
 
     async def _take_over(self, job: BackgroundJob) -> None:
         """A turn just claimed: queued, or left in progress by a replica that stopped."""
         held = Held(job, started=True)
+        if job.status == "in_progress":
+            stored = await self.turns.responses.get(job.owner, job.id, now_ms=self.clock())
+            if stored is not None:
+                # The run committed and stopped before it said so: the turn is done, as stored, even when a cancel
+                # came meanwhile (a cancel never undoes a commit).
+                await self._finish_stored(held, stored.body)
+                return
         if job.cancel_requested:
             await self._end(held, "cancelled", error=None)
             return
         if job.status == "in_progress":
-            stored = await self.turns.responses.get(job.owner, job.id, now_ms=self.clock())
-            if stored is not None:
-                # The run committed and stopped before it said so: the turn is done.
-                await self._finish_stored(held, stored.body)
-                return
             try:
                 last = await self.events.last(job.id)
             except EventLogUnavailable:

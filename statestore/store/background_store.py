@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import and_, delete, exists, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.content_keys import ContentKeys, ContentSealer, Scope
@@ -33,6 +33,7 @@ from statestore.store.background_statements import (
 from statestore.store.pg_hot_path import PgHotPath, affected
 from statestore.store.response_sealing import active, background_data
 from statestore.store.schema import background_responses as bg
+from statestore.store.schema import responses
 
 FINAL = ("completed", "incomplete", "failed", "cancelled")
 STATUSES = (*OPEN, *FINAL)
@@ -322,7 +323,8 @@ class BackgroundStore:
     async def end_unclaimed(
         self, response_id: str, *, status: str, body: bytes, now_ms: int, scope: Scope | None = None
     ) -> BackgroundJob | None:
-        """End a turn no live claim holds (a queued one cancelled); None when a replica claimed it meanwhile.
+        """End a turn no live claim holds (a queued one cancelled); None when a replica claimed it meanwhile, or its
+        response was stored.
         `scope`: the turn's (BackgroundJob.scope), which its body is sealed under with encryption on."""
         sealer = await self._sealer(scope)
         if sealer is not None and scope is not None:
@@ -333,6 +335,8 @@ class BackgroundStore:
                 bg.c.id == response_id,
                 bg.c.status.in_(OPEN),
                 or_(bg.c.claim_expires_ms.is_(None), bg.c.claim_expires_ms <= now_ms),
+                # A run whose claim ran out may still have stored its response: the turn then ends as stored.
+                ~exists().where(responses.c.id == response_id),
             )
             .values(status=status, body=body, headers=None, claim_token=None, claim_expires_ms=None, updated_ms=now_ms)
             .returning(*_COLUMNS)

@@ -4,17 +4,21 @@ replica is polled, resumed and cancelled on the other; a replica killed mid-turn
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
 import orjson
 import pytest
 import redis
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.pool import NullPool
 
 from statestore.store.event_log import Event, EventLogUnavailable, RedisEventLog, Superseded
 from tests.integration.responses.conftest import ADMIN_TOKEN
@@ -495,3 +499,86 @@ async def test_a_closed_redis_transport_is_an_unavailable_event_log(redis_url: s
             await events.last("resp_closed")
     finally:
         await events.aclose()
+
+
+def _as_if_the_run_stopped_before_its_end(
+    db_url: str, redis_url: str, prefix: str, response_id: str, *, cancel_requested: bool
+) -> None:
+    """What a run leaves when its commit was carried out but the run stopped before it said so (the commit's answer
+    lost as PostgreSQL restarted, its replica gone): the response stored, its background row still in progress
+    under a claim that ran out, and its event log without the final event, which was never published."""
+
+    async def rewind() -> None:
+        engine = create_async_engine(db_url, poolclass=NullPool)
+        try:
+            async with engine.begin() as conn:
+                changed = await conn.execute(
+                    text(
+                        "UPDATE background_responses SET status = 'in_progress', claim_token = 'a-replica-gone', "
+                        "claim_expires_ms = 1, cancel_requested = :cancel WHERE id = :id"
+                    ),
+                    {"id": response_id, "cancel": cancel_requested},
+                )
+                assert changed.rowcount == 1
+        finally:
+            await engine.dispose()
+
+    asyncio.run(rewind())
+    store = redis.Redis.from_url(redis_url)
+    key = f"{prefix}bg:{{{response_id}}}:events"
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], store.xrange(key))
+    assert entries[-1][1][b"z"] == b"1"  # the final event, which the stopped run never published
+    store.delete(key)
+    for entry_id, fields in entries[:-1]:
+        store.xadd(key, cast(Any, fields), id=entry_id)
+    store.pexpire(key, 600_000)
+
+
+@pytest.mark.parametrize("cancelled_before_the_take_over", [False, True])
+def test_a_turn_stored_by_a_run_that_stopped_before_saying_so_ends_completed_though_cancelled(
+    own_db: str,
+    own_db_replicas: Callable[..., StatestoreServer],
+    redis_url: str,
+    api_key: str,
+    cancelled_before_the_take_over: bool,
+) -> None:
+    """Found by the fault campaign (seed 1515): a streamed background turn's commit went through while PostgreSQL
+    restarted, its run broke off before it ended the turn, and a cancel then ended as `cancelled` a turn whose
+    response was stored: retrieved `completed`, its events ending `response.cancelled`. Whoever ends such a turn,
+    a cancel of it or the replica that takes it over, ends it as it was stored."""
+    ran_it = own_db_replicas()
+    with openai.OpenAI(base_url=ran_it.url + "/v1", api_key=api_key, max_retries=0) as a:
+        done = final(a, a.responses.create(model="echo-1", input="stored, then cut", background=True).id)
+        assert done.status == "completed"
+    ran_it.stop()
+    _as_if_the_run_stopped_before_its_end(
+        own_db, redis_url, ran_it.redis_prefix, done.id, cancel_requested=cancelled_before_the_take_over
+    )
+    # a replica that runs turns takes the cancelled one over; one that runs none leaves the other to the cancel
+    other = own_db_replicas(background_workers="1" if cancelled_before_the_take_over else "0")
+    with openai.OpenAI(base_url=other.url + "/v1", api_key=api_key, max_retries=0) as b:
+        if cancelled_before_the_take_over:
+            wait_for(lambda: _background_status(own_db, done.id) != "in_progress")
+        else:
+            assert b.responses.cancel(done.id).status == "completed"
+        assert _background_status(own_db, done.id) == "completed"
+        assert b.responses.retrieve(done.id).status == "completed"
+        events = list(raw_events(other.url, api_key, done.id, None))
+        assert events[-1]["type"] == "response.completed"
+        assert events[-1]["response"]["output"][0]["content"][0]["text"] == "echo: stored, then cut"
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+
+
+def _background_status(db_url: str, response_id: str) -> str:
+    async def read() -> str:
+        engine = create_async_engine(db_url, poolclass=NullPool)
+        try:
+            async with engine.connect() as conn:
+                found = await conn.execute(
+                    text("SELECT status FROM background_responses WHERE id = :id"), {"id": response_id}
+                )
+                return str(found.scalar_one())
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(read())
