@@ -16,7 +16,7 @@ _DROPPED = bytes(range(_USABLE, 256))
 def random_key(length: int) -> str:
     """`length` base62 characters, each uniform over the alphabet from the system's CSPRNG."""
     # 3 % of bytes are dropped on average; drawing 1/8 more makes a second draw rare, and the loop covers it.
-    drawn = b""
+    drawn = os.urandom(length + length // 8 + 2).translate(_TABLE, _DROPPED)
     while len(drawn) < length:
-        drawn += os.urandom(length + length // 8 + 2).translate(_TABLE, _DROPPED)
+        drawn += os.urandom(length).translate(_TABLE, _DROPPED)
     return drawn[:length].decode("ascii")

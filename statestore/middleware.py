@@ -259,11 +259,13 @@ class BodySizeLimitMiddleware:
 
 
 def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name.lower() == b"content-length":
-            try:
-                return int(value)
-            except ValueError:
-                # The server rejects a malformed length itself; counting still guards the body.
-                return None
-    return None
+    # One dict built in C, not a Python loop over every header (names are lower-case in ASGI; a server refuses a
+    # request with two lengths that differ).
+    value = dict(scope.get("headers", ())).get(b"content-length")
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        # The server rejects a malformed length itself; counting still guards the body.
+        return None

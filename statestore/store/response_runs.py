@@ -16,7 +16,7 @@ run in its own statement (no round trip more); the decision's one index probe is
 from __future__ import annotations
 
 import hashlib
-import secrets
+import os
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -89,8 +89,9 @@ def place(parent_runs: bytes | None, *, is_root: bool, response_id: str, count: 
     descendants walk."""
     if count == 0 or (parent_runs is None and not is_root):
         return Placement()
-    # 63 random bits: two runs sharing a key only make their readers walk (the fingerprint tells).
-    new_run = secrets.randbits(63)
+    # 63 random bits: two runs sharing a key only make their readers walk (the fingerprint tells). Drawn in C:
+    # secrets.randbits runs SystemRandom's Python on every turn.
+    new_run = int.from_bytes(os.urandom(8)) >> 1
     if parent_runs is None:
         own = Runs(fingerprint(b"", response_id), count, ((new_run, count),))
         return Placement(new_run=new_run, started=own.encode())

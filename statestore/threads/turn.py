@@ -51,17 +51,12 @@ class ThreadTurn:
         return self.tools is not _ABSENT
 
 
-def _header(headers: Iterable[tuple[bytes, bytes]], wanted: bytes) -> bytes | None:
-    for name, value in headers:
-        if name == wanted:
-            return value
-    return None
-
-
 _THREADS_BETA = THREADS_BETA.encode()
 
 
-def _has_threads_beta(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+def _has_threads_beta(first_beta: bytes | None, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    if first_beta == _THREADS_BETA:  # what the SDKs send: no scan
+        return True
     # A substring test first: most requests name no beta or only this one, and then no split is needed.
     return any(
         name == b"anthropic-beta"
@@ -76,7 +71,9 @@ def read_turn(body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> Threa
     thread = body.get("thread", _ABSENT)
     if thread is None:  # the SDKs type the field as nullable: null means no thread (PROTOCOL §2)
         thread = _ABSENT
-    session_value = _header(headers, SESSION_HEADER)
+    # The headers looked up once, in C; the first of a repeated header wins.
+    named = dict(reversed(headers))
+    session_value = named.get(SESSION_HEADER)
     if thread is _ABSENT and session_value is None:
         return None
 
@@ -91,7 +88,7 @@ def read_turn(body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> Threa
     if thread is _ABSENT:
         mode = "session"
     else:
-        if not _has_threads_beta(headers):
+        if not _has_threads_beta(named.get(b"anthropic-beta"), headers):
             raise InvalidRequest(f"the thread field needs the anthropic-beta header to include {THREADS_BETA}")
         if not isinstance(thread, dict) or thread.get("type") not in ("create", "continue"):
             raise InvalidRequest(
@@ -151,6 +148,6 @@ def read_turn(body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> Threa
         messages=messages,
         stream=stream,
         metadata_user_id=user_id,
-        ttl_header=_header(headers, TTL_HEADER),
-        anthropic_beta=(_header(headers, b"anthropic-beta") or b"").decode("latin-1"),
+        ttl_header=named.get(TTL_HEADER),
+        anthropic_beta=(named.get(b"anthropic-beta") or b"").decode("latin-1"),
     )

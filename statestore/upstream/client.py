@@ -37,6 +37,10 @@ _BODY_FRAMING = frozenset({b"content-length", b"host", b"expect"})
 _CREDENTIALS = frozenset({b"x-api-key", b"authorization"})
 # The server adds its own.
 _SERVER_OWNED = frozenset({b"date"})
+_NOT_RELAYED = _HOP_BY_HOP | _SERVER_OWNED
+_THREADS_BETA = THREADS_BETA.encode()
+# Every name request_headers_for_upstream does more with than pass on.
+_LOOKED_AT = _HOP_BY_HOP | _BODY_FRAMING | _CREDENTIALS | {b"anthropic-beta", b"accept-encoding"}
 
 
 def request_headers_for_upstream(
@@ -48,12 +52,18 @@ def request_headers_for_upstream(
     out: list[tuple[bytes, bytes]] = []
     for raw_name, value in headers:
         name = raw_name.lower()
-        if name in _HOP_BY_HOP or name in _BODY_FRAMING or name.startswith(b"statestore-"):
+        if name not in _LOOKED_AT:  # most headers (the SDKs send a dozen x-stainless-*): one set test
+            if not name.startswith(b"statestore-"):
+                out.append((name, value))
+            continue
+        if name in _HOP_BY_HOP or name in _BODY_FRAMING:
             continue
         if credential is not None and name in _CREDENTIALS:
             continue
         if name == b"anthropic-beta":
-            betas = [b.strip() for b in value.split(b",") if b.strip() and b.strip() != THREADS_BETA.encode()]
+            if value == _THREADS_BETA:
+                continue
+            betas = [b.strip() for b in value.split(b",") if b.strip() and b.strip() != _THREADS_BETA]
             if betas:
                 out.append((name, b",".join(betas)))
             continue
@@ -73,7 +83,7 @@ def response_headers_for_client(
     out: list[tuple[bytes, bytes]] = []
     for raw_name, value in headers:
         name = raw_name.lower()
-        if name in _HOP_BY_HOP or name in _SERVER_OWNED or (name == b"content-length" and not keep_length):
+        if name in _NOT_RELAYED or (name == b"content-length" and not keep_length):
             continue
         out.append((name, value))
     return out
@@ -206,9 +216,12 @@ class UpstreamClient:
 
 
 _KNOWN_ROUTES = ("/v1/messages/count_tokens", "/v1/messages", "/v1/models")
+_KNOWN_LABELS = {**{route: route for route in _KNOWN_ROUTES}, "/v1/chat/completions": "other"}
 
 
 def _route_label(path_and_query: str) -> str:
     """A bounded label: the known route the path starts with, else "other"."""
     path = path_and_query.split("?", 1)[0]
+    if path in _KNOWN_LABELS:  # every request of a turn: one set test
+        return _KNOWN_LABELS[path]
     return next((route for route in _KNOWN_ROUTES if path == route or path.startswith(route + "/")), "other")

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from statestore.config import Settings
-from statestore.store.resp import Endpoint, RespClient, parse_url
+from statestore.store.resp import Endpoint, RespClient, pack, parse_url
 
 
 @pytest.mark.parametrize(
@@ -26,6 +26,19 @@ from statestore.store.resp import Endpoint, RespClient, parse_url
 )
 def test_urls(url: str, endpoint: Endpoint) -> None:
     assert parse_url(url) == endpoint
+
+
+def test_a_command_is_framed_in_resp2_whatever_its_arguments() -> None:
+    """Bytes as they are, text as UTF-8, integers in decimal (negative too), an empty value, a value holding CRLF and
+    NUL, and one of a megabyte: each a bulk string of its exact length."""
+    large = b"\r\n\x00" * 350_000
+    assert pack(["SET", "café ☕", -5, b"", large]) == (
+        b"*5\r\n$3\r\nSET\r\n$9\r\ncaf\xc3\xa9 \xe2\x98\x95\r\n$2\r\n-5\r\n$0\r\n\r\n"
+        + b"$1050000\r\n"
+        + large
+        + b"\r\n"
+    )
+    assert pack((b"GET", 2**40)) == b"*2\r\n$3\r\nGET\r\n$13\r\n1099511627776\r\n"
 
 
 @pytest.mark.parametrize(
