@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 from contextlib import ExitStack
@@ -29,7 +28,7 @@ import httpx
 import orjson
 
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
-from bench.procs import REPO, Service, cpu_sample, free_port, migrate, python
+from bench.procs import REPO, Service, base_worktree, cpu_sample, echo_backend, free_port, migrate, python
 
 THREADS_BETA = "message-threads-2026-08-12"
 HEADERS = {"content-type": "application/json", "x-api-key": "bench-ab", "anthropic-beta": THREADS_BETA}
@@ -189,19 +188,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
 
     with tempfile.TemporaryDirectory(prefix="bench-ab-") as scratch, ExitStack() as stack:
         work = Path(scratch)
-        tree = work / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", str(tree), args.base], cwd=REPO, check=True)
-        stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
-        echo_port = free_port()
-        echo = Service(
-            "echo",
-            [python(), "-m", "statestore.cli", "echo-backend", "--port", str(echo_port)],
-            env=base_env,
-            log_dir=work,
-            health_url=f"http://127.0.0.1:{echo_port}/v1/models",
-        )
-        stack.callback(echo.stop)
-        echo.wait_healthy()
+        tree = base_worktree(args.base, work, stack)
+        echo_url = echo_backend(work, base_env, stack)
         services: dict[str, tuple[Service, str]] = {}
         for name, code in (("base", tree), ("head", REPO)):
             database = stack.enter_context(scratch_database(admin_dsn)).replace(
@@ -210,8 +198,8 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
             prefix = stack.enter_context(redis_prefix(redis_url))
             env = {
                 **base_env,
-                **_statestore_env(database, redis_url, prefix, f"http://127.0.0.1:{echo_port}", "WARNING"),
-                "STATESTORE_CHAT_UPSTREAM_URL": f"http://127.0.0.1:{echo_port}",
+                **_statestore_env(database, redis_url, prefix, echo_url, "WARNING"),
+                "STATESTORE_CHAT_UPSTREAM_URL": echo_url,
                 "PYTHONPATH": str(code),  # `python -m` also puts the working directory, `code`, first
                 # the editable install maps statestore.migrations to the working tree's folder: each side runs its own
                 "STATESTORE_MIGRATIONS_DIR": str(code / "migrations"),

@@ -192,6 +192,29 @@ def migrate(env: Mapping[str, str], cwd: Path = REPO) -> None:
         raise RuntimeError(f"`statestore migrate` failed (code in {cwd}):\n{migrated.stdout}{migrated.stderr}")
 
 
+def base_worktree(rev: str, work: Path, stack: contextlib.ExitStack) -> Path:
+    """REV checked out in a temporary git worktree under `work`, removed when `stack` closes."""
+    tree = work / "base"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=REPO, check=True)
+    stack.callback(subprocess.run, ["git", "worktree", "remove", "--force", str(tree)], cwd=REPO, check=False)
+    return tree
+
+
+def echo_backend(work: Path, env: Mapping[str, str], stack: contextlib.ExitStack) -> str:
+    """statestore's echo backend, answering once this returns, stopped when `stack` closes; its URL."""
+    port = free_port()
+    echo = Service(
+        "echo",
+        [python(), "-m", "statestore.cli", "echo-backend", "--port", str(port)],
+        env=env,
+        log_dir=work,
+        health_url=f"http://127.0.0.1:{port}/v1/models",
+    )
+    stack.callback(echo.stop)
+    echo.wait_healthy()
+    return f"http://127.0.0.1:{port}"
+
+
 def machine_busy_ticks() -> tuple[int, int]:
     """(busy, total) clock ticks of all CPUs since boot, from /proc/stat."""
     with open("/proc/stat", "rb") as f:
