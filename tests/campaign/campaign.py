@@ -111,14 +111,27 @@ def _erased(reply: httpx.Response) -> bool:
     return False
 
 
+async def _read_after_heal(client: Client, path: str, params: dict[str, int] | None = None) -> httpx.Response:
+    """A GET of the final state, sent again when its connection breaks: a keep-alive connection through the balancer
+    to a replica the faults killed is found dead only when it is next used (httpx does not resend on it)."""
+    for attempt in range(3):
+        try:
+            return await client.http.get(path, params=params)
+        except httpx.TransportError:
+            if attempt == 2:
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
 async def owner_threads(client: Client) -> dict[str, tuple[str, list[str]]]:
     """Every live thread of the client's owner: thread key -> (thread id, history texts). A second thread for one
     key is returned under the key with a `#` suffix, which the checker reports."""
     found: dict[str, tuple[str, list[str]]] = {}
-    reply = await client.http.get("/statestore/v1/threads", params={"limit": 1000})
+    reply = await _read_after_heal(client, "/statestore/v1/threads", {"limit": 1000})
     reply.raise_for_status()
     for item in reply.json()["data"]:
-        exported = await client.http.get(f"/statestore/v1/threads/{item['id']}/messages")
+        exported = await _read_after_heal(client, f"/statestore/v1/threads/{item['id']}/messages")
         if exported.status_code == 404 and _erased(exported):
             # An erasure that failed after destroying the thread's data key (encryption at rest destroys keys first):
             # its content is erased, its rows left for the next erasure; the thread counts as gone.
