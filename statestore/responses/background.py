@@ -166,14 +166,15 @@ class BackgroundTurns:
         return await self.store.delete(owner, response_id)
 
     async def _cancel_unclaimed(self, owner: str, response_id: str) -> bool:
-        """End a turn no replica holds as cancelled (or as stored, when its run had committed); False when one holds
-        it (it then sees the cancel itself)."""
+        """End a turn no replica holds: a queued one as cancelled here, one a stopped run left in progress through a
+        take-over; False when a replica holds it (it then sees the cancel itself)."""
         job = await self.store.get(owner, response_id, now_ms=self.clock())
         if job is None:
             return False
-        if job.status == "in_progress" and await self.turns.responses.get(owner, response_id, now_ms=self.clock()):
-            # Its run stored the response and stopped before it said so (the commit's answer lost, or its replica
-            # gone): a cancel never undoes a commit, so the turn is taken over here and ends as it was stored.
+        if job.status == "in_progress":
+            # Its run stopped (its replica gone, or the run broke off): taken over here, it ends as the take-over
+            # decides for any such turn, as stored when its run had committed (a cancel never undoes a commit), else
+            # cancelled.
             return await self.runner.take_over(response_id)
         body = with_status(job.body, "cancelled")
         ended = await self.store.end_unclaimed(

@@ -109,8 +109,7 @@ class BackgroundRunner(TurnRuns):
             await self.take_over(response_id)
 
     async def take_over(self, response_id: str) -> bool:
-        """Claim a turn no live claim holds and end or run it here (a cancel of a turn whose run stopped); False when
-        another replica claimed it first."""
+        """Claim a turn no live claim holds and end or run it here; False when another replica claimed it first."""
         now = self.clock()
         job = await self.store.claim(response_id, token=self.token, now_ms=now, until_ms=now + self.lease_ms)
         if job is None:
@@ -119,8 +118,10 @@ class BackgroundRunner(TurnRuns):
         return True
 
     async def _take_over(self, job: BackgroundJob) -> None:
-        """A turn just claimed: queued, or left in progress by a replica that stopped."""
+        """A turn just claimed: queued, or left in progress by a replica that stopped (the one place that decides how
+        such a turn ends, whether a worker claimed it or a cancel of it did)."""
         held = Held(job, started=True)
+        last: tuple[int, int] | None = None
         if job.status == "in_progress":
             stored = await self.turns.responses.get(job.owner, job.id, now_ms=self.clock())
             if stored is not None:
@@ -128,17 +129,19 @@ class BackgroundRunner(TurnRuns):
                 # came meanwhile (a cancel never undoes a commit).
                 await self._finish_stored(held, stored.body)
                 return
-        if job.cancel_requested:
-            await self._end(held, "cancelled", error=None)
-            return
-        if job.status == "in_progress":
+        if job.status == "in_progress" or job.cancel_requested:
+            # The turn ends here: its final event goes after the events it has.
             try:
                 last = await self.events.last(job.id)
             except EventLogUnavailable:
                 last = None
+            held.next_seq = (last[0] + 1) if last is not None else FIRST_RUN_EVENT
+        if job.cancel_requested:
+            await self._end(held, "cancelled", error=None)
+            return
+        if job.status == "in_progress":
             if last is None or last[0] >= FIRST_RUN_EVENT:
                 # It had published events of its own (or nothing shows that it had not): a second run would mix them.
-                held.next_seq = (last[0] + 1) if last is not None else FIRST_RUN_EVENT
                 await self._end(
                     held,
                     "failed",

@@ -263,3 +263,7 @@ class TurnRuns:
                 job.id, job.attempt, [Event(seq, final_frame(body, seq), final=True)], self._ttl(job), scope=job.scope
             )
         self.metrics.count_background_turn(status)
+        if held.prepared is None and job.conversation_id is not None and job.conversation_lease is not None:
+            # A turn taken over from a replica that stopped: nothing of this run holds the lease its admission took
+            # on the conversation, which is free again now.
+            await self.turns.conversations.release(job.conversation_id, job.conversation_lease)

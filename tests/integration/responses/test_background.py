@@ -582,3 +582,40 @@ def _background_status(db_url: str, response_id: str) -> str:
             await engine.dispose()
 
     return asyncio.run(read())
+
+
+def test_a_turn_cancelled_while_its_replica_was_gone_ends_cancelled_in_its_own_event_log(
+    own_db_replicas: Callable[..., StatestoreServer], backend: FakeBackend, redis_url: str, api_key: str
+) -> None:
+    """A streamed turn whose replica was killed after it had published events, cancelled before anyone took it
+    over: the replica that takes it over ends it cancelled, and its final event goes into the event log after the
+    run's own (it was numbered as a first run's, refused as taken, and left to followers to tell from storage)."""
+    doomed = own_db_replicas(background_workers="1")
+    admitting = own_db_replicas(background_workers="0")
+    with openai.OpenAI(base_url=doomed.url + "/v1", api_key=api_key, max_retries=0) as a:
+        stall(backend, 30.0, events=2)
+        seen: list[Any] = []
+        with a.responses.create(model="echo-1", input="orphaned", background=True, stream=True) as stream:
+            for event in stream:
+                seen.append(event)
+                if event.type == "response.output_text.delta":
+                    break
+        response_id = seen[0].response.id
+    os.kill(doomed.process.pid, signal.SIGKILL)
+    doomed.process.wait()
+    with openai.OpenAI(base_url=admitting.url + "/v1", api_key=api_key, max_retries=0) as b:
+        # The claim is still live: the cancel marks the turn and, nobody running it, answers it as it stands.
+        assert b.responses.cancel(response_id).status in ("in_progress", "cancelled")
+        own_db_replicas(background_workers="1")  # takes it over once the dead replica's claim runs out
+        assert final(b, response_id, seconds=20).status == "cancelled"
+    store = redis.Redis.from_url(redis_url)
+    entries = cast(
+        list[tuple[bytes, dict[bytes, bytes]]], store.xrange(f"{admitting.redis_prefix}bg:{{{response_id}}}:events")
+    )
+    last_frame = entries[-1][1][b"f"]
+    assert entries[-1][1][b"z"] == b"1" and b"event: response.cancelled" in last_frame
+    numbers = [int(entry_id.split(b"-")[1]) - 1 for entry_id, _ in entries]
+    assert numbers == list(range(len(numbers)))
+    events = list(raw_events(admitting.url, api_key, response_id, None))
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.cancelled"
