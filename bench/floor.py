@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from bench.relay import StatestoreUpstream, serve_bare
 from statestore.store.pg_pool import LeanPool
-from statestore.store.resp import RespClient
+from statestore.store.resp import Arg, RespClient
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS floor_threads (
@@ -146,6 +146,20 @@ class Floor:
         reply["id"] = head
         return orjson.dumps(reply), 200
 
+    async def _reply(
+        self, request: dict[str, object], history: bytes, new: list[bytes]
+    ) -> tuple[dict[str, object], bytes]:
+        """The backend's reply to the history and the new turn, and the assistant message to store."""
+        reply = await self._forward(request, b",".join([history, *new]))
+        return reply, orjson.dumps({"role": "assistant", "content": reply["content"]})
+
+    def _appended(self, thread_id: str, added: list[bytes], count: int) -> list[tuple[Arg, ...]]:
+        """The Redis commands that append a turn's messages to the cached history and set its count."""
+        return [
+            ("APPEND", f"{self._prefix}{thread_id}:h", b"," + b",".join(added)),
+            ("SET", f"{self._prefix}{thread_id}:n", count),
+        ]
+
     async def _continue(self, request: dict[str, object], new: list[bytes], previous: str) -> tuple[bytes, int]:
         thread_id = previous.partition(".")[0]
         token = secrets.token_hex(8)
@@ -162,17 +176,11 @@ class Floor:
         )
         if position is None or count is None or int(count) != position:
             return b'{"error":"not continuable or not cached"}', 409
-        reply = await self._forward(request, b",".join([history, *new]))
-        stored = orjson.dumps({"role": "assistant", "content": reply["content"]})
+        reply, stored = await self._reply(request, history, new)
         head = f"{thread_id}.{position + len(new) + 1}"
         async with self._durable.acquire() as conn:
             await conn.execute(COMMIT, thread_id, token, head, [*new, stored])
-        await self._redis.pipeline(
-            [
-                ("APPEND", f"{self._prefix}{thread_id}:h", b"," + b",".join([*new, stored])),
-                ("SET", f"{self._prefix}{thread_id}:n", position + len(new) + 1),
-            ]
-        )
+        await self._redis.pipeline(self._appended(thread_id, [*new, stored], position + len(new) + 1))
         reply["id"] = head
         return orjson.dumps(reply), 200
 
@@ -190,20 +198,14 @@ class Floor:
         )
         if claimed is None or count is None or int(count) != position:
             return b'{"error":"not continuable or not cached"}', 409
-        reply = await self._forward(request, b",".join([history, *new]))
-        stored = orjson.dumps({"role": "assistant", "content": reply["content"]})
+        reply, stored = await self._reply(request, history, new)
         head = f"{thread_id}.{position + len(new) + 1}"
         async with self._durable.acquire() as conn:
             moved = await conn.execute(COMMIT_ON_HEAD, thread_id, previous, head, [*new, stored])
         if moved.endswith(" 0"):
             return b'{"error":"the head moved"}', 409
-        await self._redis.pipeline(
-            [
-                ("APPEND", f"{self._prefix}{thread_id}:h", b"," + b",".join([*new, stored])),
-                ("SET", f"{self._prefix}{thread_id}:n", position + len(new) + 1),
-                ("EVAL", RELEASE, 1, claim_key, token),
-            ]
-        )
+        appended = self._appended(thread_id, [*new, stored], position + len(new) + 1)
+        await self._redis.pipeline([*appended, ("EVAL", RELEASE, 1, claim_key, token)])
         reply["id"] = head
         return orjson.dumps(reply), 200
 
