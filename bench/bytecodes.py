@@ -94,54 +94,32 @@ def _read(path: Path, code_root: str, turns: int) -> tuple[dict[str, float], dic
 def _count(code: Path, args: argparse.Namespace, work: Path, stack: ExitStack, echo_url: str) -> Path:
     """Run one side's server under the counter; the counts' file."""
     # Imported here, not at the top: `serve` runs this file under another revision's code, whose bench/ differs.
-    import httpx
+    from bench.counted import continue_counted, serve_side
+    from bench.procs import python
 
-    from bench.ab import _continue, _continue_response, _create, _create_response
-    from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
-    from bench.procs import Service, free_port, migrate, python
-
-    database = stack.enter_context(scratch_database(os.environ.get("STATESTORE_BENCH_PG", DEFAULT_PG)))
-    redis_url = os.environ.get("STATESTORE_BENCH_REDIS", DEFAULT_REDIS)
-    prefix = stack.enter_context(redis_prefix(redis_url))
     out = work / f"{code.name}.bytecodes"
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(("STATESTORE_", "OTEL_", "PYTHONPATH"))},
-        **_statestore_env(
-            database.replace("postgresql://", "postgresql+asyncpg://"), redis_url, prefix, echo_url, "WARNING"
-        ),
-        "STATESTORE_CHAT_UPSTREAM_URL": echo_url,
-        "PYTHONPATH": str(code),
-        "STATESTORE_MIGRATIONS_DIR": str(code / "migrations"),
-        _OUT: str(out),
-    }
-    migrate(env, code)
-    port = free_port()
-    server = Service(
-        f"server-{code.name}",
-        [python(), str(Path(__file__).resolve()), "serve", "--port", str(port)],
-        env=env,
-        log_dir=work,
-        health_url=f"http://127.0.0.1:{port}/healthz",
-        cwd=code,
+    server, url = serve_side(
+        code,
+        lambda port: [python(), str(Path(__file__).resolve()), "serve", "--port", str(port)],
+        work=work,
+        stack=stack,
+        echo_url=echo_url,
+        env={_OUT: str(out)},
     )
-    stack.callback(server.stop)
-    server.wait_healthy()
-    url = f"http://127.0.0.1:{port}"
-    create, step = (_create, _continue) if args.door == "messages" else (_create_response, _continue_response)
-    with httpx.Client(timeout=120) as client:
 
-        def thread_of(turns: int) -> None:
-            previous = create(client, url, args.history_kb * 1024)
-            for n in range(turns):
-                previous = step(client, url, previous, n)
-
-        thread_of(150)  # warm: every path taken once, the pools full
-        previous = create(client, url, args.history_kb * 1024)
+    def start() -> None:
         os.kill(server.pid, signal.SIGUSR1)
         time.sleep(0.2)
-        for n in range(args.turns):
-            previous = step(client, url, previous, n)
-        os.kill(server.pid, signal.SIGUSR2)
+
+    continue_counted(
+        url,
+        door=args.door,
+        history_kb=args.history_kb,
+        turns=args.turns,
+        warm=150,
+        start=start,
+        stop=lambda: os.kill(server.pid, signal.SIGUSR2),
+    )
     deadline = time.monotonic() + 30
     while not out.exists():
         if time.monotonic() > deadline:

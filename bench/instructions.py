@@ -1,0 +1,151 @@
+"""`python -m bench.instructions --base REV`: the machine instructions a continue costs the server, in the working
+tree's statestore and in another revision's, counted by valgrind (callgrind).
+
+A CPU time on these shared two-core machines strays by 5 % and more from one run to the next (bench.ab needs nine
+runs to place a 5 % change); an instruction count does not: the same code, inputs and settings count the same within
+about 0.2 %, whatever else the machine is doing. Each server runs under callgrind with collection off; after a warm-up
+it is switched on (`callgrind_control -i on`) for `--turns` continues and off again, so the count holds the turns and
+nothing else: every instruction the server's process ran in user space for them, in the interpreter, in C extensions
+(pydantic-core, orjson, asyncpg, uvloop, hiredis) and in libc. Not counted: the kernel (system calls), and what
+PostgreSQL, Redis and the backend do. It says what a change costs in the server's own work; bench.ab says what that
+is worth in time, kernel included.
+
+    .venv/bin/python -m bench.instructions --base 26661a8 [--door messages|responses] [--turns 100] [--history-kb 8]
+        [--top 30]
+
+A turn under callgrind takes some fifty times longer, so work a server does by the clock rather than by the turn (the
+background runner's poll) would be counted fifty times over: both servers poll once a minute here
+(STATESTORE_BACKGROUND_POLL_SECONDS=60). `--top` lists the C functions whose own instructions changed most, as
+`callgrind_annotate` names them (the interpreter's functions stand for Python code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+# Work done by the clock, not by the turn, is not to be counted fifty times over (see above).
+_SETTINGS = {"STATESTORE_BACKGROUND_POLL_SECONDS": "60"}
+_ROW = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(.*)$")
+
+
+def _count(code: Path, args: argparse.Namespace, work: Path, stack: ExitStack, echo_url: str) -> Path:
+    """Run one side's server under callgrind; the file of its counted turns."""
+    from bench.counted import continue_counted, serve_side
+    from bench.procs import python
+
+    out = work / f"{code.name}.callgrind"
+    server, url = serve_side(
+        code,
+        lambda port: [
+            "valgrind",
+            "--tool=callgrind",
+            "--instr-atstart=no",
+            f"--callgrind-out-file={out}",
+            python(),
+            "-m",
+            "statestore.cli",
+            "serve",
+            "--port",
+            str(port),
+        ],
+        work=work,
+        stack=stack,
+        echo_url=echo_url,
+        env=_SETTINGS,
+        health_timeout=600,  # the imports alone take a minute under valgrind
+    )
+
+    def control(*flags: str) -> None:
+        subprocess.run(["callgrind_control", *flags, str(server.pid)], check=True, capture_output=True)
+
+    def stop() -> None:
+        control("-i", "off")
+        control("-d")  # dumped as `<out>.1`
+
+    continue_counted(
+        url,
+        door=args.door,
+        history_kb=args.history_kb,
+        turns=args.turns,
+        warm=60,
+        start=lambda: control("-i", "on"),
+        stop=stop,
+    )
+    dump = out.with_name(out.name + ".1")
+    deadline = time.monotonic() + 60
+    while not dump.exists() or "totals:" not in dump.read_text(errors="replace"):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no callgrind dump from {code}:\n{server.log_tail()}")
+        time.sleep(0.2)
+    return dump
+
+
+def _functions(dump: Path) -> tuple[int, collections.Counter[str]]:
+    """(the total, each function's own instructions), from callgrind_annotate."""
+    annotated = subprocess.run(
+        ["callgrind_annotate", "--threshold=100", "--inclusive=no", str(dump)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    total = 0
+    functions: collections.Counter[str] = collections.Counter()
+    for line in annotated.splitlines():
+        row = _ROW.match(line)
+        if row is None:
+            continue
+        count, name = int(row[1].replace(",", "")), row[2]
+        if "PROGRAM TOTALS" in name:
+            total = count
+            continue
+        # `dir/Python-3.11.7/Objects/dictobject.c:insertdict [lib]` -> `Objects/dictobject.c:insertdict`; a function's
+        # recursion depths (`'2`) are one function.
+        name = re.sub(r"^.*?/Python-\d+\.\d+\.\d+/", "", re.sub(r" \[.*\]$", "", name))
+        functions[re.sub(r"'\d+$", "", name)] += count
+    return total, functions
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
+    parser.add_argument(
+        "--door", choices=("messages", "responses"), default="messages", help="threaded or Responses continues"
+    )
+    parser.add_argument("--turns", type=int, default=100, help="continues counted per side (default 100)")
+    parser.add_argument("--history-kb", type=int, default=8, help="history of the thread, KiB (default 8: ≈ 2k)")
+    parser.add_argument("--top", type=int, default=20, help="C functions listed (default 20; 0: none)")
+    args = parser.parse_args(argv)
+
+    from bench.procs import REPO, base_worktree, echo_backend
+
+    with tempfile.TemporaryDirectory(prefix="bench-instructions-") as scratch, ExitStack() as stack:
+        work = Path(scratch)
+        tree = base_worktree(args.base, work, stack)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("STATESTORE_", "PYTHONPATH"))}
+        echo_url = echo_backend(work, env, stack)
+        base_total, base = _functions(_count(tree, args, work, stack, echo_url))
+        head_total, head = _functions(_count(REPO, args, work, stack, echo_url))
+    door = "threaded" if args.door == "messages" else "Responses"
+    per = args.turns
+    print(
+        f"{args.turns} {door} continues per side, history {args.history_kb} KiB; base {args.base}, head the working "
+        f"tree\ninstructions per continue: base {base_total / per:,.0f}, head {head_total / per:,.0f} "
+        f"({head_total / base_total:.3f}x)"
+    )
+    if args.top:
+        rows = sorted(((head[k] - base[k], k) for k in set(base) | set(head)), key=lambda row: -abs(row[0]))
+        print("\nC functions, own instructions per continue: head - base, base, head")
+        for diff, name in rows[: args.top]:
+            print(f"  {diff / per:+9,.0f} {base[name] / per:9,.0f} {head[name] / per:9,.0f}  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
