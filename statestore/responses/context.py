@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from statestore.content_keys import ContentSealer
 from statestore.policy import Policy
+from statestore.records import record
 from statestore.responses.chat_format import CHAT, split
 from statestore.responses.errors import previous_response_not_found
 from statestore.responses.items import join_rendered, join_segments
@@ -165,7 +165,7 @@ def window_for(policy: Policy, truncation: str, *, on_conversation: bool) -> pla
     return planner.window_of(policy, strategy)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Base:
     """Where a turn's context starts: a head (a summary, stored on response `head_id`), then `context`, the chain's
     stored messages from the base on (its joined context's last bytes)."""
@@ -210,7 +210,7 @@ ContextAction = Literal["truncated", "summarized", "compacted"]
 Summarize = Callable[[bytes], Awaitable[str | None]]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Move:
     base: Base  # the context after the move
     action: ContextAction

@@ -1,6 +1,6 @@
-"""The two statements every background turn runs beyond a foreground turn's, its admission and its end, built once:
-SQLAlchemy Core for SQLite, and asyncpg prepared statements on the hot path's pools for PostgreSQL
-(store/background_store.py runs them)."""
+"""The statements every background turn runs beyond a foreground turn's (its admission, the keep before its commit,
+its end), and the one every replica's runner polls with (`claimable`), built once: SQLAlchemy Core for SQLite, and
+asyncpg prepared statements on the hot path's pools for PostgreSQL (store/background_store.py runs them)."""
 
 from __future__ import annotations
 
@@ -150,4 +150,23 @@ CORE_KEEP_FOR_COMMIT = (
         bg.c.cancel_requested.is_(False),
     )
     .values(claim_expires_ms=bindparam("keep_until"), updated_ms=bindparam("keep_now"))
+)
+
+
+@dataclass(slots=True, kw_only=True)
+class Claimable:
+    now_ms: int
+    limit: int
+
+
+# Every replica runs this once a poll (STATESTORE_BACKGROUND_POLL_SECONDS) for as long as it serves, with or without
+# background turns: prepared, it costs a fraction of the Core query's compile-cache lookup and result processing.
+PG_CLAIMABLE: Final = PgStatement(
+    Claimable,
+    """
+SELECT id FROM background_responses
+WHERE status IN ('queued', 'in_progress') AND (claim_expires_ms IS NULL OR claim_expires_ms <= :now_ms::bigint)
+ORDER BY created_ms LIMIT :limit::integer
+""",
+    durable=False,
 )

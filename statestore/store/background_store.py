@@ -24,9 +24,11 @@ from statestore.store.background_statements import (
     CORE_KEEP_FOR_COMMIT,
     OPEN,
     PG_ADMIT,
+    PG_CLAIMABLE,
     PG_END,
     PG_KEEP_FOR_COMMIT,
     Admit,
+    Claimable,
     End,
     KeepForCommit,
 )
@@ -207,6 +209,8 @@ class BackgroundStore:
 
     async def claimable(self, *, now_ms: int, limit: int) -> list[str]:
         """Open turns no live claim holds, oldest first: queued ones, and those whose replica stopped renewing."""
+        if self._pg is not None:
+            return [row[0] for row in await self._pg.fetch(PG_CLAIMABLE, Claimable(now_ms=now_ms, limit=limit))]
         query = (
             select(bg.c.id)
             .where(bg.c.status.in_(OPEN), or_(bg.c.claim_expires_ms.is_(None), bg.c.claim_expires_ms <= now_ms))

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Literal
+
+from statestore.records import record
 
 # How an item's rendering joins a rebuild (responses/items.py): a whole chat message, one `tool_calls` entry of a
 # function call, or nothing.
 Kind = Literal["message", "call", "none"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class StoredItem:
     item_id: str
     body: bytes  # the item's Responses JSON
@@ -19,7 +21,7 @@ class StoredItem:
     rendered: bytes  # Chat Completions bytes (responses/items.py says which)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ResponseRow:
     id: str
     root_id: str
@@ -42,7 +44,7 @@ class ResponseRow:
     owner: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ContextRecord:
     """What a turn stores of its context (ResponseRow's context_* fields): a head is stored only on the response
     whose turn made it (head_id names that response, its own id included); its descendants name it."""
@@ -54,7 +56,7 @@ class ContextRecord:
     head: bytes | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NewResponse:
     id: str
     owner: str
@@ -73,7 +75,7 @@ class NewResponse:
     conversation_position: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ConversationRow:
     id: str
     metadata: bytes

@@ -19,10 +19,11 @@ import hashlib
 import os
 import struct
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, TypeAlias
+
+from statestore.records import record
 
 _HEAD = struct.Struct("<16sI")  # fingerprint, items
 _RUN = struct.Struct("<qI")  # run key, end position
@@ -31,16 +32,13 @@ _RUN = struct.Struct("<qI")  # run key, end position
 Row: TypeAlias = Sequence[Any]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Runs:
-    """A response's `context_runs`, decoded."""
+    """A response's `context_runs`, decoded (encoded: `_HEAD`, then a `_RUN` for each run; `place` writes it)."""
 
     fingerprint: bytes
     items: int
     runs: tuple[tuple[int, int], ...]  # (run key, end): the run's positions [0, end) are on the path
-
-    def encode(self) -> bytes:
-        return _HEAD.pack(self.fingerprint, self.items) + b"".join(_RUN.pack(key, end) for key, end in self.runs)
 
     @property
     def keys(self) -> list[int]:
@@ -71,7 +69,7 @@ def path_fingerprint(response_ids: Iterable[str]) -> bytes:
     return found
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Placement:
     """The two places a new response's items may take; the commit takes the first unless its run is taken past
     `extend_from` (then the second). All None: the items go in no run (the response's context is walked)."""
@@ -93,14 +91,17 @@ def place(parent_runs: bytes | None, *, is_root: bool, response_id: str, count: 
     # secrets.randbits runs SystemRandom's Python on every turn.
     new_run = int.from_bytes(os.urandom(8)) >> 1
     if parent_runs is None:
-        own = Runs(fingerprint(b"", response_id), count, ((new_run, count),))
-        return Placement(new_run=new_run, started=own.encode())
-    parent = decode(parent_runs)
-    mark = fingerprint(parent.fingerprint, response_id)
-    last_key, last_end = parent.runs[-1]
-    extended = Runs(mark, parent.items + count, (*parent.runs[:-1], (last_key, last_end + count)))
-    started = Runs(mark, parent.items + count, (*parent.runs, (new_run, count)))
-    return Placement(last_key, last_end, extended.encode(), new_run, started.encode())
+        started = _HEAD.pack(fingerprint(b"", response_id), count) + _RUN.pack(new_run, count)
+        return Placement(new_run=new_run, started=started)
+    # Both placements are the parent's encoding with a new head, then its runs with the last extended, or with a
+    # run added: written from its bytes, not decoded into Runs and encoded again (this is on every turn).
+    parent_mark, parent_items = _HEAD.unpack_from(parent_runs)
+    head = _HEAD.pack(fingerprint(parent_mark, response_id), parent_items + count)
+    last = len(parent_runs) - _RUN.size
+    last_key, last_end = _RUN.unpack_from(parent_runs, last)
+    extended = b"".join((head, parent_runs[_HEAD.size : last], _RUN.pack(last_key, last_end + count)))
+    started = b"".join((head, parent_runs[_HEAD.size :], _RUN.pack(new_run, count)))
+    return Placement(last_key, last_end, extended, new_run, started)
 
 
 def segments_of(runs: Runs, rows: Sequence[Row], depth: int) -> list[list[tuple[str, bytes]]] | None:

@@ -320,8 +320,18 @@ async def test_request_target_and_line_breaks(backends: list[Backend]) -> None:
     response = await client.send("GET", "/v1/models/a b%?x=1&y=%20", [], b"")
     await response.aclose()
     assert backend.heads[0].startswith(b"GET /base/v1/models/a%20b%25?x=1&y=%20 HTTP/1.1\r\n")
-    with pytest.raises(ValueError, match="line break"):
-        await client.send("POST", "/v1/messages", [(b"x-api-key", b"k\r\nx-evil: 1")], b"{}")
+    for bad in (
+        [(b"x-api-key", b"k\r\nx-evil: 1")],
+        [(b"x-api-key", b"k\nx-evil: 1")],
+        [(b"a", b"1"), (b"x-api-key", b"k\r")],
+        [(b"x-evil\n", b"1"), (b"a", b"1")],
+    ):
+        with pytest.raises(ValueError, match="line break"):
+            await client.send("POST", "/v1/messages", bad, b"{}")
+    response = await client.send("POST", "/v1/messages", [(b"a", b"1"), (b"b", b"2")], b"{}")
+    await response.aclose()
+    assert backend.heads[1].startswith(b"POST /base/v1/messages HTTP/1.1\r\nhost: ")
+    assert backend.heads[1].endswith(b"\r\na: 1\r\nb: 2\r\ncontent-length: 2\r\n\r\n")
     await client.aclose()
 
 

@@ -19,6 +19,14 @@ def test_a_root_starts_a_run_and_a_child_may_continue_it_or_start_its_own() -> N
     fingerprint = path_fingerprint(["r0", "r1"])
     assert decode(child.extended) == Runs(fingerprint, 5, ((root.new_run, 5),))
     assert decode(child.started) == Runs(fingerprint, 5, ((root.new_run, 2), (child.new_run, 3)))
+    # Below a branch (two runs on its path), only the last run is extended, and a new one goes after both.
+    grandchild = place(child.started, is_root=False, response_id="r2", count=1)
+    assert (grandchild.extend_run, grandchild.extend_from) == (child.new_run, 3)
+    assert grandchild.extended is not None and grandchild.started is not None and grandchild.new_run is not None
+    fingerprint = path_fingerprint(["r0", "r1", "r2"])
+    assert decode(grandchild.extended) == Runs(fingerprint, 6, ((root.new_run, 2), (child.new_run, 4)))
+    runs = ((root.new_run, 2), (child.new_run, 3), (grandchild.new_run, 1))
+    assert decode(grandchild.started) == Runs(fingerprint, 6, runs)
 
 
 def test_no_run_below_a_response_without_runs_or_without_items() -> None:
