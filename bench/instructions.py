@@ -2,8 +2,8 @@
 tree's statestore and in another revision's, counted by valgrind (callgrind).
 
 A CPU time on these shared two-core machines strays by 5 % and more from one run to the next (bench.ab needs nine
-runs to place a 5 % change); an instruction count does not: the same code, inputs and settings count the same within
-about 0.2 %, whatever else the machine is doing. Each server runs under callgrind with collection off; after a warm-up
+runs to place a 5 % change); an instruction count barely does: the same code, inputs and settings count the same within
+about 0.5 % (how the event loop batches its wake-ups varies), whatever else the machine is doing. Each server runs under callgrind with collection off; after a warm-up
 it is switched on (`callgrind_control -i on`) for `--turns` continues and off again, so the count holds the turns and
 nothing else: every instruction the server's process ran in user space for them, in the interpreter, in C extensions
 (pydantic-core, orjson, asyncpg, uvloop, hiredis) and in libc. Not counted: the kernel (system calls), and what
