@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -95,9 +96,15 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
                     "version": __version__,
                 },
             )
+            # What startup built (modules, routes, schemas, tables: ~160k objects) lives as long as the process.
+            # Frozen out of the collector's generations, a full collection walks only what serving made since, not
+            # all of it: 85 ms with every request paused, on this stack, when it did.
+            gc.collect()
+            gc.freeze()
             try:
                 yield
             finally:
+                gc.unfreeze()  # an app started again in one process (the tests) is collected as before
                 purger.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await purger
