@@ -211,6 +211,8 @@ class RequestContextMiddleware:
             status = CLIENT_CLOSED_REQUEST if exchange.client_disconnected else InternalError.status
         method = str(scope.get("method", ""))
         self.metrics.observe_request(route, method, status, duration)
+        if not access_logger.isEnabledFor(logging.INFO):
+            return  # its fields are not built for a line nobody writes (STATESTORE_LOG_LEVEL above INFO)
         client = scope.get("client")
         access_logger.info(
             "request",

@@ -12,6 +12,7 @@ from statestore.upstream.client import Upstream, UpstreamResponse
 from statestore.upstream.side_request import side_reply
 
 CHAT_PATH = "/v1/chat/completions"
+_CREDENTIALS = frozenset({b"authorization", b"x-api-key"})
 
 
 def backend_headers(headers: list[tuple[bytes, bytes]], principal: Principal) -> list[tuple[bytes, bytes]]:
@@ -19,11 +20,20 @@ def backend_headers(headers: list[tuple[bytes, bytes]], principal: Principal) ->
     out = [(b"content-type", b"application/json"), (b"accept-encoding", b"identity")]
     if principal.upstream_credential is not None:
         return [*out, (b"authorization", b"Bearer " + principal.upstream_credential[1])]
-    for name, value in headers:
-        if name == b"authorization":
-            return [*out, (name, value)]
-        if name == b"x-api-key":
-            return [*out, (b"authorization", b"Bearer " + value)]
+    # The first of the two in the request: looked up in a dict built in C, not a loop over every header; a request
+    # that sends both (rare) is read in order.
+    found = dict(reversed(headers))
+    authorization, key = found.get(b"authorization"), found.get(b"x-api-key")
+    if (
+        authorization is not None
+        and key is not None
+        and next(n for n, _ in headers if n in _CREDENTIALS) != b"authorization"
+    ):
+        authorization = None
+    if authorization is not None:
+        return [*out, (b"authorization", authorization)]
+    if key is not None:
+        return [*out, (b"authorization", b"Bearer " + key)]
     return out
 
 

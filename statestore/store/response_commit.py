@@ -44,16 +44,17 @@ def item_rows(items: Sequence[StoredItem], first_position: int = 0) -> list[dict
     ]
 
 
-def _usage(new: NewResponse) -> tuple[int, int, int]:
-    """The daily_usage row the turn adds to (day, shard; a conversation's turns share one) and the bytes it stores."""
-    stored = len(new.body) + sum(len(i.body) + len(i.rendered) for i in (*new.inputs, *new.outputs))
+def _usage(new: NewResponse, bodies: list[bytes], rendered: list[bytes]) -> tuple[int, int, int]:
+    """The daily_usage row the turn adds to (day, shard; a conversation's turns share one) and the bytes it stores:
+    the response's, and its items' (`item_arrays`) bodies and renderings."""
+    stored = len(new.body) + sum(map(len, bodies)) + sum(map(len, rendered))
     return (*usage_key("responses", new.created_ms, new.conversation_id or new.id), stored)
 
 
 def _chained(new: NewResponse) -> InsertResponse:
     parent = new.parent
     item_ids, bodies, kinds, rendered = item_arrays([*new.inputs, *new.outputs])
-    day, shard, stored = _usage(new)
+    day, shard, stored = _usage(new, bodies, rendered)
     placement = place(
         parent.context_runs if parent else None, is_root=parent is None, response_id=new.id, count=len(item_ids)
     )
@@ -93,7 +94,7 @@ def _chained(new: NewResponse) -> InsertResponse:
 def _on_conversation(new: NewResponse, conversation_id: str, token: str | None) -> CommitConversationTurn:
     """A conversation's turn is a chain's root (a turn has a conversation or a previous response, not both)."""
     item_ids, bodies, kinds, rendered = item_arrays([*new.inputs, *new.outputs])
-    day, shard, stored = _usage(new)
+    day, shard, stored = _usage(new, bodies, rendered)
     return CommitConversationTurn(
         id=new.id,
         owner=new.owner,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Final
 
 import asyncpg
@@ -244,13 +245,12 @@ ORDER BY i.position
 )
 
 
+_ID, _BODY, _KIND, _RENDERED = (attrgetter(name) for name in ("item_id", "body", "kind", "rendered"))
+
+
 def item_arrays(items: Sequence[StoredItem]) -> tuple[list[str], list[bytes], list[str], list[bytes]]:
-    return (
-        [i.item_id for i in items],
-        [i.body for i in items],
-        [i.kind for i in items],
-        [i.rendered for i in items],
-    )
+    """The items' ids, bodies, kinds and renderings, as the four array parameters of a commit (each read in C)."""
+    return list(map(_ID, items)), list(map(_BODY, items)), list(map(_KIND, items)), list(map(_RENDERED, items))
 
 
 class PgResponseStatements:

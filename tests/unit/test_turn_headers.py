@@ -1,5 +1,6 @@
 """What a threaded turn reads from its headers, and which of the client's headers reach the backend
-(statestore/threads/turn.py, statestore/upstream/client.py): each read once per request, so each rule is pinned here."""
+(statestore/threads/turn.py, statestore/upstream/client.py, and the Responses door's credential,
+statestore/responses/backend.py): each read once per request, so each rule is pinned here."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ from typing import Any
 
 import pytest
 
+from statestore.auth import Principal
 from statestore.errors import InvalidRequest
+from statestore.responses.backend import backend_headers
 from statestore.threads.turn import read_turn
 from statestore.upstream.client import THREADS_BETA, request_headers_for_upstream, response_headers_for_client
 
@@ -90,3 +93,26 @@ def test_the_client_gets_the_backends_headers_but_hop_by_hop_and_date() -> None:
         (b"content-length", b"5"),
         (b"request-id", b"req_1"),
     ]
+
+
+PASSTHROUGH = Principal(owner="p:1", tenant_id=None, upstream_credential=None)
+
+
+@pytest.mark.parametrize(
+    ("headers", "sent"),
+    [
+        ([(b"authorization", b"Bearer sk-1")], b"Bearer sk-1"),
+        ([(b"x-api-key", b"sk-2")], b"Bearer sk-2"),
+        ([(b"accept", b"*/*"), (b"authorization", b"Bearer a"), (b"x-api-key", b"k")], b"Bearer a"),  # the first
+        ([(b"x-api-key", b"k"), (b"accept", b"*/*"), (b"authorization", b"Bearer a")], b"Bearer k"),
+        ([(b"authorization", b"Bearer a"), (b"authorization", b"Bearer b")], b"Bearer a"),
+        ([(b"accept", b"*/*")], None),
+    ],
+)
+def test_the_responses_door_sends_the_first_credential_of_the_request_as_a_bearer(
+    headers: list[tuple[bytes, bytes]], sent: bytes | None
+) -> None:
+    fixed = [(b"content-type", b"application/json"), (b"accept-encoding", b"identity")]
+    assert backend_headers(headers, PASSTHROUGH) == fixed + ([(b"authorization", sent)] if sent else [])
+    keys_mode = Principal(owner="t:1", tenant_id="t", upstream_credential=(b"x-api-key", b"sk-deploy"))
+    assert backend_headers(headers, keys_mode) == [*fixed, (b"authorization", b"Bearer sk-deploy")]
