@@ -24,7 +24,6 @@ import os
 import re
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -111,15 +110,7 @@ def _count(code: Path, args: argparse.Namespace, work: Path, stack: ExitStack, e
         os.kill(server.pid, signal.SIGUSR1)
         time.sleep(0.2)
 
-    continue_counted(
-        url,
-        door=args.door,
-        history_kb=args.history_kb,
-        turns=args.turns,
-        warm=150,
-        start=start,
-        stop=lambda: os.kill(server.pid, signal.SIGUSR2),
-    )
+    continue_counted(url, args, warm=150, start=start, stop=lambda: os.kill(server.pid, signal.SIGUSR2))
     deadline = time.monotonic() + 30
     while not out.exists():
         if time.monotonic() > deadline:
@@ -165,25 +156,14 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None and sys.argv[1:2] == ["serve"]:
         serve(int(sys.argv[sys.argv.index("--port") + 1]))
         return
-    parser = argparse.ArgumentParser(prog="python -m bench.bytecodes", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
-    parser.add_argument(
-        "--door", choices=("messages", "responses"), default="messages", help="threaded or Responses continues"
+    from bench.counted import arguments, both_sides
+
+    top_help = "functions listed (default 40)"
+    args = arguments("python -m bench.bytecodes", __doc__, argv, turns=200, top=40, top_help=top_help)
+    base, head = both_sides(
+        args.base,
+        lambda code, work, stack, echo_url: _read(_count(code, args, work, stack, echo_url), f"{code}/", args.turns),
     )
-    parser.add_argument("--turns", type=int, default=200, help="continues counted per side (default 200)")
-    parser.add_argument("--history-kb", type=int, default=8, help="history of the thread, KiB (default 8: ≈ 2k)")
-    parser.add_argument("--top", type=int, default=40, help="functions listed (default 40)")
-    args = parser.parse_args(argv)
-
-    from bench.procs import REPO, base_worktree, echo_backend
-
-    with tempfile.TemporaryDirectory(prefix="bench-bytecodes-") as scratch, ExitStack() as stack:
-        work = Path(scratch)
-        tree = base_worktree(args.base, work, stack)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("STATESTORE_", "PYTHONPATH"))}
-        echo_url = echo_backend(work, env, stack)
-        base = _read(_count(tree, args, work, stack, echo_url), f"{tree}/", args.turns)
-        head = _read(_count(REPO, args, work, stack, echo_url), f"{REPO}/", args.turns)
     door = "threaded" if args.door == "messages" else "Responses"
     print(
         f"{args.turns} {door} continues per side, history {args.history_kb} KiB; "

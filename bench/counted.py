@@ -6,16 +6,47 @@ whose bench/ differs."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
 from bench.ab import _continue, _continue_response, _create, _create_response
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
-from bench.procs import Service, free_port, migrate
+from bench.procs import REPO, Service, base_worktree, echo_backend, free_port, migrate
+
+R = TypeVar("R")
+
+
+def arguments(
+    prog: str, doc: str, argv: list[str] | None, *, turns: int, top: int, top_help: str
+) -> argparse.Namespace:
+    """The options both counters take: `--base REV`, `--door`, `--turns`, `--history-kb`, `--top`."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n", maxsplit=1)[0])
+    parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
+    parser.add_argument(
+        "--door", choices=("messages", "responses"), default="messages", help="threaded or Responses continues"
+    )
+    parser.add_argument("--turns", type=int, default=turns, help=f"continues counted per side (default {turns})")
+    parser.add_argument("--history-kb", type=int, default=8, help="history of the thread, KiB (default 8: ≈ 2k)")
+    parser.add_argument("--top", type=int, default=top, help=top_help)
+    return parser.parse_args(argv)
+
+
+def both_sides(base: str, count: Callable[[Path, Path, ExitStack, str], R]) -> tuple[R, R]:
+    """`count(code, work, stack, echo_url)` of REV's code (a temporary worktree), then of the working tree's, in front
+    of one echo backend."""
+    with tempfile.TemporaryDirectory(prefix="bench-counted-") as scratch, ExitStack() as stack:
+        work = Path(scratch)
+        tree = base_worktree(base, work, stack)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("STATESTORE_", "PYTHONPATH"))}
+        echo_url = echo_backend(work, env, stack)
+        return count(tree, work, stack, echo_url), count(REPO, work, stack, echo_url)
 
 
 def serve_side(
@@ -59,24 +90,18 @@ def serve_side(
 
 
 def continue_counted(
-    url: str,
-    *,
-    door: str,
-    history_kb: int,
-    turns: int,
-    warm: int,
-    start: Callable[[], None],
-    stop: Callable[[], None],
+    url: str, args: argparse.Namespace, *, warm: int, start: Callable[[], None], stop: Callable[[], None]
 ) -> None:
     """A thread (or response chain) continued `warm` times, so that every path is taken once and the pools are full;
-    then a new one continued `turns` times between `start()` and `stop()` of the counter."""
-    create, step = (_create, _continue) if door == "messages" else (_create_response, _continue_response)
+    then a new one continued `args.turns` times between `start()` and `stop()` of the counter."""
+    create, step = (_create, _continue) if args.door == "messages" else (_create_response, _continue_response)
+    history = args.history_kb * 1024
     with httpx.Client(timeout=300) as client:
-        previous = create(client, url, history_kb * 1024)
+        previous = create(client, url, history)
         for n in range(warm):
             previous = step(client, url, previous, n)
-        previous = create(client, url, history_kb * 1024)
+        previous = create(client, url, history)
         start()
-        for n in range(turns):
+        for n in range(args.turns):
             previous = step(client, url, previous, n)
         stop()

@@ -2,13 +2,13 @@
 tree's statestore and in another revision's, counted by valgrind (callgrind).
 
 A CPU time on these shared two-core machines strays by 5 % and more from one run to the next (bench.ab needs nine
-runs to place a 5 % change); an instruction count barely does: the same code, inputs and settings count the same within
-about 0.5 % (how the event loop batches its wake-ups varies), whatever else the machine is doing. Each server runs under callgrind with collection off; after a warm-up
-it is switched on (`callgrind_control -i on`) for `--turns` continues and off again, so the count holds the turns and
-nothing else: every instruction the server's process ran in user space for them, in the interpreter, in C extensions
-(pydantic-core, orjson, asyncpg, uvloop, hiredis) and in libc. Not counted: the kernel (system calls), and what
-PostgreSQL, Redis and the backend do. It says what a change costs in the server's own work; bench.ab says what that
-is worth in time, kernel included.
+runs to place a 5 % change); an instruction count barely does: the same code, inputs and settings count the same
+within about 0.5 % (how the event loop batches its wake-ups varies), whatever else the machine is doing. Each server
+runs under callgrind with collection off; after a warm-up it is switched on (`callgrind_control -i on`) for `--turns`
+continues and off again, so the count holds the turns and nothing else: every instruction the server's process ran in
+user space for them, in the interpreter, in C extensions (pydantic-core, orjson, asyncpg, uvloop, hiredis) and in
+libc. Not counted: the kernel (system calls), and what PostgreSQL, Redis and the backend do. It says what a change
+costs in the server's own work; bench.ab says what that is worth in time, kernel included.
 
     .venv/bin/python -m bench.instructions --base 26661a8 [--door messages|responses] [--turns 100] [--history-kb 8]
         [--top 30]
@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
 import subprocess
-import tempfile
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -70,15 +68,7 @@ def _count(code: Path, args: argparse.Namespace, work: Path, stack: ExitStack, e
         control("-i", "off")
         control("-d")  # dumped as `<out>.1`
 
-    continue_counted(
-        url,
-        door=args.door,
-        history_kb=args.history_kb,
-        turns=args.turns,
-        warm=60,
-        start=lambda: control("-i", "on"),
-        stop=stop,
-    )
+    continue_counted(url, args, warm=60, start=lambda: control("-i", "on"), stop=stop)
     dump = out.with_name(out.name + ".1")
     deadline = time.monotonic() + 60
     while not dump.exists() or "totals:" not in dump.read_text(errors="replace"):
@@ -114,25 +104,13 @@ def _functions(dump: Path) -> tuple[int, collections.Counter[str]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bench.instructions", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
-    parser.add_argument(
-        "--door", choices=("messages", "responses"), default="messages", help="threaded or Responses continues"
+    from bench.counted import arguments, both_sides
+
+    top_help = "C functions listed (default 20; 0: none)"
+    args = arguments("python -m bench.instructions", __doc__, argv, turns=100, top=20, top_help=top_help)
+    (base_total, base), (head_total, head) = both_sides(
+        args.base, lambda code, work, stack, echo_url: _functions(_count(code, args, work, stack, echo_url))
     )
-    parser.add_argument("--turns", type=int, default=100, help="continues counted per side (default 100)")
-    parser.add_argument("--history-kb", type=int, default=8, help="history of the thread, KiB (default 8: ≈ 2k)")
-    parser.add_argument("--top", type=int, default=20, help="C functions listed (default 20; 0: none)")
-    args = parser.parse_args(argv)
-
-    from bench.procs import REPO, base_worktree, echo_backend
-
-    with tempfile.TemporaryDirectory(prefix="bench-instructions-") as scratch, ExitStack() as stack:
-        work = Path(scratch)
-        tree = base_worktree(args.base, work, stack)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("STATESTORE_", "PYTHONPATH"))}
-        echo_url = echo_backend(work, env, stack)
-        base_total, base = _functions(_count(tree, args, work, stack, echo_url))
-        head_total, head = _functions(_count(REPO, args, work, stack, echo_url))
     door = "threaded" if args.door == "messages" else "Responses"
     per = args.turns
     print(
