@@ -18,17 +18,25 @@ import httpx
 
 from bench.ab import _continue, _continue_response, _create, _create_response
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
-from bench.procs import REPO, Service, base_worktree, echo_backend, free_port, migrate
+from bench.procs import REPO, Service, base_worktree, echo_backend, free_port, migrate, python
 
 R = TypeVar("R")
 
 
 def arguments(
-    prog: str, doc: str, argv: list[str] | None, *, turns: int, top: int, top_help: str
+    prog: str, doc: str, argv: list[str] | None, *, turns: int, top: int, top_help: str, floor: bool = False
 ) -> argparse.Namespace:
-    """The options both counters take: `--base REV`, `--door`, `--turns`, `--history-kb`, `--top`."""
+    """The options both counters take: `--base REV`, `--door`, `--turns`, `--history-kb`, `--top`; with `floor`,
+    `--floor` in place of `--base`."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n", maxsplit=1)[0])
-    parser.add_argument("--base", required=True, help="the git revision to compare the working tree with")
+    sides = parser.add_mutually_exclusive_group(required=True)
+    sides.add_argument("--base", help="the git revision to compare the working tree with")
+    if floor:
+        sides.add_argument(
+            "--floor",
+            action="store_true",
+            help="compare the working tree's threaded continue with the floor of one (bench/floor.py) instead",
+        )
     parser.add_argument(
         "--door", choices=("messages", "responses"), default="messages", help="threaded or Responses continues"
     )
@@ -38,15 +46,46 @@ def arguments(
     return parser.parse_args(argv)
 
 
-def both_sides(base: str, count: Callable[[Path, Path, ExitStack, str], R]) -> tuple[R, R]:
-    """`count(code, work, stack, echo_url)` of REV's code (a temporary worktree), then of the working tree's, in front
-    of one echo backend."""
+def both_sides(
+    base: str | None,
+    count: Callable[[Path, Path, ExitStack, str], R],
+    *,
+    floor: Callable[[Path, ExitStack, str], R] | None = None,
+) -> tuple[R, R]:
+    """`count(code, work, stack, echo_url)` of REV's code (a temporary worktree), or `floor(work, stack, echo_url)`,
+    then `count` of the working tree's, in front of one echo backend."""
     with tempfile.TemporaryDirectory(prefix="bench-counted-") as scratch, ExitStack() as stack:
         work = Path(scratch)
-        tree = base_worktree(base, work, stack)
         env = {k: v for k, v in os.environ.items() if not k.startswith(("STATESTORE_", "PYTHONPATH"))}
         echo_url = echo_backend(work, env, stack)
-        return count(tree, work, stack, echo_url), count(REPO, work, stack, echo_url)
+        if floor is not None:
+            first = floor(work, stack, echo_url)
+        else:
+            assert base is not None
+            first = count(base_worktree(base, work, stack), work, stack, echo_url)
+        return first, count(REPO, work, stack, echo_url)
+
+
+def serve_floor(
+    counter: Sequence[str], *, work: Path, stack: ExitStack, echo_url: str, health_timeout: float
+) -> tuple[Service, str]:
+    """The working tree's floor of a threaded turn (bench/floor.py, arm F) run under `counter`, on a scratch database
+    and Redis prefix of its own; its URL."""
+    database = stack.enter_context(scratch_database(os.environ.get("STATESTORE_BENCH_PG", DEFAULT_PG)))
+    redis_url = os.environ.get("STATESTORE_BENCH_REDIS", DEFAULT_REDIS)
+    prefix = stack.enter_context(redis_prefix(redis_url))
+    port = free_port()
+    floor = [python(), "-m", "bench.floor", "--port", str(port), "--upstream", echo_url, "--database", database]
+    server = Service(
+        "floor",
+        [*counter, *floor, "--redis", redis_url, "--redis-prefix", prefix],
+        env={k: v for k, v in os.environ.items() if not k.startswith(("STATESTORE_", "OTEL_", "PYTHONPATH"))},
+        log_dir=work,
+        health_url=f"http://127.0.0.1:{port}/missing",  # any answer but a 5xx: the floor serves one route
+    )
+    stack.callback(server.stop)
+    server.wait_healthy(timeout=health_timeout)
+    return server, f"http://127.0.0.1:{port}"
 
 
 def serve_side(

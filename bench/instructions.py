@@ -12,6 +12,11 @@ costs in the server's own work; bench.ab says what that is worth in time, kernel
 
     .venv/bin/python -m bench.instructions --base 26661a8 [--door messages|responses] [--turns 100] [--history-kb 8]
         [--top 30]
+    .venv/bin/python -m bench.instructions --floor [--turns 100] [--history-kb 8] [--top 30]
+
+`--floor` sets the working tree's threaded continue beside the floor of one (bench/floor.py, arm F of
+bench.floor_compare: the least a Python server on this stack must do to continue a thread durably), counted the same
+way: the C/F of bench.floor_compare in instructions, and where statestore's own work goes.
 
 A turn under callgrind takes some fifty times longer, so work a server does by the clock rather than by the turn (the
 background runner's poll) would be counted fifty times over: both servers poll once a minute here
@@ -29,37 +34,47 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+from bench.procs import Service
+
 # Work done by the clock, not by the turn, is not to be counted fifty times over (see above).
 _SETTINGS = {"STATESTORE_BACKGROUND_POLL_SECONDS": "60"}
 _ROW = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(.*)$")
 
 
+def _callgrind(out: Path) -> list[str]:
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+
+
 def _count(code: Path, args: argparse.Namespace, work: Path, stack: ExitStack, echo_url: str) -> Path:
-    """Run one side's server under callgrind; the file of its counted turns."""
-    from bench.counted import continue_counted, serve_side
+    """Run one side's statestore under callgrind; the file of its counted turns."""
+    from bench.counted import serve_side
     from bench.procs import python
 
     out = work / f"{code.name}.callgrind"
     server, url = serve_side(
         code,
-        lambda port: [
-            "valgrind",
-            "--tool=callgrind",
-            "--instr-atstart=no",
-            f"--callgrind-out-file={out}",
-            python(),
-            "-m",
-            "statestore.cli",
-            "serve",
-            "--port",
-            str(port),
-        ],
+        lambda port: [*_callgrind(out), python(), "-m", "statestore.cli", "serve", "--port", str(port)],
         work=work,
         stack=stack,
         echo_url=echo_url,
         env=_SETTINGS,
         health_timeout=600,  # the imports alone take a minute under valgrind
     )
+    return _counted(server, url, args, out)
+
+
+def _count_floor(args: argparse.Namespace, work: Path, stack: ExitStack, echo_url: str) -> Path:
+    """Run the floor of a threaded turn (bench/floor.py) under callgrind; the file of its counted turns."""
+    from bench.counted import serve_floor
+
+    out = work / "floor.callgrind"
+    server, url = serve_floor(_callgrind(out), work=work, stack=stack, echo_url=echo_url, health_timeout=600)
+    return _counted(server, url, args, out)
+
+
+def _counted(server: Service, url: str, args: argparse.Namespace, out: Path) -> Path:
+    """Warm `server` up, count its continues, and wait for callgrind's dump of them."""
+    from bench.counted import continue_counted
 
     def control(*flags: str) -> None:
         subprocess.run(["callgrind_control", *flags, str(server.pid)], check=True, capture_output=True)
@@ -73,7 +88,7 @@ def _count(code: Path, args: argparse.Namespace, work: Path, stack: ExitStack, e
     deadline = time.monotonic() + 60
     while not dump.exists() or "totals:" not in dump.read_text(errors="replace"):
         if time.monotonic() > deadline:
-            raise RuntimeError(f"no callgrind dump from {code}:\n{server.log_tail()}")
+            raise RuntimeError(f"no callgrind dump from {server.name}:\n{server.log_tail()}")
         time.sleep(0.2)
     return dump
 
@@ -107,20 +122,28 @@ def main(argv: list[str] | None = None) -> None:
     from bench.counted import arguments, both_sides
 
     top_help = "C functions listed (default 20; 0: none)"
-    args = arguments("python -m bench.instructions", __doc__, argv, turns=100, top=20, top_help=top_help)
+    args = arguments("python -m bench.instructions", __doc__, argv, turns=100, top=20, top_help=top_help, floor=True)
+    if args.floor and args.door != "messages":
+        raise SystemExit("--floor: the floor continues threads only (--door messages)")
     (base_total, base), (head_total, head) = both_sides(
-        args.base, lambda code, work, stack, echo_url: _functions(_count(code, args, work, stack, echo_url))
+        args.base,
+        lambda code, work, stack, echo_url: _functions(_count(code, args, work, stack, echo_url)),
+        floor=(lambda work, stack, echo_url: _functions(_count_floor(args, work, stack, echo_url)))
+        if args.floor
+        else None,
     )
     door = "threaded" if args.door == "messages" else "Responses"
+    first, second = ("floor", "statestore") if args.floor else ("base", "head")
+    against = "the floor (bench/floor.py)" if args.floor else f"base {args.base}"
     per = args.turns
     print(
-        f"{args.turns} {door} continues per side, history {args.history_kb} KiB; base {args.base}, head the working "
-        f"tree\ninstructions per continue: base {base_total / per:,.0f}, head {head_total / per:,.0f} "
+        f"{args.turns} {door} continues per side, history {args.history_kb} KiB; {against}, {second} the working "
+        f"tree\ninstructions per continue: {first} {base_total / per:,.0f}, {second} {head_total / per:,.0f} "
         f"({head_total / base_total:.3f}x)"
     )
     if args.top:
         rows = sorted(((head[k] - base[k], k) for k in set(base) | set(head)), key=lambda row: -abs(row[0]))
-        print("\nC functions, own instructions per continue: head - base, base, head")
+        print(f"\nC functions, own instructions per continue: {second} - {first}, {first}, {second}")
         for diff, name in rows[: args.top]:
             print(f"  {diff / per:+9,.0f} {base[name] / per:9,.0f} {head[name] / per:9,.0f}  {name[:110]}")
 
