@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import field
 from typing import Literal
 
 from statestore.content_keys import CLEAR, ContentSealer
+from statestore.records import record
 
 ContinueRefusal = Literal["not_found", "already_continued", "in_flight"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class LeasedThread:
     """A thread whose head this request holds the lease on."""
 
@@ -44,7 +45,7 @@ class LeasedThread:
         return self.byte_count - self.base_bytes + self.head_bytes
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class NewThread:
     id: str
     owner: str
@@ -60,7 +61,7 @@ class NewThread:
     ttl_seconds: int
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TurnUsage:
     """The backend's token counts of one reply, added to the thread's totals at commit."""
 
@@ -73,7 +74,7 @@ class TurnUsage:
 ContextAction = Literal["compacted", "truncated", "summarized"]
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ContextMove:
     """The base moving forward (PROTOCOL §9): from now on a rebuild sends `head` (when not None) and then the stored
     messages from `base_position` on; `base_bytes` is the bytes of the stored messages before it."""
@@ -87,7 +88,7 @@ class ContextMove:
         return self.actions.count(action)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class TurnCommit:
     thread_id: str
     lease_token: str
@@ -103,7 +104,7 @@ class TurnCommit:
     rebind_session: tuple[str, str] | None = None
     # The backend's own id of the reply (the last row), kept for cache diagnostics.
     reply_backend_id: str | None = None
-    usage: TurnUsage = TurnUsage()
+    usage: TurnUsage = field(default_factory=TurnUsage)
     model: str | None = None
     max_tokens: int | None = None
     # The context's size in tokens after this turn, and the move of its base, if any (PROTOCOL §9).

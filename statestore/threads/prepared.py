@@ -9,6 +9,7 @@ from typing import Literal
 
 from statestore.content_keys import CLEAR, ContentSealer
 from statestore.policy import Policy
+from statestore.records import record
 from statestore.store.turn_records import LeasedThread, TurnUsage
 from statestore.threads.context_step import ContextStep, Summarize
 from statestore.threads.lease import LeaseKeeper
@@ -23,7 +24,7 @@ def rfc3339(ms: int) -> bytes:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ms // 1000)).encode()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Recut:
     """A continue's state as it was prepared: enough to plan its context again."""
 
@@ -95,7 +96,7 @@ class PreparedTurn:
         return headers
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class CompletedReply:
     """A reply the backend finished, as the thread stores it."""
 
