@@ -24,14 +24,14 @@ R = TypeVar("R")
 
 
 def arguments(
-    prog: str, doc: str, argv: list[str] | None, *, turns: int, top: int, top_help: str, floor: bool = False
+    prog: str, doc: str, argv: list[str] | None, *, turns: int, top: int, top_help: str, callgrind: bool = False
 ) -> argparse.Namespace:
-    """The options both counters take: `--base REV`, `--door`, `--turns`, `--history-kb`, `--top`; with `floor`,
-    `--floor` in place of `--base`."""
+    """The options both counters take: `--base REV`, `--door`, `--turns`, `--history-kb`, `--top`; with `callgrind`,
+    bench.instructions' own too: `--floor` in place of `--base`, and `--cache`."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n", maxsplit=1)[0])
     sides = parser.add_mutually_exclusive_group(required=True)
     sides.add_argument("--base", help="the git revision to compare the working tree with")
-    if floor:
+    if callgrind:
         sides.add_argument(
             "--floor",
             action="store_true",
@@ -43,6 +43,12 @@ def arguments(
     parser.add_argument("--turns", type=int, default=turns, help=f"continues counted per side (default {turns})")
     parser.add_argument("--history-kb", type=int, default=8, help="history of the thread, KiB (default 8: ≈ 2k)")
     parser.add_argument("--top", type=int, default=top, help=top_help)
+    if callgrind:
+        parser.add_argument(
+            "--cache",
+            action="store_true",
+            help="simulate the caches and branch predictors too, and estimate cycles (about twice as slow)",
+        )
     return parser.parse_args(argv)
 
 

@@ -11,12 +11,17 @@ libc. Not counted: the kernel (system calls), and what PostgreSQL, Redis and the
 costs in the server's own work; bench.ab says what that is worth in time, kernel included.
 
     .venv/bin/python -m bench.instructions --base 26661a8 [--door messages|responses] [--turns 100] [--history-kb 8]
-        [--top 30]
-    .venv/bin/python -m bench.instructions --floor [--turns 100] [--history-kb 8] [--top 30]
+        [--top 30] [--cache]
+    .venv/bin/python -m bench.instructions --floor [--turns 100] [--history-kb 8] [--top 30] [--cache]
 
 `--floor` sets the working tree's threaded continue beside the floor of one (bench/floor.py, arm F of
 bench.floor_compare: the least a Python server on this stack must do to continue a thread durably), counted the same
 way: the C/F of bench.floor_compare in instructions, and where statestore's own work goes.
+
+An instruction is not a cycle: code that misses the caches or mispredicts more branches runs the same count slower.
+`--cache` has callgrind simulate the caches and the branch predictors as well (about twice as slow) and prints the
+misses of each side per continue and KCachegrind's estimate of cycles (an instruction 1, a first-level miss or a
+mispredicted branch 10, a last-level miss 100), which tracks bench.ab's CPU ratios more closely than the count alone.
 
 A turn under callgrind takes some fifty times longer, so work a server does by the clock rather than by the turn (the
 background runner's poll) would be counted fifty times over: both servers poll once a minute here
@@ -38,11 +43,22 @@ from bench.procs import Service
 
 # Work done by the clock, not by the turn, is not to be counted fifty times over (see above).
 _SETTINGS = {"STATESTORE_BACKGROUND_POLL_SECONDS": "60"}
+_SIMULATED = {
+    "I1mr": "instruction fetches missing the first-level cache",
+    "D1mr": "data reads missing it",
+    "D1mw": "data writes missing it",
+    "ILmr": "instruction fetches missing the last level",
+    "DLmr": "data reads missing the last level",
+    "DLmw": "data writes missing the last level",
+    "Bcm": "conditional branches mispredicted",
+    "Bim": "indirect branches mispredicted",
+}
 _ROW = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(.*)$")
 
 
-def _callgrind(out: Path) -> list[str]:
-    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}"]
+def _callgrind(out: Path, args: argparse.Namespace) -> list[str]:
+    simulated = ["--cache-sim=yes", "--branch-sim=yes"] if args.cache else []
+    return ["valgrind", "--tool=callgrind", "--instr-atstart=no", *simulated, f"--callgrind-out-file={out}"]
 
 
 def _count(code: Path, args: argparse.Namespace, work: Path, stack: ExitStack, echo_url: str) -> Path:
@@ -53,7 +69,7 @@ def _count(code: Path, args: argparse.Namespace, work: Path, stack: ExitStack, e
     out = work / f"{code.name}.callgrind"
     server, url = serve_side(
         code,
-        lambda port: [*_callgrind(out), python(), "-m", "statestore.cli", "serve", "--port", str(port)],
+        lambda port: [*_callgrind(out, args), python(), "-m", "statestore.cli", "serve", "--port", str(port)],
         work=work,
         stack=stack,
         echo_url=echo_url,
@@ -68,7 +84,7 @@ def _count_floor(args: argparse.Namespace, work: Path, stack: ExitStack, echo_ur
     from bench.counted import serve_floor
 
     out = work / "floor.callgrind"
-    server, url = serve_floor(_callgrind(out), work=work, stack=stack, echo_url=echo_url, health_timeout=600)
+    server, url = serve_floor(_callgrind(out, args), work=work, stack=stack, echo_url=echo_url, health_timeout=600)
     return _counted(server, url, args, out)
 
 
@@ -93,15 +109,30 @@ def _counted(server: Service, url: str, args: argparse.Namespace, out: Path) -> 
     return dump
 
 
-def _functions(dump: Path) -> tuple[int, collections.Counter[str]]:
-    """(the total, each function's own instructions), from callgrind_annotate."""
+def _events(dump: Path) -> dict[str, int]:
+    """The dump's totals by event (Ir; with --cache also cache misses and branches, callgrind's names)."""
+    lines = dump.read_text(errors="replace").splitlines()
+    names = next(line for line in lines if line.startswith("events:")).split()[1:]
+    totals = next(line for line in lines if line.startswith("totals:")).split()[1:]
+    return dict(zip(names, map(int, totals), strict=True))
+
+
+def _estimate(events: dict[str, int]) -> int:
+    """Cycles as KCachegrind estimates them: an instruction 1, a first-level miss or a mispredicted branch 10, a
+    last-level miss 100."""
+    first = events["I1mr"] + events["D1mr"] + events["D1mw"]
+    last = events["ILmr"] + events["DLmr"] + events["DLmw"]
+    return events["Ir"] + 10 * (first + events["Bcm"] + events["Bim"]) + 100 * last
+
+
+def _functions(dump: Path) -> tuple[dict[str, int], collections.Counter[str]]:
+    """(the totals by event, each function's own instructions), from the dump and callgrind_annotate."""
     annotated = subprocess.run(
-        ["callgrind_annotate", "--threshold=100", "--inclusive=no", str(dump)],
+        ["callgrind_annotate", "--threshold=100", "--inclusive=no", "--show=Ir", "--sort=Ir", str(dump)],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
-    total = 0
     functions: collections.Counter[str] = collections.Counter()
     for line in annotated.splitlines():
         row = _ROW.match(line)
@@ -109,23 +140,23 @@ def _functions(dump: Path) -> tuple[int, collections.Counter[str]]:
             continue
         count, name = int(row[1].replace(",", "")), row[2]
         if "PROGRAM TOTALS" in name:
-            total = count
             continue
         # `dir/Python-3.11.7/Objects/dictobject.c:insertdict [lib]` -> `Objects/dictobject.c:insertdict`; a function's
         # recursion depths (`'2`) are one function.
         name = re.sub(r"^.*?/Python-\d+\.\d+\.\d+/", "", re.sub(r" \[.*\]$", "", name))
         functions[re.sub(r"'\d+$", "", name)] += count
-    return total, functions
+    return _events(dump), functions
 
 
 def main(argv: list[str] | None = None) -> None:
     from bench.counted import arguments, both_sides
 
     top_help = "C functions listed (default 20; 0: none)"
-    args = arguments("python -m bench.instructions", __doc__, argv, turns=100, top=20, top_help=top_help, floor=True)
+    prog = "python -m bench.instructions"
+    args = arguments(prog, __doc__, argv, turns=100, top=20, top_help=top_help, callgrind=True)
     if args.floor and args.door != "messages":
         raise SystemExit("--floor: the floor continues threads only (--door messages)")
-    (base_total, base), (head_total, head) = both_sides(
+    (base_events, base), (head_events, head) = both_sides(
         args.base,
         lambda code, work, stack, echo_url: _functions(_count(code, args, work, stack, echo_url)),
         floor=(lambda work, stack, echo_url: _functions(_count_floor(args, work, stack, echo_url)))
@@ -136,11 +167,21 @@ def main(argv: list[str] | None = None) -> None:
     first, second = ("floor", "statestore") if args.floor else ("base", "head")
     against = "the floor (bench/floor.py)" if args.floor else f"base {args.base}"
     per = args.turns
+    base_total, head_total = base_events["Ir"], head_events["Ir"]
     print(
         f"{args.turns} {door} continues per side, history {args.history_kb} KiB; {against}, {second} the working "
         f"tree\ninstructions per continue: {first} {base_total / per:,.0f}, {second} {head_total / per:,.0f} "
         f"({head_total / base_total:.3f}x)"
     )
+    if args.cache:
+        print(f"\nsimulated, per continue: {first}, {second}")
+        for event, meaning in _SIMULATED.items():
+            print(f"  {base_events[event] / per:11,.0f} {head_events[event] / per:11,.0f}  {event}: {meaning}")
+        estimates = _estimate(base_events), _estimate(head_events)
+        print(
+            f"estimated cycles per continue: {first} {estimates[0] / per:,.0f}, {second} {estimates[1] / per:,.0f} "
+            f"({estimates[1] / estimates[0]:.3f}x)"
+        )
     if args.top:
         rows = sorted(((head[k] - base[k], k) for k in set(base) | set(head)), key=lambda row: -abs(row[0]))
         print(f"\nC functions, own instructions per continue: {second} - {first}, {first}, {second}")
