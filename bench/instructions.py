@@ -21,7 +21,8 @@ way: the C/F of bench.floor_compare in instructions, and where statestore's own 
 An instruction is not a cycle: code that misses the caches or mispredicts more branches runs the same count slower.
 `--cache` has callgrind simulate the caches and the branch predictors as well (about twice as slow) and prints the
 misses of each side per continue and KCachegrind's estimate of cycles (an instruction 1, a first-level miss or a
-mispredicted branch 10, a last-level miss 100), which tracks bench.ab's CPU ratios more closely than the count alone.
+mispredicted branch 10, a last-level miss 100), which tracks bench.ab's CPU ratios more closely than the count alone;
+`--top` then lists the C functions by their own estimated cycles.
 
 A turn under callgrind takes some fifty times longer, so work a server does by the clock rather than by the turn (the
 background runner's poll) would be counted fifty times over: both servers poll once a minute here
@@ -53,7 +54,9 @@ _SIMULATED = {
     "Bcm": "conditional branches mispredicted",
     "Bim": "indirect branches mispredicted",
 }
-_ROW = re.compile(r"\s*([\d,]+) \([ \d.]+%\)\s+(.*)$")
+_COLUMN = re.compile(r"[\d,]+ \(\s*[\d.]+%\)|[\d,]+|\.")
+# Where the function's name starts: after the last column and its spaces.
+_NAME_AT = re.compile(r"^(?:\s*(?:[\d,]+ \(\s*[\d.]+%\)|[\d,]+|\.))+\s+")
 
 
 def _callgrind(out: Path, args: argparse.Namespace) -> list[str]:
@@ -125,26 +128,38 @@ def _estimate(events: dict[str, int]) -> int:
     return events["Ir"] + 10 * (first + events["Bcm"] + events["Bim"]) + 100 * last
 
 
-def _functions(dump: Path) -> tuple[dict[str, int], collections.Counter[str]]:
-    """(the totals by event, each function's own instructions), from the dump and callgrind_annotate."""
+def _functions(dump: Path, *, cache: bool) -> tuple[dict[str, int], collections.Counter[str]]:
+    """(the totals by event, each function's own instructions, or with `cache` its own estimated cycles), from the
+    dump and callgrind_annotate."""
+    shown = ["Ir", *_SIMULATED] if cache else ["Ir"]
     annotated = subprocess.run(
-        ["callgrind_annotate", "--threshold=100", "--inclusive=no", "--show=Ir", "--sort=Ir", str(dump)],
+        [
+            "callgrind_annotate",
+            "--threshold=100",
+            "--inclusive=no",
+            f"--show={','.join(shown)}",
+            "--sort=Ir",
+            str(dump),
+        ],
         check=True,
         capture_output=True,
         text=True,
     ).stdout
     functions: collections.Counter[str] = collections.Counter()
     for line in annotated.splitlines():
-        row = _ROW.match(line)
-        if row is None:
+        # A row: a column an event (`1,234 (0.5%)`, or `0` or `.` for none), then the function.
+        at = _NAME_AT.match(line)
+        if at is None:
             continue
-        count, name = int(row[1].replace(",", "")), row[2]
-        if "PROGRAM TOTALS" in name:
+        columns, name = _COLUMN.findall(line, 0, at.end()), line[at.end() :]
+        if len(columns) != len(shown) or "PROGRAM TOTALS" in name:
             continue
+        values = (0 if column == "." else int(column.split()[0].replace(",", "")) for column in columns)
+        counts = dict(zip(shown, values, strict=True))
         # `dir/Python-3.11.7/Objects/dictobject.c:insertdict [lib]` -> `Objects/dictobject.c:insertdict`; a function's
         # recursion depths (`'2`) are one function.
         name = re.sub(r"^.*?/Python-\d+\.\d+\.\d+/", "", re.sub(r" \[.*\]$", "", name))
-        functions[re.sub(r"'\d+$", "", name)] += count
+        functions[re.sub(r"'\d+$", "", name)] += _estimate(counts) if cache else counts["Ir"]
     return _events(dump), functions
 
 
@@ -158,8 +173,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--floor: the floor continues threads only (--door messages)")
     (base_events, base), (head_events, head) = both_sides(
         args.base,
-        lambda code, work, stack, echo_url: _functions(_count(code, args, work, stack, echo_url)),
-        floor=(lambda work, stack, echo_url: _functions(_count_floor(args, work, stack, echo_url)))
+        lambda code, work, stack, echo_url: _functions(_count(code, args, work, stack, echo_url), cache=args.cache),
+        floor=(lambda work, stack, echo_url: _functions(_count_floor(args, work, stack, echo_url), cache=args.cache))
         if args.floor
         else None,
     )
@@ -184,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     if args.top:
         rows = sorted(((head[k] - base[k], k) for k in set(base) | set(head)), key=lambda row: -abs(row[0]))
-        print(f"\nC functions, own instructions per continue: {second} - {first}, {first}, {second}")
+        own = "estimated cycles" if args.cache else "instructions"
+        print(f"\nC functions, own {own} per continue: {second} - {first}, {first}, {second}")
         for diff, name in rows[: args.top]:
             print(f"  {diff / per:+9,.0f} {base[name] / per:9,.0f} {head[name] / per:9,.0f}  {name[:110]}")
 
