@@ -104,6 +104,17 @@ def stall(backend: FakeBackend, seconds: float, events: int = 3) -> None:
     backend.script({"kind": "echo", "path": CHAT, "stall_after_events": events, "stall_seconds": seconds})
 
 
+def streamed_until(client: openai.OpenAI, text: str, event_type: str) -> list[Any]:
+    """A streamed background turn's events up to the first `event_type`, where the client then goes away."""
+    seen: list[Any] = []
+    with client.responses.create(model="echo-1", input=text, background=True, stream=True) as stream:
+        for event in stream:
+            seen.append(event)
+            if event.type == event_type:
+                break
+    return seen
+
+
 def raw_events(base: str, api_key: str, response_id: str, after: int | None) -> Iterator[dict[str, Any]]:
     """The resumed stream as sent: every event, parsed, in order."""
     params: dict[str, Any] = {"stream": "true"}
@@ -141,12 +152,7 @@ def test_a_background_stream_cut_short_resumes_on_the_other_replica_exactly(
 ) -> None:
     a, _ = clients
     stall(backend, 1.0, events=2)
-    seen: list[Any] = []
-    with a.responses.create(model="echo-1", input="one two three four five", background=True, stream=True) as stream:
-        for event in stream:
-            seen.append(event)
-            if event.type == "response.output_text.delta":
-                break  # the connection drops mid-reply
+    seen = streamed_until(a, "one two three four five", "response.output_text.delta")  # the connection drops mid-reply
     assert [e.type for e in seen[:2]] == ["response.created", "response.queued"]
     response_id = seen[0].response.id
     last = seen[-1].sequence_number
@@ -314,12 +320,7 @@ def test_a_replica_killed_mid_turn_leaves_nothing_stuck(
         conversation = a.conversations.create()
         # a streamed turn publishes its events as they come: cut off after some of them
         stall(backend, 30.0, events=2)
-        seen: list[Any] = []
-        with a.responses.create(model="echo-1", input="cut off", background=True, stream=True) as stream:
-            for event in stream:
-                seen.append(event)
-                if event.type == "response.output_text.delta":
-                    break
+        seen = streamed_until(a, "cut off", "response.output_text.delta")
         streamed_id = seen[0].response.id
         # a turn asked for as JSON publishes its events once it is stored: cut off before any
         stall(backend, 30.0, events=0)
@@ -390,12 +391,7 @@ def test_background_turns_on_the_embedded_default(
     """SQLite and no Redis: the events live in the process, which is every replica there is."""
     with openai.OpenAI(base_url=responses_sqlite_server.url + "/v1", api_key=api_key, max_retries=0) as client:
         stall(backend, 0.5, events=2)
-        seen: list[Any] = []
-        with client.responses.create(model="echo-1", input="on sqlite", background=True, stream=True) as stream:
-            for event in stream:
-                seen.append(event)
-                if event.type == "response.in_progress":
-                    break
+        seen = streamed_until(client, "on sqlite", "response.in_progress")
         rest = list(raw_events(responses_sqlite_server.url, api_key, seen[0].response.id, seen[-1].sequence_number))
         numbers = [e.sequence_number for e in seen] + [e["sequence_number"] for e in rest]
         assert numbers == list(range(len(numbers)))
@@ -594,12 +590,7 @@ def test_a_turn_cancelled_while_its_replica_was_gone_ends_cancelled_in_its_own_e
     admitting = own_db_replicas(background_workers="0")
     with openai.OpenAI(base_url=doomed.url + "/v1", api_key=api_key, max_retries=0) as a:
         stall(backend, 30.0, events=2)
-        seen: list[Any] = []
-        with a.responses.create(model="echo-1", input="orphaned", background=True, stream=True) as stream:
-            for event in stream:
-                seen.append(event)
-                if event.type == "response.output_text.delta":
-                    break
+        seen = streamed_until(a, "orphaned", "response.output_text.delta")
         response_id = seen[0].response.id
     os.kill(doomed.process.pid, signal.SIGKILL)
     doomed.process.wait()
