@@ -28,6 +28,12 @@ metadata = MetaData(
     }
 )
 
+
+def _partial(*columns: str, where: str) -> Index:
+    """An index of only the rows `where` holds, on PostgreSQL and SQLite alike (named by the convention)."""
+    return Index(None, *columns, postgresql_where=text(where), sqlite_where=text(where))
+
+
 # One row a conversation. `system`/`tools` hold the JSON bytes as the create sent them (forwarded verbatim);
 # the *_fp columns hold a hash of their canonical JSON, compared on a continue (PROTOCOL §3).
 threads = Table(
@@ -81,16 +87,8 @@ threads = Table(
     Index(None, "expires_ms"),
     # Only erasure looks a thread up by its user or tenant: a thread with neither is not in these (revision 0013), so
     # a turn's update of the row (a new version, since updated_ms and expires_ms are indexed) adds nothing to them.
-    Index(
-        None,
-        "owner",
-        "metadata_user_id",
-        postgresql_where=text("metadata_user_id IS NOT NULL"),
-        sqlite_where=text("metadata_user_id IS NOT NULL"),
-    ),
-    Index(
-        None, "tenant_id", postgresql_where=text("tenant_id IS NOT NULL"), sqlite_where=text("tenant_id IS NOT NULL")
-    ),
+    _partial("owner", "metadata_user_id", where="metadata_user_id IS NOT NULL"),
+    _partial("tenant_id", where="tenant_id IS NOT NULL"),
 )
 
 # One row a message, as canonical JSON bytes with earlier-turn cache_control already dropped. Replies carry the
@@ -104,13 +102,7 @@ thread_messages = Table(
     Column("response_id", String(80), nullable=True),
     # The backend's own id of a reply, for cache diagnostics (PROTOCOL §10).
     Column("backend_id", String(200), nullable=True),
-    Index(
-        None,
-        "thread_id",
-        "response_id",
-        postgresql_where=text("response_id IS NOT NULL"),
-        sqlite_where=text("response_id IS NOT NULL"),
-    ),
+    _partial("thread_id", "response_id", where="response_id IS NOT NULL"),
 )
 
 # A session name bound to the owner's current thread (PROTOCOL §6).
@@ -246,15 +238,8 @@ responses = Table(
     # (revision 0013): nothing reads responses by it but a count of the stats, which this index serves too.
     Index(None, "root_id", "expires_ms"),
     # Erasure's; a response with no tenant or user is in neither (revision 0013).
-    Index(
-        None, "tenant_id", postgresql_where=text("tenant_id IS NOT NULL"), sqlite_where=text("tenant_id IS NOT NULL")
-    ),
-    Index(
-        None,
-        "metadata_user_id",
-        postgresql_where=text("metadata_user_id IS NOT NULL"),
-        sqlite_where=text("metadata_user_id IS NOT NULL"),
-    ),
+    _partial("tenant_id", where="tenant_id IS NOT NULL"),
+    _partial("metadata_user_id", where="metadata_user_id IS NOT NULL"),
 )
 
 # A response's input items (then its output items), each as its Responses JSON and its rendered Chat Completions
@@ -272,13 +257,7 @@ response_items = Table(
     # The item's place in its run (store/response_runs.py; revision 0013): NULL for items in none.
     Column("run_id", BigInteger, nullable=True),
     Column("run_position", Integer, nullable=True),
-    Index(
-        None,
-        "run_id",
-        "run_position",
-        postgresql_where=text("run_id IS NOT NULL"),
-        sqlite_where=text("run_id IS NOT NULL"),
-    ),
+    _partial("run_id", "run_position", where="run_id IS NOT NULL"),
 )
 
 conversations = Table(
@@ -360,29 +339,11 @@ background_responses = Table(
     Column("updated_ms", BigInteger, nullable=False),
     Column("expires_ms", BigInteger, nullable=False),
     # The claimers' scan and each owner's bound read only the turns not yet ended.
-    Index(
-        None,
-        "status",
-        "claim_expires_ms",
-        postgresql_where=text("status IN ('queued', 'in_progress')"),
-        sqlite_where=text("status IN ('queued', 'in_progress')"),
-    ),
-    Index(
-        None,
-        "owner",
-        postgresql_where=text("status IN ('queued', 'in_progress')"),
-        sqlite_where=text("status IN ('queued', 'in_progress')"),
-    ),
+    _partial("status", "claim_expires_ms", where="status IN ('queued', 'in_progress')"),
+    _partial("owner", where="status IN ('queued', 'in_progress')"),
     Index(None, "expires_ms"),
-    Index(
-        None, "tenant_id", postgresql_where=text("tenant_id IS NOT NULL"), sqlite_where=text("tenant_id IS NOT NULL")
-    ),
-    Index(
-        None,
-        "metadata_user_id",
-        postgresql_where=text("metadata_user_id IS NOT NULL"),
-        sqlite_where=text("metadata_user_id IS NOT NULL"),
-    ),
+    _partial("tenant_id", where="tenant_id IS NOT NULL"),
+    _partial("metadata_user_id", where="metadata_user_id IS NOT NULL"),
 )
 
 # Data keys (README "Encryption at rest"; revision 0017): one per erasure scope (owner, and `metadata.user_id` when
