@@ -20,7 +20,8 @@ from redis.exceptions import RedisClusterException, RedisError
 from statestore.content_keys import ContentSealer
 from statestore.store.cache_entry import CachedHistory, CacheKey, decode_count, encode_count
 from statestore.store.redis_commands import ClusterCommands, RedisCommands, StandaloneCommands
-from statestore.store.resp import RespError, Script, split_cluster_flag
+from statestore.store.resp import Script, split_cluster_flag
+from statestore.store.resp_reader import RespError
 
 logger = logging.getLogger(__name__)
 

@@ -22,7 +22,8 @@ from redis import asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 
 from statestore.content_keys import Scope
-from statestore.store.resp import RespClient, RespError, Script, split_cluster_flag
+from statestore.store.resp import RespClient, Script, split_cluster_flag
+from statestore.store.resp_reader import RespError
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from statestore.store.resp import RespClient, RespError, Script
+from statestore.store.resp import RespClient, Script
+from statestore.store.resp_reader import RespError
 
 
 class RedisCommands(Protocol):

@@ -1,4 +1,5 @@
-"""A lean Redis client for the history cache's few commands: RESP2 over asyncio protocols, replies parsed by hiredis.
+"""A lean Redis client for the history cache's few commands: RESP2 over asyncio protocols, commands framed by hiredis,
+replies read by store/resp_reader.py.
 
 Why not redis-py here: every turn reads and appends its thread's history, and redis-py spends 60-90 us of CPU per
 command on its pool, locks, a task per write (`asyncio.wait_for`) and timeout contexts, against about 15 us for the
@@ -25,6 +26,8 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import hiredis
 
+from statestore.store.resp_reader import RespError, RespProtocolError, RespReader
+
 Arg = bytes | str | int
 
 
@@ -42,10 +45,6 @@ def split_cluster_flag(url: str) -> tuple[str, bool]:
         raise ValueError("the redis URL's cluster flag must be 1/true or 0/false")
     rest = urlencode([(key, value) for key, value in query if key != "cluster"])
     return urlunsplit(parts._replace(query=rest)), flags[-1] in _TRUE_FLAGS
-
-
-class RespError(Exception):
-    """An error reply from Redis (its text never carries stored values)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +98,7 @@ def pack(args: Sequence[Arg]) -> bytes:
 class _Connection(asyncio.Protocol):
     def __init__(self, timeout_s: float) -> None:
         self._timeout_s = timeout_s
-        self._reader = hiredis.Reader(replyError=RespError)
+        self._reader = RespReader(self._reply)
         self._waiters: deque[asyncio.Future[Any]] = deque()
         self._transport: asyncio.Transport | None = None
         self.closed = False
@@ -113,18 +112,17 @@ class _Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
-        self._reader.feed(data)
-        while True:
-            try:
-                reply = self._reader.gets()
-            except hiredis.ProtocolError as exc:
-                self._fail(ConnectionError(f"redis protocol error: {exc}"))
-                return
-            if reply is False:
-                return
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(reply)
+        try:
+            self._reader.feed(data)
+        except RespProtocolError as exc:
+            self._fail(exc)
+
+    def _reply(self, reply: Any) -> None:
+        if not self._waiters:
+            raise RespProtocolError("redis protocol error: a reply to no command")
+        waiter = self._waiters.popleft()
+        if not waiter.done():
+            waiter.set_result(reply)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True

@@ -13,7 +13,8 @@ import pytest
 import uvloop
 from redis.asyncio import Redis
 
-from statestore.store.resp import RespClient, RespError, Script
+from statestore.store.resp import RespClient, Script
+from statestore.store.resp_reader import RespError
 
 REDIS_URL = os.environ.get("STATESTORE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 
