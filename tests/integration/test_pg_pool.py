@@ -110,8 +110,8 @@ async def test_arrays_bind_as_before_once_the_pool_told_asyncpg_their_types(dsn:
         assert await conn.fetchval("SELECT $1::varchar[]", ("x", None)) == ["x", None]
         assert await conn.fetchval("SELECT array_ndims($1::integer[])", [[1, 2], [3, 4]]) == 2
         assert await conn.fetchval("SELECT $1::bigint[]", []) == []
-        # a string is no array, as before; and neither is a set now (statestore binds lists)
-        for refused in ("ab", {1, 2}):
+        # a string or a dict is no array, as before; a set is none now either (statestore binds lists)
+        for refused in ("ab", {1, 2}, {"a": 1}):
             with pytest.raises(asyncpg.DataError, match="sized iterable container expected"):
                 await conn.fetchval("SELECT $1::integer[]", refused)
     await pool.close()

@@ -12,3 +12,4 @@ def test_asyncpgs_array_encoder_takes_the_concrete_types() -> None:
     assert pg_arrays.install()
     assert protocol.IterableABC is pg_arrays.ARRAY_TYPES
     assert protocol.SizedABC is pg_arrays.ARRAY_TYPES
+    assert protocol.MappingABC is pg_arrays.MAPPING_TYPES
