@@ -73,15 +73,13 @@ class RespReader:
                     self._complete(data[pos : pos + length])
                     pos += length + 2
                 else:
-                    # The rest of this chunk is the start of a long value: kept as a view, joined once complete.
                     available = min(length, end_of_data - pos)
-                    self._parts = [memoryview(data)[pos : pos + available]]
-                    self._missing = length - available
+                    if available == length:  # all of the value is here; only (part of) its CRLF is not
+                        self._complete(data[pos : pos + length])
+                    else:  # the start of a long value: kept as a view, joined once complete
+                        self._parts = [memoryview(data)[pos:]]
+                        self._missing = length - available
                     self._skip = 2 - (end_of_data - pos - available)
-                    if self._missing == 0:  # all of it is here; only (part of) its CRLF is not
-                        value = b"".join(self._parts)
-                        self._parts = None
-                        self._complete(value)
                     return
             elif kind == _ARRAY:
                 count = self._number(data, pos, line_end)
