@@ -62,6 +62,9 @@ class Settings(BaseSettings):
     sessions_enabled: bool = True
     # How long a continue holds the thread head when its request dies without releasing it.
     lease_seconds: int = Field(default=120, ge=1)
+    # A continue by response id claims the head in Redis, not with a lease in PostgreSQL, where Redis (standalone, in
+    # clear) and PostgreSQL are both configured: one database round trip a turn fewer (README "Leases and claims").
+    redis_claims: bool = True
 
     # keys mode: the backend credential statestore sends, globally or per tenant name (JSON object).
     upstream_api_key: SecretStr | None = None

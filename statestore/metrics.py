@@ -35,6 +35,9 @@ ResponseTurnKind = Literal["create", "continue", "conversation"]
 BackgroundOutcome = Literal["completed", "incomplete", "failed", "cancelled", "rerun"]
 _BACKGROUND_OUTCOMES: tuple[BackgroundOutcome, ...] = ("completed", "incomplete", "failed", "cancelled", "rerun")
 CacheLookupResult = Literal["hit", "miss", "stale", "error"]
+# How a threaded continue held its thread's head (store/thread_claims.py).
+HeadHeld = Literal["claim", "claim_and_lease", "lease"]
+_HEADS_HELD: tuple[HeadHeld, ...] = ("claim", "claim_and_lease", "lease")
 UpstreamErrorKind = Literal["unreachable", "timeout"]
 # Time to the backend's response headers, by what came back: a 2xx/3xx, a 4xx, a 5xx, or no headers at all.
 UpstreamOutcome = Literal["ok", "client_error", "server_error", "unreachable", "timeout"]
@@ -90,6 +93,12 @@ BACKGROUND_TURNS = Declared(
     ("outcome",),
 )
 CACHE_LOOKUPS = Declared("cache_lookups", "Thread cache lookups by result.", ("result",))
+THREAD_HEADS = Declared(
+    "thread_heads",
+    "Threaded continues by how they held the thread's head: claimed in Redis, claimed and leased in the database (the "
+    "row was not served from Redis), or leased alone (claims off, Redis away, a session).",
+    ("held",),
+)
 DECLARED = (
     HTTP_REQUESTS,
     HTTP_REQUEST_DURATION,
@@ -99,6 +108,7 @@ DECLARED = (
     THREAD_TURNS,
     BACKGROUND_TURNS,
     CACHE_LOOKUPS,
+    THREAD_HEADS,
 )
 
 
@@ -128,6 +138,7 @@ class Metrics:
         self._thread_turns = make.counter(THREAD_TURNS)
         self._background_turns = make.counter(BACKGROUND_TURNS)
         self._cache_lookups = make.counter(CACHE_LOOKUPS)
+        self._thread_heads = make.counter(THREAD_HEADS)
         self._initialise_fixed_series()
 
     def _initialise_fixed_series(self) -> None:
@@ -140,6 +151,8 @@ class Metrics:
                 self._turns.labels("responses", response_kind, outcome)
         for result in _CACHE_RESULTS:
             self._cache_lookups.labels(result)
+        for held in _HEADS_HELD:
+            self._thread_heads.labels(held)
         for background in _BACKGROUND_OUTCOMES:
             self._background_turns.labels(background)
         for error_kind in _UPSTREAM_ERROR_KINDS:
@@ -168,6 +181,9 @@ class Metrics:
 
     def count_cache_lookup(self, result: CacheLookupResult) -> None:
         self._cache_lookups.labels(result).inc()
+
+    def count_thread_head(self, held: HeadHeld) -> None:
+        self._thread_heads.labels(held).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The `/metrics` body and its content type (the classic text format, which every Prometheus reads)."""

@@ -26,7 +26,7 @@ from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.background_store import BackgroundStore
 from statestore.store.cache import HistoryCache
-from statestore.store.cache_setup import create_cache
+from statestore.store.cache_setup import create_cache, thread_claims
 from statestore.store.console_guard import ConsoleGuard
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.engine import create_engine
@@ -37,6 +37,7 @@ from statestore.store.response_statements import PgResponseStatements
 from statestore.store.response_store import ResponseStore
 from statestore.store.retention_queries import RetentionQueries
 from statestore.store.sealed_events import sealed_event_log
+from statestore.store.thread_claims import HeadClaims
 from statestore.store.thread_reads import ThreadQueries
 from statestore.store.thread_repository import ThreadRepository
 from statestore.store.thread_store import ThreadStore
@@ -149,11 +150,13 @@ async def build_resources(
         )
         pg_responses = PgResponseStatements(pg_hot_path) if pg_hot_path is not None else None
         thread_cache: HistoryCache = cache
+        claims: HeadClaims | None = thread_claims(settings, cache, pg_hot_path)
         if tracer is not None:
             # Only when tracing is on: the same objects, each call inside a span (statestore/traced.py).
-            from statestore.traced import TracedCache, TracedRepository, TracedUpstream  # noqa: PLC0415
+            from statestore.traced import TracedCache, TracedClaims, TracedRepository, TracedUpstream  # noqa: PLC0415
 
             repository = TracedRepository(repository, tracer)
+            claims = TracedClaims(claims, tracer) if claims is not None else None
             thread_cache = TracedCache(cache, tracer)
             upstream = TracedUpstream(upstream, tracer)
             chat_upstream = TracedUpstream(chat_upstream, tracer, system="openai")
@@ -228,6 +231,7 @@ async def build_resources(
                 windows=Windows(upstream),
                 clock=clock,
                 content=content,
+                claims=claims,
             ),
             authenticator=authenticator,
             admin_tokens=AdminTokens(settings.admin_token_table()),

@@ -1,10 +1,11 @@
 """The traced variants of the serving objects, used only when tracing is on (statestore/tracing.py).
 
 A span per `POST /v1/messages` (SERVER, continuing the client's traceparent), with children for the lease
-(`statestore.lease`), the history read (`statestore.history_read`: the cache, and the database on a miss), the
-backend call (`statestore.upstream`, CLIENT, which carries traceparent to the backend) and the commit
-(`statestore.commit`). GenAI semantic-convention attributes: gen_ai.system, gen_ai.operation.name,
-gen_ai.request.model, gen_ai.request.max_tokens, gen_ai.usage.input_tokens / output_tokens. Never message content.
+(`statestore.lease`, by `response`, `session`, `create`, or `claim` for a head claimed in Redis), the history read
+(`statestore.history_read`: the cache, and the database on a miss), the backend call (`statestore.upstream`, CLIENT,
+which carries traceparent to the backend) and the commit (`statestore.commit`). GenAI semantic-convention
+attributes: gen_ai.system, gen_ai.operation.name, gen_ai.request.model, gen_ai.request.max_tokens,
+gen_ai.usage.input_tokens / output_tokens. Never message content.
 """
 
 from __future__ import annotations
@@ -21,14 +22,47 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from statestore.content_keys import ContentSealer
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CachedHistory, CacheKey
+from statestore.store.thread_claims import Claim, HeadClaims, Settle
 from statestore.store.thread_store import ThreadStore
-from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread, TurnCommit
+from statestore.store.turn_records import ContinueRefusal, HeadAfter, LeasedThread, NewThread, TurnCommit
 from statestore.upstream.client import Upstream, UpstreamResponse
 
 GENAI_SYSTEM = "anthropic"
 # The rebuilt request puts the turn's fields first (threads/assembly.py), so the model is within the first bytes.
 _MODEL = re.compile(rb'"model"\s*:\s*"([^"\\]{1,256})"')
 _MODEL_SCAN_BYTES = 4096
+
+
+class TracedClaims(HeadClaims):
+    """A claim on a thread head (store/thread_claims.py) is the turn's lease (`statestore.lease`, by `claim`), and the
+    same round trip reads the cached history (`statestore.history_read`, from the cache)."""
+
+    __slots__ = ("_inner", "_tracer")
+
+    def __init__(self, inner: HeadClaims, tracer: Tracer) -> None:
+        self._inner = inner
+        self._tracer = tracer
+
+    async def claim(
+        self, thread_id: str, *, owner: str, response_id: str, token: str, lease_ms: int, now_ms: int
+    ) -> Claim:
+        # Siblings under the request's span, as a leased turn's lease and history read are.
+        read = self._tracer.start_span("statestore.history_read", attributes={"statestore.history.source": "cache"})
+        try:
+            with self._tracer.start_as_current_span("statestore.lease", attributes={"statestore.lease.by": "claim"}):
+                claim = await self._inner.claim(
+                    thread_id, owner=owner, response_id=response_id, token=token, lease_ms=lease_ms, now_ms=now_ms
+                )
+            read.set_attribute("statestore.cache.hit", claim.cached is not None)
+            return claim
+        finally:
+            read.end()
+
+    async def renew(self, thread_id: str, head: str, token: str, lease_ms: int) -> bool:
+        return await self._inner.renew(thread_id, head, token, lease_ms)
+
+    async def release(self, thread_id: str, head: str, token: str) -> None:
+        await self._inner.release(thread_id, head, token)
 
 
 class TracedRepository(ThreadStore):
@@ -78,7 +112,7 @@ class TracedRepository(ThreadStore):
             span.set_attribute("statestore.history.messages", len(rows))
             return rows
 
-    async def commit_turn(self, commit: TurnCommit) -> bool:
+    async def commit_turn(self, commit: TurnCommit) -> HeadAfter | bool:
         usage = {
             "gen_ai.usage.input_tokens": commit.usage.input_tokens,
             "gen_ai.usage.output_tokens": commit.usage.output_tokens,
@@ -94,7 +128,7 @@ class TracedRepository(ThreadStore):
             "statestore.commit", attributes={**usage, "statestore.thread.messages_added": len(commit.rows)}
         ) as span:
             committed = await self._inner.commit_turn(commit)
-            span.set_attribute("statestore.commit.stored", committed)
+            span.set_attribute("statestore.commit.stored", committed is not False)
             return committed
 
     # Untraced: small statements off the common path, or inside a span already.
@@ -150,8 +184,10 @@ class TracedCache(HistoryCache):
     def kind(self) -> str:
         return self._inner.kind
 
-    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer) -> None:
-        await self._inner.put(key, history, ttl_ms, sealer=sealer)
+    async def put(
+        self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer, then: Settle | None = None
+    ) -> None:
+        await self._inner.put(key, history, ttl_ms, sealer=sealer, then=then)
 
     async def append(
         self,
@@ -162,8 +198,9 @@ class TracedCache(HistoryCache):
         *,
         sealer: ContentSealer,
         new_count: int | None = None,
+        then: Settle | None = None,
     ) -> None:
-        await self._inner.append(key, expected_count, added, ttl_ms, sealer=sealer, new_count=new_count)
+        await self._inner.append(key, expected_count, added, ttl_ms, sealer=sealer, new_count=new_count, then=then)
 
     async def move(
         self,

@@ -18,10 +18,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
 from statestore.content_keys import ContentSealer
-from statestore.store.cache_entry import CachedHistory, CacheKey, decode_count, encode_count
+from statestore.store.cache_entry import CachedHistory, CacheKey, decode_count, encode_count, thread_key
+from statestore.store.cache_scripts import APPEND, APPEND_SETTLE, MOVE, PUT, PUT_SETTLE
 from statestore.store.redis_commands import ClusterCommands, RedisCommands, StandaloneCommands
-from statestore.store.resp import Script, split_cluster_flag
+from statestore.store.resp import split_cluster_flag
 from statestore.store.resp_reader import RespError
+from statestore.store.thread_claims import Settle, ThreadClaims
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +42,12 @@ class HistoryCache(Protocol):
 
     async def get(self, key: CacheKey) -> CachedHistory | None: ...
 
-    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer) -> None: ...
+    async def put(
+        self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer, then: Settle | None = None
+    ) -> None:
+        """Write the entry. `then`: a thread commit's row and claim (store/thread_claims.py), settled in the same
+        step; only a cache that claims (a standalone Redis in clear) is given one."""
+        ...
 
     async def append(
         self,
@@ -51,10 +58,12 @@ class HistoryCache(Protocol):
         *,
         sealer: ContentSealer,
         new_count: int | None = None,
+        then: Settle | None = None,
     ) -> None:
         """Append `added` if the entry holds exactly `expected_count` messages and refresh its TTL;
         otherwise (missing or stale) drop the entry so the next read rebuilds it. Atomic. `new_count`: the count
-        after, when the caller counts something else than joined messages (default `expected_count + len(added)`)."""
+        after, when the caller counts something else than joined messages (default `expected_count + len(added)`).
+        `then`: as for `put`; the row is kept only beside the history it belongs to."""
         ...
 
     async def move(
@@ -115,72 +124,23 @@ def append_tail(expected_count: int, added: list[bytes]) -> bytes:
 # Redis
 # ---------------------------------------------------------------------------------------------------
 
-# Both scripts run their writes with pcall and, if any fails (OOM, WRONGTYPE, a bad TTL), delete the
-# thread's keys before returning the error: a half-applied write could leave a count that matches
-# bytes it does not describe, and that would be served as valid. DEL is allowed even under OOM.
-_APPLY_OR_DROP = """
-local function apply_or_drop(steps)
-  for _, step in ipairs(steps) do
-    local reply = redis.pcall(unpack(step))
-    if type(reply) == 'table' and reply.err then
-      redis.call('DEL', KEYS[1], KEYS[2])
-      return reply
-    end
-  end
-  return 1
-end
-"""
 
-# KEYS: joined, count. ARGV: joined bytes, count, ttl ms.
-_PUT_LUA = (
-    _APPLY_OR_DROP
-    + """
-return apply_or_drop({
-  {'SET', KEYS[1], ARGV[1], 'PX', ARGV[3]},
-  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
-})
-"""
-)
+def _settled(then: Settle) -> tuple[bytes, str]:
+    """A Settle as the settling scripts' last two arguments ('' for none)."""
+    return then.row or b"", then.token if then.claimed_head is not None and then.token is not None else ""
 
-# KEYS: joined, count. ARGV: expected count, new count, ttl ms, bytes to append (separator included).
-# The count is compared as the decimal string we wrote; pcall turns a wrong-typed key into a mismatch.
-_APPEND_LUA = (
-    _APPLY_OR_DROP
-    + """
-if redis.pcall('GET', KEYS[2]) ~= ARGV[1] or redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('DEL', KEYS[1], KEYS[2])
-  return 0
-end
-return apply_or_drop({
-  {'APPEND', KEYS[1], ARGV[4]},
-  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
-  {'PEXPIRE', KEYS[1], ARGV[3]},
-})
-"""
-)
 
-# KEYS: new joined, new count, old joined, old count. ARGV: expected count, new count, ttl ms, bytes to append.
-# Standalone Redis only: the old and new keys are under different hash tags, so in different Cluster slots.
-_MOVE_LUA = (
-    _APPLY_OR_DROP
-    + """
-if redis.pcall('GET', KEYS[4]) ~= ARGV[1] or redis.call('EXISTS', KEYS[3]) == 0 then
-  redis.call('DEL', KEYS[3], KEYS[4])
-  return 0
-end
-redis.call('RENAME', KEYS[3], KEYS[1])
-redis.call('DEL', KEYS[4])
-return apply_or_drop({
-  {'APPEND', KEYS[1], ARGV[4]},
-  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
-  {'PEXPIRE', KEYS[1], ARGV[3]},
-})
-"""
-)
+def _entry(count: bytes, joined: bytes) -> CachedHistory | None:
+    """An entry as its two keys hold it; None for a count this code cannot read."""
+    decoded = decode_count(count)
+    if decoded is None:
+        return None
+    n, version = decoded
+    # The two keys can disagree only through outside interference; do not serve that.
+    if n < 0 or (n == 0) != (joined == b""):
+        return None
+    return CachedHistory(n, joined, version)
 
-_PUT = Script(_PUT_LUA)
-_APPEND = Script(_APPEND_LUA)
-_MOVE = Script(_MOVE_LUA)
 
 # Errors a cache call may raise; all of them mean "behave like a miss". OSError covers the lean client's
 # ConnectionError and TimeoutError, and socket errors that escape redis-py's wrapping in cluster mode. RuntimeError is
@@ -242,6 +202,24 @@ class RedisHistoryCache:
         tagged = f"{self._prefix}{{{key.name}}}"
         return f"{tagged}:h", f"{tagged}:n"
 
+    def _dropped(self, key: CacheKey) -> tuple[str, str, str]:
+        """An entry's keys and the row a thread's commit keeps beside it (store/thread_claims.py): a thread's
+        system and tools go with its history."""
+        tagged = f"{self._prefix}{{{key.name}}}"
+        return f"{tagged}:h", f"{tagged}:n", f"{tagged}:r"
+
+    def _claim_keys(self, thread_id: str, head: str) -> tuple[str, str, str, str]:
+        """A thread entry's history and count, the row beside it, and the claim on `head`."""
+        tagged = f"{self._prefix}{{{thread_key(thread_id).name}}}"
+        return f"{tagged}:h", f"{tagged}:n", f"{tagged}:r", f"{tagged}:c:{head}"
+
+    def thread_claims(self) -> ThreadClaims | None:
+        """Claims on thread heads under this cache's entries; None on a Redis Cluster (its pipelines are redis-py's,
+        and a claim is worth only what it saves on the lean client)."""
+        if not isinstance(self._commands, StandaloneCommands):
+            return None
+        return ThreadClaims(self._commands.client, self._claim_keys, _entry)
+
     def _fault(self, operation: str, key: CacheKey | None, exc: BaseException) -> None:
         self.errors += 1
         suppressed = self._gate.open()
@@ -271,24 +249,27 @@ class RedisHistoryCache:
         if found is None:
             return None
         count, joined = found
-        decoded = decode_count(count)
-        if decoded is None:
-            return None
-        n, version = decoded
-        # The two keys can disagree only through outside interference; do not serve that.
-        if n < 0 or (n == 0) != (joined == b""):
-            return None
-        return CachedHistory(n, joined, version)
+        return _entry(count, joined)
 
-    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer) -> None:
-        await self.put_raw(key, encode_count(history.count, history.version), history.joined, ttl_ms)
+    async def put(
+        self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer, then: Settle | None = None
+    ) -> None:
+        count = encode_count(history.count, history.version)
+        if then is None or ttl_ms <= 0:
+            await self.put_raw(key, count, history.joined, ttl_ms)
+            return
+        keys = self._claim_keys(key.id, then.claimed_head or "")
+        try:
+            await self._commands.run(PUT_SETTLE, keys, (history.joined, count, ttl_ms, *_settled(then)))
+        except _FAULTS as exc:
+            self._fault("put", key, exc)
 
     async def put_raw(self, key: CacheKey, count: bytes, data: bytes, ttl_ms: int) -> None:
         if ttl_ms <= 0:
             await self.delete(key)
             return
         try:
-            await self._commands.run(_PUT, self._keys(key), (data, count, ttl_ms))
+            await self._commands.run(PUT, self._keys(key), (data, count, ttl_ms))
         except _FAULTS as exc:
             self._fault("put", key, exc)
 
@@ -301,20 +282,31 @@ class RedisHistoryCache:
         *,
         sealer: ContentSealer,
         new_count: int | None = None,
+        then: Settle | None = None,
     ) -> None:
         # The script appends only when the entry holds `expected_count` messages, so the separator
         # can be decided here: an entry of zero messages is b"" and takes no leading comma.
-        count = expected_count + len(added) if new_count is None else new_count
-        await self.append_raw(
-            key, encode_count(expected_count), encode_count(count), append_tail(expected_count, added), ttl_ms
-        )
+        count = encode_count(expected_count + len(added) if new_count is None else new_count)
+        tail = append_tail(expected_count, added)
+        if then is None or ttl_ms <= 0:
+            await self.append_raw(key, encode_count(expected_count), count, tail, ttl_ms)
+            return
+        keys = self._claim_keys(key.id, then.claimed_head or "")
+        try:
+            await self._commands.run(
+                APPEND_SETTLE, keys, (encode_count(expected_count), count, ttl_ms, tail, *_settled(then))
+            )
+        except _FAULTS as exc:
+            self._fault("append", key, exc)
+            if not isinstance(exc, (ConnectionError, RedisConnectionError)):  # as append_raw: unknown, so dropped
+                await self.delete(key)
 
     async def append_raw(self, key: CacheKey, expected: bytes, count: bytes, tail: bytes, ttl_ms: int) -> None:
         if ttl_ms <= 0:
             await self.delete(key)
             return
         try:
-            await self._commands.run(_APPEND, self._keys(key), (expected, count, ttl_ms, tail))
+            await self._commands.run(APPEND, self._keys(key), (expected, count, ttl_ms, tail))
         except _FAULTS as exc:
             self._fault("append", key, exc)
             # The script is atomic, so the entry is either untouched (shorter, seen as stale) or fully
@@ -349,7 +341,7 @@ class RedisHistoryCache:
             return False
         keys = (*self._keys(new), *self._keys(old))
         try:
-            moved = await self._commands.run(_MOVE, keys, (expected, count, ttl_ms, tail))
+            moved = await self._commands.run(MOVE, keys, (expected, count, ttl_ms, tail))
         except _FAULTS as exc:
             self._fault("move", new, exc)
             return False
@@ -357,7 +349,7 @@ class RedisHistoryCache:
 
     async def delete(self, key: CacheKey) -> bool:
         try:
-            await self._commands.delete(self._keys(key))
+            await self._commands.delete(self._dropped(key))
         except _FAULTS as exc:
             self._fault("delete", key, exc)
             return False
@@ -368,7 +360,7 @@ class RedisHistoryCache:
             # One DEL per entry keeps every command inside a single slot (Cluster cannot run one across slots).
             batch = keys[start : start + _DELETE_BATCH]
             try:
-                await self._commands.delete_each([self._keys(key) for key in batch])
+                await self._commands.delete_each([self._dropped(key) for key in batch])
             except _FAULTS as exc:
                 # Stop at the first failed batch: Redis is likely down and the rest would fail slowly.
                 # Entries left behind expire with their TTL and the database no longer serves them.

@@ -3,10 +3,13 @@ default, either one sealed when encryption at rest is on (store/sealed_cache.py)
 
 from __future__ import annotations
 
+from statestore.config import Settings
 from statestore.content_keys import ContentKeys
 from statestore.store.cache import HistoryCache, RedisHistoryCache
 from statestore.store.memory_cache import MemoryHistoryCache
+from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.sealed_cache import SealedCache
+from statestore.store.thread_claims import ThreadClaims
 
 
 def create_cache(redis_url: str | None, prefix: str, content: ContentKeys | None = None) -> HistoryCache:
@@ -16,3 +19,12 @@ def create_cache(redis_url: str | None, prefix: str, content: ContentKeys | None
     if content is not None and content.enabled:
         return SealedCache(backend, content)
     return backend
+
+
+def thread_claims(settings: Settings, cache: HistoryCache, pg: PgHotPath | None) -> ThreadClaims | None:
+    """Claims on thread heads (store/thread_claims.py) where they save a round trip and PostgreSQL guards the commit:
+    a standalone Redis cache in clear (a sealed one keeps no rows: they hold the system prompt and tools), PostgreSQL's
+    prepared statements, and `STATESTORE_REDIS_CLAIMS` left on."""
+    if not settings.redis_claims or pg is None or not isinstance(cache, RedisHistoryCache):
+        return None
+    return cache.thread_claims()

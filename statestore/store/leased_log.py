@@ -30,7 +30,7 @@ from statestore.store.response_records import NewResponse
 from statestore.store.schema import conversations, sessions, threads
 from statestore.store.statement import CoreStatement, P, PgStatement, core_param
 from statestore.store.thread_commit import commit_thread_turn
-from statestore.store.turn_records import LeasedThread, TurnCommit
+from statestore.store.turn_records import HeadAfter, LeasedThread, TurnCommit
 
 # -- the parameters of each lease statement ------------------------------------------------------------------------
 
@@ -284,9 +284,10 @@ class LeasedLog:
         async with self._single.connect() as conn:
             await conn.execute(log.core_release.statement, log.core_release.values(release))
 
-    async def commit_thread_turn(self, commit: TurnCommit) -> bool:
-        """Append the turn's messages and move the head, atomically, if the turn still holds the lease; False (nothing
-        changed) when it was lost."""
+    async def commit_thread_turn(self, commit: TurnCommit) -> HeadAfter | bool:
+        """Append the turn's messages and move the head, atomically, if the turn still holds the lease (a claimed turn:
+        if the head is still the one it was sent with and no lease is live); False (nothing changed) otherwise. On
+        PostgreSQL the row as the commit left it."""
         return await commit_thread_turn(self._engine, self._pg, commit)
 
     async def commit_response(self, new: NewResponse, token: str | None) -> bool:

@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from statestore.content_keys import ContentSealer
 from statestore.store.cache_entry import CachedHistory, CacheKey, appended
+from statestore.store.thread_claims import Settle
 
 _MIB = 1024 * 1024
 
@@ -99,7 +100,9 @@ class MemoryHistoryCache:
         self._entries.move_to_end(name)
         return CachedHistory(entry.messages, entry.joined, entry.version)
 
-    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer) -> None:
+    async def put(
+        self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer, then: Settle | None = None
+    ) -> None:
         if ttl_ms <= 0:
             self._remove(key.name)
             return
@@ -115,6 +118,7 @@ class MemoryHistoryCache:
         *,
         sealer: ContentSealer,
         new_count: int | None = None,
+        then: Settle | None = None,
     ) -> None:
         now = self._clock()
         name = key.name

@@ -34,28 +34,28 @@ class RedisCommands(Protocol):
 
 class StandaloneCommands:
     def __init__(self, url: str, *, timeout_s: float, connections: int = 4) -> None:
-        self._client = RespClient(url, timeout_s=timeout_s, connections=connections)
+        self.client = RespClient(url, timeout_s=timeout_s, connections=connections)
 
     async def mget(self, keys: Sequence[str]) -> list[Any]:
-        replies: list[Any] = await self._client.execute("MGET", *keys)
+        replies: list[Any] = await self.client.execute("MGET", *keys)
         return replies
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[bytes | str | int]) -> Any:
-        return await script.run(self._client, keys, args)
+        return await script.run(self.client, keys, args)
 
     async def delete(self, keys: Sequence[str]) -> None:
-        await self._client.execute("DEL", *keys)
+        await self.client.execute("DEL", *keys)
 
     async def delete_each(self, groups: Sequence[Sequence[str]]) -> None:
-        for reply in await self._client.pipeline([("DEL", *group) for group in groups]):
+        for reply in await self.client.pipeline([("DEL", *group) for group in groups]):
             if isinstance(reply, RespError):
                 raise reply
 
     async def ping(self) -> bool:
-        return bool(await self._client.execute("PING") == b"PONG")
+        return bool(await self.client.execute("PING") == b"PONG")
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.client.aclose()
 
 
 class ClusterCommands:

@@ -24,6 +24,7 @@ from statestore.content_keys import ContentKeys, ContentSealer, row_data
 from statestore.store.cache import RedisHistoryCache, append_tail
 from statestore.store.cache_entry import CachedHistory, CacheKey, decode_sealed_count, encode_sealed_count
 from statestore.store.memory_cache import MemoryHistoryCache
+from statestore.store.thread_claims import Settle
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,9 @@ class SealedCache:
         joined = opened[0] if len(opened) == 1 else b"".join(opened)
         return CachedHistory(count, joined, version, frames=len(values))
 
-    async def put(self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer) -> None:
+    async def put(
+        self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer, then: Settle | None = None
+    ) -> None:
         data = sealed_frame(sealer, history.joined) if history.joined else b""
         await self._store.put_raw(key, encode_sealed_count(history.count, history.version), data, ttl_ms)
 
@@ -125,6 +128,7 @@ class SealedCache:
         *,
         sealer: ContentSealer,
         new_count: int | None = None,
+        then: Settle | None = None,
     ) -> None:
         count = expected_count + len(added) if new_count is None else new_count
         await self._store.append_raw(

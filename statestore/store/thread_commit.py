@@ -17,11 +17,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.content_keys import CLEAR
 from statestore.store import usage_rows
-from statestore.store.pg_hot_path import PgHotPath, affected
+from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.schema import sessions, thread_messages, threads
 from statestore.store.statement import PgStatement
 from statestore.store.thread_sealing import field_data, message_data
-from statestore.store.turn_records import TurnCommit
+from statestore.store.turn_records import HeadAfter, TurnCommit
 
 
 def usage_key(commit: TurnCommit) -> tuple[int, int]:
@@ -34,7 +34,10 @@ class CommitThreadTurn:
     """PG_COMMIT_THREAD_TURN's parameters: the messages as parallel arrays (one unnest inserts them all)."""
 
     thread_id: str
+    # The turn's token; a claimed turn (store/thread_claims.py) also the head it was sent with, which it commits on
+    # unless it took the database's lease with its token meanwhile (a long turn).
     token: str
+    expected_head: str | None
     head_message_id: str
     added_bytes: int
     ttl_seconds: int
@@ -91,6 +94,7 @@ class CommitThreadTurn:
         return cls(
             thread_id=commit.thread_id,
             token=commit.lease_token,
+            expected_head=commit.expected_head,
             head_message_id=commit.head_message_id,
             added_bytes=sum(len(body) for body, _ in rows),
             ttl_seconds=commit.ttl_seconds,
@@ -150,30 +154,54 @@ WITH moved AS (
         context_summarized = context_summarized + :summarized,
         last_model = :model::varchar,
         last_max_tokens = :max_tokens::integer
-    WHERE id = :thread_id AND lease_token = :token
-    RETURNING id
+    WHERE id = :thread_id AND (
+        lease_token = :token
+        OR (head_message_id = :expected_head::varchar AND expires_ms > :now_ms
+            AND (lease_token IS NULL OR lease_expires_ms <= :now_ms))
+    )
+    RETURNING id, head_position, byte_count, ttl_seconds, expires_ms, base_position, base_bytes,
+        COALESCE(octet_length(context_head), 0) AS head_bytes, context_tokens, metadata_user_id
 ), counted AS (
     INSERT INTO daily_usage (day, shard, door, turns, bytes)
     SELECT :day, :shard, 'messages', 1, :added_bytes FROM moved
     ON CONFLICT (day, shard) DO UPDATE
     SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
+), added AS (
+    INSERT INTO thread_messages (thread_id, position, body, response_id, backend_id)
+    SELECT moved.id, m.position, m.body, m.response_id, m.backend_id
+    FROM moved, unnest(:positions::integer[], :bodies::bytea[], :response_ids::varchar[], :backend_ids::varchar[])
+        AS m(position, body, response_id, backend_id)
+    RETURNING 1
 )
-INSERT INTO thread_messages (thread_id, position, body, response_id, backend_id)
-SELECT moved.id, m.position, m.body, m.response_id, m.backend_id
-FROM moved, unnest(:positions::integer[], :bodies::bytea[], :response_ids::varchar[], :backend_ids::varchar[])
-    AS m(position, body, response_id, backend_id)
+SELECT moved.*, (SELECT count(*) FROM added) AS added FROM moved
 """,
     durable=True,
 )
 
 
-async def commit_thread_turn(engine: AsyncEngine, pg: PgHotPath | None, commit: TurnCommit) -> bool:
-    """True when stored; False when the turn no longer held the lease (nothing changed). Both dialects bind from
-    the one CommitThreadTurn."""
+async def commit_thread_turn(engine: AsyncEngine, pg: PgHotPath | None, commit: TurnCommit) -> HeadAfter | bool:
+    """The row as the commit left it (PostgreSQL), or True, when stored; False when the turn no longer held the lease
+    or, claimed, the head moved (nothing changed). Both dialects bind from the one CommitThreadTurn."""
     params = CommitThreadTurn.of(commit)
     if pg is not None and commit.rebind_session is None:
-        # No row inserted means the lease was lost and nothing changed.
-        return affected(await pg.execute(PG_COMMIT_THREAD_TURN, params)) == len(params.positions)
+        row = await pg.fetchrow(PG_COMMIT_THREAD_TURN, params)
+        if row is None:  # the lease was lost, or the head moved: nothing changed
+            return False
+        if row["added"] != len(params.positions):
+            raise RuntimeError("a thread commit inserted fewer messages than it moved the head by")
+        return HeadAfter(
+            head_position=row["head_position"],
+            byte_count=row["byte_count"],
+            ttl_seconds=row["ttl_seconds"],
+            expires_ms=row["expires_ms"],
+            base_position=row["base_position"],
+            base_bytes=row["base_bytes"],
+            head_bytes=row["head_bytes"],
+            context_tokens=row["context_tokens"],
+            metadata_user_id=row["metadata_user_id"],
+        )
+    if params.expected_head is not None:
+        raise ValueError("a claimed turn commits on PostgreSQL's prepared statement only")
     postgres = engine.dialect.name == "postgresql"
     async with engine.begin() as conn:
         moved = await conn.execute(

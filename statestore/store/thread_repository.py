@@ -29,7 +29,7 @@ from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.schema import sessions, thread_messages, threads
 from statestore.store.statement import PgStatement
 from statestore.store.thread_sealing import context_data, field_data, open_rows, thread_scope
-from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread, TurnCommit
+from statestore.store.turn_records import ContinueRefusal, HeadAfter, LeasedThread, NewThread, TurnCommit
 
 
 def _lease_is_free(now_ms: int) -> ColumnElement[bool]:
@@ -230,7 +230,7 @@ class ThreadRepository:
         result = await conn.execute(stmt)
         return result.rowcount == 1
 
-    async def commit_turn(self, commit: TurnCommit) -> bool:
+    async def commit_turn(self, commit: TurnCommit) -> HeadAfter | bool:
         """Append the turn's messages and move the head, atomically, if this request still holds the lease."""
         return await self.log.commit_thread_turn(commit)
 

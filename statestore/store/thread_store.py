@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread, TurnCommit
+from statestore.store.turn_records import ContinueRefusal, HeadAfter, LeasedThread, NewThread, TurnCommit
 
 
 class ThreadStore(Protocol):
@@ -30,7 +30,9 @@ class ThreadStore(Protocol):
         self, thread: NewThread, *, token: str, now_ms: int, lease_until_ms: int, bind_session: bool = True
     ) -> bool: ...
 
-    async def commit_turn(self, commit: TurnCommit) -> bool: ...
+    async def commit_turn(self, commit: TurnCommit) -> HeadAfter | bool:
+        """The row as the commit left it (when the store returns it), or True, when stored; False when nothing was."""
+        ...
 
     async def renew_lease(self, *, thread_id: str, token: str, lease_until_ms: int) -> bool: ...
 

@@ -46,6 +46,22 @@ class LeasedThread:
 
 
 @record
+class HeadAfter:
+    """A thread's row as its commit left it, as the commit returns it (PostgreSQL): what a claimed continue reads
+    back from Redis (store/thread_claims.py) with the fixed fields it had."""
+
+    head_position: int
+    byte_count: int
+    ttl_seconds: int
+    expires_ms: int
+    base_position: int
+    base_bytes: int
+    head_bytes: int
+    context_tokens: int
+    metadata_user_id: str | None
+
+
+@record
 class NewThread:
     id: str
     owner: str
@@ -114,3 +130,6 @@ class TurnCommit:
     # (CLEAR when encryption is off: stored as they are).
     owner: str = ""
     sealer: ContentSealer = CLEAR
+    # A turn that claimed the head in Redis holds no lease in the database: its commit is a compare-and-set on the
+    # head it was sent with (`expected_head`), refused while a database lease is live (store/thread_claims.py).
+    expected_head: str | None = None

@@ -12,6 +12,7 @@ from statestore.metrics import Metrics
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CachedHistory, thread_key
 from statestore.store.sealed_cache import CONSOLIDATE_FRAMES
+from statestore.store.thread_claims import Settle
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import LeasedThread
 from statestore.threads import assembly
@@ -51,25 +52,30 @@ async def context_of(
 
 
 async def after_commit(
-    cache: HistoryCache, prepared: PreparedTurn, added: list[bytes], compaction: bytes | None
+    cache: HistoryCache,
+    prepared: PreparedTurn,
+    added: list[bytes],
+    compaction: bytes | None,
+    then: Settle | None = None,
 ) -> None:
     """The committed turn's context into the cache under the new head's position. An append only when the entry
-    still holds the context the turn was sent with: one the turn did not read is dropped instead."""
+    still holds the context the turn was sent with: one the turn did not read is dropped instead. `then`: the row
+    and claim a claiming cache settles in the same step (store/thread_claims.py)."""
     key = thread_key(prepared.thread_id)
     ttl_ms = prepared.ttl_seconds * 1000
     head_position = prepared.start_position + len(added)
     sealer = prepared.sealer
     if compaction is not None:
-        await cache.put(key, CachedHistory(head_position, compaction), ttl_ms, sealer=sealer)
+        await cache.put(key, CachedHistory(head_position, compaction), ttl_ms, sealer=sealer, then=then)
     elif prepared.creating or prepared.moved is not None:
         moved = [prepared.moved.joined] if prepared.moved is not None and prepared.moved.joined else []
         await cache.put(
-            key, CachedHistory(head_position, assembly.join_history([*moved, *added])), ttl_ms, sealer=sealer
+            key, CachedHistory(head_position, assembly.join_history([*moved, *added])), ttl_ms, sealer=sealer, then=then
         )
     elif prepared.cache_frames > CONSOLIDATE_FRAMES:
         # A sealed entry of many frames (one per turn) is written back whole, as one frame, so the next read opens
         # one value, not one per turn. Unconditional, as a create's put is: its count says which head it holds.
         joined = assembly.join_history([prepared.history, *added]) if prepared.history else assembly.join_history(added)
-        await cache.put(key, CachedHistory(head_position, joined), ttl_ms, sealer=sealer)
+        await cache.put(key, CachedHistory(head_position, joined), ttl_ms, sealer=sealer, then=then)
     else:
-        await cache.append(key, prepared.history_count, added, ttl_ms, sealer=sealer)
+        await cache.append(key, prepared.history_count, added, ttl_ms, sealer=sealer, then=then)

@@ -36,6 +36,15 @@ class Recut:
 
 
 @dataclass(slots=True)
+class HeadClaim:
+    """A Redis claim a turn holds on `head`, and whether it took the database's lease too (beside the claim when the
+    row was not served from Redis, or when the turn ran longer than a third of the lease), to give back."""
+
+    head: str
+    leased: bool
+
+
+@dataclass(slots=True)
 class PreparedTurn:
     """A turn holding the thread head: what to forward, and what to store if the reply completes."""
 
@@ -73,6 +82,15 @@ class PreparedTurn:
     sealer: ContentSealer = CLEAR
     history: bytes = b""
     cache_frames: int = 0
+    # The Redis claim the turn holds on its head (store/thread_claims.py), freed at its end; `row`: the thread's fixed
+    # fields, kept with the row the commit returns for the next claimed continue.
+    claim: HeadClaim | None = None
+    row: LeasedThread | None = None
+
+    @property
+    def expected_head(self) -> str | None:
+        """The head a claimed turn was sent with: its commit goes by its lease, or else by a compare-and-set on it."""
+        return self.claim.head if self.claim is not None else None
 
     def stop_keeper(self) -> None:
         if self.keeper is not None:

@@ -5,7 +5,6 @@ request and relays the reply."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Iterable
 from typing import Literal
@@ -26,15 +25,16 @@ from statestore.errors import (
 from statestore.metrics import Metrics
 from statestore.policy import Policy
 from statestore.store.cache import HistoryCache
-from statestore.store.cache_entry import CachedHistory, thread_key
+from statestore.store.cache_entry import thread_key
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
+from statestore.store.thread_claims import HeadClaims, Settle, encode_row
 from statestore.store.thread_sealing import thread_scope
 from statestore.store.thread_store import ThreadStore
-from statestore.store.turn_records import LeasedThread, NewThread, TurnCommit
+from statestore.store.turn_records import HeadAfter, NewThread, TurnCommit
 from statestore.threads import assembly, context_cache, context_step, rules
 from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
+from statestore.threads.head_holds import HeadHolds, Held, fixed_row
 from statestore.threads.ids import new_lease_token, new_response_id, new_thread_id, thread_of_response
-from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.prepared import CompletedReply, PreparedTurn, Recut, replay_fields
 from statestore.threads.refusal_retry import with_window
@@ -58,12 +58,15 @@ class ThreadService:
         windows: Windows | None = None,
         clock: Callable[[], int] = wall_clock_ms,
         content: ContentKeys | None = None,
+        claims: HeadClaims | None = None,
     ) -> None:
         """`summaries`: where a `summarize` policy's summary requests go (PROTOCOL §9); without it, such a policy
         truncates. `windows`: what the backend states of its windows, for a policy whose window is `auto`.
         `content`: the keys the cache entries are sealed with (the repository seals the rows); None or not enabled
-        when encryption is off."""
+        when encryption is off. `claims`: a continue by response id claims the head in Redis (store/thread_claims.py);
+        None, every turn leases it in the database."""
         self._content = content if content is not None and content.enabled else None
+        self.claims = claims
         self.metrics = metrics
         self.windows = windows
         self.summaries = summaries
@@ -72,6 +75,9 @@ class ThreadService:
         self.policies = policies
         self.lease_ms = lease_seconds * 1000
         self.clock = clock
+        self.heads = HeadHolds(
+            repository=repository, cache=cache, claims=claims, metrics=metrics, lease_ms=self.lease_ms, clock=clock
+        )
 
     async def begin(
         self, turn: ThreadTurn, principal: Principal, headers: Iterable[tuple[bytes, bytes]] = ()
@@ -121,36 +127,19 @@ class ThreadService:
             thread_id = thread_of_response(turn.previous_message_id)
             if thread_id is None:
                 raise ThreadNotFound("no thread has a response with this id")
-            # The cached history is read (in a task) while the lease is taken; its count is checked against the head.
-            reading = asyncio.ensure_future(self.cache.get(thread_key(thread_id)))
-            try:
-                leased = await self.repository.acquire_by_response(
-                    owner=owner,
-                    thread_id=thread_id,
-                    response_id=turn.previous_message_id,
-                    token=token,
-                    now_ms=now,
-                    lease_until_ms=now + self.lease_ms,
-                )
-            except BaseException:
-                reading.cancel()
-                raise
-            cached = await reading
-            if leased is None:
-                reason = await self.repository.why_not_continuable(
-                    owner=owner, thread_id=thread_id, response_id=turn.previous_message_id, now_ms=now
-                )
-                raise rules.refusal(reason)
-            return await self._continue(
-                leased, token, turn, policy, now, summarize=summarize, cached=cached, prefetched=True
+            held = await self.heads.take_by_response(
+                thread_id=thread_id, owner=owner, response_id=turn.previous_message_id, token=token, now=now
             )
+            return await self._continue(held, token, turn, policy, now, summarize=summarize)
         if turn.mode == "session":
             assert turn.session is not None
             leased = await self.repository.acquire_by_session(
                 owner=owner, session=turn.session, token=token, now_ms=now, lease_until_ms=now + self.lease_ms
             )
             if leased is not None:
-                return await self._continue(leased, token, turn, policy, now, summarize=summarize)
+                self.metrics.count_thread_head("lease")
+                held = Held(leased=leased, cached=None, claim=None)
+                return await self._continue(held, token, turn, policy, now, summarize=summarize, prefetched=False)
             if await self.repository.session_is_busy(owner=owner, session=turn.session, now_ms=now):
                 raise ThreadContinueInFlight("another request is continuing this session right now")
         return await self._create(principal, token, turn, policy, now)
@@ -203,7 +192,7 @@ class ThreadService:
         return PreparedTurn(
             thread_id=thread.id,
             lease_token=token,
-            keeper=self._keep(thread.id, token),
+            keeper=self.heads.keep(thread.id, token),
             creating=True,
             start_position=0,
             new_rows=new.stored,
@@ -221,23 +210,26 @@ class ThreadService:
             replay=replay_fields(turn),
             owner=principal.owner,
             sealer=sealer,
+            row=fixed_row(thread) if self.claims is not None else None,
         )
 
     async def _continue(
         self,
-        leased: LeasedThread,
+        held: Held,
         token: str,
         turn: ThreadTurn,
         policy: Policy,
         now: int,
         *,
         summarize: context_step.Summarize | None,
-        cached: CachedHistory | None = None,
-        prefetched: bool = False,
+        prefetched: bool = True,
     ) -> PreparedTurn:
+        """`held`: the thread, and the Redis claim on its head if any (without the database's lease, its commit is a
+        compare-and-set on that head); `prefetched`: whether `held.cached` was read."""
+        leased, cached, claim = held.leased, held.cached, held.claim
         # Kept from the moment it is taken: a summary (§9) is a whole backend call before the turn's own, and may
         # outlast the lease.
-        keeper = self._keep(leased.id, token)
+        keeper = self.heads.keep(leased.id, token, claim=claim, owner=leased.owner)
         try:
             rules.check_fixed_fields(leased, turn)
             new = assembly.encode_new_messages(turn.messages)
@@ -276,7 +268,7 @@ class ThreadService:
         except BaseException:
             keeper.stop()
             with anyio.CancelScope(shield=True):
-                await self._release_quietly(leased.id, token)
+                await self.heads.give_back(leased.id, token, claim=claim)
             raise
         return PreparedTurn(
             thread_id=leased.id,
@@ -303,6 +295,8 @@ class ThreadService:
             sealer=sealer,
             history=history,
             cache_frames=cache_frames,
+            claim=claim,
+            row=leased if self.claims is not None else None,
         )
 
     # -- settling the turn -------------------------------------------------------------------------------------
@@ -346,28 +340,45 @@ class ThreadService:
             move=move,
             owner=prepared.owner,
             sealer=prepared.sealer,
+            expected_head=prepared.expected_head,
         )
+        committed: HeadAfter | bool
         try:
             committed = await self.repository.commit_turn(commit)
         except DATABASE_ERRORS as exc:
             log.warning("could not commit a turn", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__})
             committed = await self._settle_lost_commit(prepared, exc)
-        if not committed:
+        if committed is False:
+            if prepared.expected_head is not None:
+                # Claimed: the head moved or a lease is live, found only now; the database says which.
+                reason = await self.repository.why_not_continuable(
+                    owner=prepared.owner, thread_id=prepared.thread_id, response_id=prepared.expected_head, now_ms=now
+                )
+                raise rules.refusal(reason)
             raise ThreadContinueInFlight("the lease on this thread ran out before the reply completed")
         prepared.outcome = "stored"
         self.metrics.count_thread_turn("create" if prepared.creating else "continue", "stored")
-        await context_cache.after_commit(self.cache, prepared, [body for body, _ in rows], reply.compaction)
+        then = None
+        if self.claims is not None:
+            # The row goes beside the history and the claim is freed, in the script that writes the history.
+            row = None
+            if isinstance(committed, HeadAfter) and prepared.row is not None:
+                row = encode_row(prepared.row, committed, prepared.response_id)
+            claimed = prepared.claim.head if prepared.claim is not None else None
+            then = Settle(row=row, claimed_head=claimed, token=prepared.lease_token)
+        await context_cache.after_commit(self.cache, prepared, [body for body, _ in rows], reply.compaction, then)
 
     async def _settle_lost_commit(self, prepared: PreparedTurn, error: BaseException) -> bool:
         """A commit whose connection failed may have committed all the same (the database committed, the reply to
         statestore was lost). Fence it first: give the head back, so a commit still on its way finds its lease gone
         and changes nothing. Then the reply's row decides: there, the turn was stored and is answered as such;
         absent, it never will be. Returns True (stored) or raises ServiceUnavailable."""
+        fence: str | None = None
         try:
             if prepared.creating:
                 await self.repository.abandon_create(thread_id=prepared.thread_id, token=prepared.lease_token)
             else:
-                await self.repository.release(thread_id=prepared.thread_id, token=prepared.lease_token)
+                fence = await self.heads.fence(prepared)
             stored = await self.repository.is_stored(thread_id=prepared.thread_id, response_id=prepared.response_id)
         except DATABASE_ERRORS:
             # The lease runs out by itself; until the database answers, whether the turn was stored is unknown.
@@ -377,6 +388,11 @@ class ThreadService:
             return True
         prepared.outcome = "given_back"
         self.metrics.count_thread_turn("create" if prepared.creating else "continue", "not_stored")
+        with anyio.CancelScope(shield=True):
+            if prepared.claim is not None:
+                await self.heads.give_back(prepared.thread_id, prepared.lease_token, claim=prepared.claim, lease=False)
+            if fence is not None:
+                await self.heads.give_back(prepared.thread_id, fence)
         raise ServiceUnavailable("the thread store is unavailable; the turn was not stored") from error
 
     async def give_back(self, prepared: PreparedTurn) -> None:
@@ -386,31 +402,13 @@ class ThreadService:
             return
         prepared.outcome = "given_back"
         self.metrics.count_thread_turn("create" if prepared.creating else "continue", "not_stored")
-        try:
-            if prepared.creating:
+        if prepared.creating:
+            try:
                 await self.repository.abandon_create(thread_id=prepared.thread_id, token=prepared.lease_token)
-            else:
-                await self.repository.release(thread_id=prepared.thread_id, token=prepared.lease_token)
-        except DATABASE_ERRORS as exc:
-            # The lease still runs out by itself; the thread stays continuable after that.
-            log.warning(
-                "could not release a lease", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__}
-            )
-
-    def _keep(self, thread_id: str, token: str) -> LeaseKeeper:
-        """A started keeper of the lease `token` holds on the thread, renewing it every third of its length."""
-
-        async def renew() -> bool:
-            return await self.repository.renew_lease(
-                thread_id=thread_id, token=token, lease_until_ms=self.clock() + self.lease_ms
-            )
-
-        keeper = LeaseKeeper(renew, interval=self.lease_ms / 3000, thread_id=thread_id)
-        keeper.start()
-        return keeper
-
-    async def _release_quietly(self, thread_id: str, token: str) -> None:
-        try:
-            await self.repository.release(thread_id=thread_id, token=token)
-        except DATABASE_ERRORS as exc:
-            log.warning("could not release a lease", extra={"thread_id": thread_id, "error": type(exc).__name__})
+            except DATABASE_ERRORS as exc:
+                # The lease still runs out by itself; the thread stays continuable after that.
+                log.warning(
+                    "could not release a lease", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__}
+                )
+            return
+        await self.heads.give_back(prepared.thread_id, prepared.lease_token, claim=prepared.claim)

@@ -154,8 +154,11 @@ async def test_each_span_of_a_threaded_turn(
 
     spans = exporter.get_finished_spans()
     create, hit, miss = (_children(spans, request) for request in _request_spans(spans))
-    for children, by in ((create, "create"), (hit, "response"), (miss, "response")):
-        assert _only(children, "statestore.lease") == {"statestore.lease.by": by}
+    # A continue claims its head in Redis (store/thread_claims.py); one whose entry Redis lost leases it in the
+    # database as well.
+    for children, by in ((create, ["create"]), (hit, ["claim"]), (miss, ["claim", "response"])):
+        leases = sorted(children.get("statestore.lease", []), key=lambda span: span.start_time or 0)
+        assert [dict(span.attributes or {}) for span in leases] == [{"statestore.lease.by": b} for b in by]
         upstream = _only(children, "statestore.upstream")
         assert (upstream["url.path"], upstream["http.response.status_code"]) == ("/v1/messages", 200)
         commit = _only(children, "statestore.commit")

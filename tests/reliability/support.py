@@ -520,6 +520,29 @@ def open_descriptors(pid: int, *, serving_port: int, peers: Mapping[int, str]) -
     return kinds
 
 
+def live_claims(redis_url: str, prefix: str) -> list[tuple[str, int]]:
+    """(thread id, expiry in ms) of every claim on a thread head in Redis (store/thread_claims.py) under `prefix`: a
+    continue's hold on its head where claims are on, as a lease is where they are not."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        now = time.time_ns() // 1_000_000
+        held = []
+        for key in client.scan_iter(match=f"{prefix}{{*}}:c:*"):
+            left = int(client.pttl(key))
+            if left > 0:
+                thread_id = key.decode()[len(prefix) + 1 :].split("}", 1)[0]
+                held.append((thread_id, now + left))
+        return held
+    finally:
+        client.close()
+
+
+def held_until(database_url: str, redis_url: str, prefix: str, thread_id: str) -> int | None:
+    """When the hold on a thread's head that lasts longest runs out (its lease, or a claim in Redis); None: none."""
+    ends = [until for held, until in live_leases(database_url) + live_claims(redis_url, prefix) if held == thread_id]
+    return max(ends) if ends else None
+
+
 def live_leases(database_url: str) -> list[tuple[str, int]]:
     """(thread id, lease_expires_ms) of every lease that has not run out yet. A lease that ran out keeps its token in
     the row until the next request takes the head, so `held_leases` counts those too."""

@@ -37,6 +37,8 @@ from tests.reliability.support import (
     echo,
     error_of,
     held_leases,
+    held_until,
+    live_claims,
     live_leases,
     private_postgres,
     query,
@@ -249,8 +251,9 @@ def test_sigkill_under_load_keeps_every_acknowledged_turn(
             server.kill()
             killed_at = time.monotonic()
             killed_ms = now_ms()
-            # Leases the dead process held: they must run out by themselves, LEASE_SECONDS after they were taken.
-            orphaned = live_leases(fresh_pg_url)
+            # Leases and claims the dead process held: they must run out by themselves, LEASE_SECONDS after they
+            # were taken.
+            orphaned = live_leases(fresh_pg_url) + live_claims(redis_url, redis_prefix)
             server.start()  # same port, same database
             assert server.starts == 2
 
@@ -277,6 +280,7 @@ def test_sigkill_under_load_keeps_every_acknowledged_turn(
         assert acked == total_acks(conversations) >= acked_before + 2 * CLIENTS
         assert assert_exports_match(server.url, conversations, threads) >= CLIENTS
         assert not live_leases(fresh_pg_url)
+        assert not live_claims(redis_url, redis_prefix)
         backend.reset()
         assert assert_heads_continue(server.url, conversations, fresh_pg_url) == len(
             [t for t in threads.values() if t.head_message_id is not None]
@@ -333,13 +337,13 @@ def test_sigkill_mid_stream_stores_nothing_and_the_lease_runs_out(
             ]
             partial_id = events[0]["message"]["id"]
 
-            # Nothing of the turn was written; the dead request's lease is there, bounded by LEASE_SECONDS.
-            [(head, position, until)] = query(
-                fresh_pg_url,
-                "SELECT head_message_id, head_position, lease_expires_ms FROM threads WHERE id = :id",
-                {"id": thread_id},
+            # Nothing of the turn was written; the dead request's hold on the head is there (a claim in Redis, and a
+            # lease once the turn ran a third of one), bounded by LEASE_SECONDS.
+            [(head, position)] = query(
+                fresh_pg_url, "SELECT head_message_id, head_position FROM threads WHERE id = :id", {"id": thread_id}
             )
             assert (head, position) == (second["id"], 4)
+            until = held_until(fresh_pg_url, redis_url, redis_prefix, thread_id)
             assert until is not None and taken_ms < until <= now_ms() + LEASE_SECONDS * 1000
             check_whole(fresh_pg_url)
             refused = other.turn([user("three, again")], second["id"])

@@ -1,0 +1,126 @@
+"""The Lua scripts the Redis history cache runs (store/cache.py): each writes an entry's keys atomically, and drops
+them rather than leave a count that describes bytes it does not match."""
+
+from __future__ import annotations
+
+from statestore.store.resp import Script
+
+# Both scripts run their writes with pcall and, if any fails (OOM, WRONGTYPE, a bad TTL), delete the
+# thread's keys before returning the error: a half-applied write could leave a count that matches
+# bytes it does not describe, and that would be served as valid. DEL is allowed even under OOM.
+_APPLY_OR_DROP = """
+local function apply_or_drop(steps)
+  for _, step in ipairs(steps) do
+    local reply = redis.pcall(unpack(step))
+    if type(reply) == 'table' and reply.err then
+      redis.call('DEL', KEYS[1], KEYS[2])
+      return reply
+    end
+  end
+  return 1
+end
+"""
+
+# KEYS: joined, count. ARGV: joined bytes, count, ttl ms.
+_PUT_LUA = (
+    _APPLY_OR_DROP
+    + """
+return apply_or_drop({
+  {'SET', KEYS[1], ARGV[1], 'PX', ARGV[3]},
+  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
+})
+"""
+)
+
+# KEYS: joined, count. ARGV: expected count, new count, ttl ms, bytes to append (separator included).
+# The count is compared as the decimal string we wrote; pcall turns a wrong-typed key into a mismatch.
+_APPEND_LUA = (
+    _APPLY_OR_DROP
+    + """
+if redis.pcall('GET', KEYS[2]) ~= ARGV[1] or redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  return 0
+end
+return apply_or_drop({
+  {'APPEND', KEYS[1], ARGV[4]},
+  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
+  {'PEXPIRE', KEYS[1], ARGV[3]},
+})
+"""
+)
+
+# A thread commit's row and claim (store/thread_claims.py), settled by the same script as its history. KEYS[3]: the row,
+# KEYS[4]: the claim. The row is kept only when the history was written; the claim is freed only by its holder.
+_SETTLE = """
+local function keep_row(row, ttl)
+  if row ~= '' then
+    local reply = redis.pcall('SET', KEYS[3], row, 'PX', ttl)
+    if type(reply) == 'table' and reply.err then redis.call('DEL', KEYS[3]) end
+  end
+end
+local function free_claim(token)
+  if token ~= '' and redis.call('GET', KEYS[4]) == token then redis.call('DEL', KEYS[4]) end
+end
+"""
+
+# KEYS: joined, count, row, claim. ARGV: joined bytes, count, ttl ms, row, claim token ('' for none).
+_PUT_SETTLE_LUA = (
+    _APPLY_OR_DROP
+    + _SETTLE
+    + """
+local done = apply_or_drop({
+  {'SET', KEYS[1], ARGV[1], 'PX', ARGV[3]},
+  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
+})
+if done == 1 then keep_row(ARGV[4], ARGV[3]) else redis.call('DEL', KEYS[3]) end
+free_claim(ARGV[5])
+return done
+"""
+)
+
+# KEYS: joined, count, row, claim. ARGV: expected count, new count, ttl ms, bytes to append, row, claim token.
+_APPEND_SETTLE_LUA = (
+    _APPLY_OR_DROP
+    + _SETTLE
+    + """
+if redis.pcall('GET', KEYS[2]) ~= ARGV[1] or redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+  free_claim(ARGV[6])
+  return 0
+end
+local done = apply_or_drop({
+  {'APPEND', KEYS[1], ARGV[4]},
+  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
+  {'PEXPIRE', KEYS[1], ARGV[3]},
+})
+if done == 1 then keep_row(ARGV[5], ARGV[3]) else redis.call('DEL', KEYS[3]) end
+free_claim(ARGV[6])
+return done
+"""
+)
+
+# KEYS: new joined, new count, old joined, old count. ARGV: expected count, new count, ttl ms, bytes to append.
+# Standalone Redis only: the old and new keys are under different hash tags, so in different Cluster slots.
+_MOVE_LUA = (
+    _APPLY_OR_DROP
+    + """
+if redis.pcall('GET', KEYS[4]) ~= ARGV[1] or redis.call('EXISTS', KEYS[3]) == 0 then
+  redis.call('DEL', KEYS[3], KEYS[4])
+  return 0
+end
+redis.call('RENAME', KEYS[3], KEYS[1])
+redis.call('DEL', KEYS[4])
+return apply_or_drop({
+  {'APPEND', KEYS[1], ARGV[4]},
+  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
+  {'PEXPIRE', KEYS[1], ARGV[3]},
+})
+"""
+)
+
+
+PUT = Script(_PUT_LUA)
+APPEND = Script(_APPEND_LUA)
+PUT_SETTLE = Script(_PUT_SETTLE_LUA)
+APPEND_SETTLE = Script(_APPEND_SETTLE_LUA)
+MOVE = Script(_MOVE_LUA)

@@ -1,0 +1,218 @@
+"""How a threaded turn holds its thread's head: the database's lease, a Redis claim (store/thread_claims.py), or
+both. Taken for a continue by response id, kept while the reply runs, fenced after a commit whose answer was lost,
+and given back; the turn itself (threads/service.py) only says which it holds (PreparedTurn.claim)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import anyio
+
+from statestore.metrics import Metrics
+from statestore.records import record
+from statestore.store.cache import HistoryCache
+from statestore.store.cache_entry import CachedHistory, thread_key
+from statestore.store.engine import DATABASE_ERRORS
+from statestore.store.thread_claims import CLAIM_FAULTS, HeadClaims
+from statestore.store.thread_store import ThreadStore
+from statestore.store.turn_records import LeasedThread, NewThread
+from statestore.threads import rules
+from statestore.threads.ids import new_lease_token
+from statestore.threads.lease import LeaseKeeper
+from statestore.threads.prepared import HeadClaim, PreparedTurn
+
+log = logging.getLogger(__name__)
+
+
+@record
+class Held:
+    """A continue's thread, held: the row (from the database's lease, or from Redis with a claim), the history cached
+    at the same time, and the claim when there is one."""
+
+    leased: LeasedThread
+    cached: CachedHistory | None
+    claim: HeadClaim | None
+
+
+class HeadHolds:
+    def __init__(
+        self,
+        *,
+        repository: ThreadStore,
+        cache: HistoryCache,
+        claims: HeadClaims | None,
+        metrics: Metrics,
+        lease_ms: int,
+        clock: Callable[[], int],
+    ) -> None:
+        self.repository = repository
+        self.cache = cache
+        self.claims = claims
+        self.metrics = metrics
+        self.lease_ms = lease_ms
+        self.clock = clock
+
+    async def take_by_response(self, *, thread_id: str, owner: str, response_id: str, token: str, now: int) -> Held:
+        """The head `response_id` names, held by `token`: claimed in Redis when claims are on and Redis answers,
+        with the row from there when it is the cached head's, else leased in the database as well; leased alone
+        otherwise. Raises the refusal (a thread error) with nothing held when the head cannot be taken."""
+        if self.claims is not None:
+            held = await self._claim(self.claims, thread_id, owner=owner, response_id=response_id, token=token, now=now)
+            if held is not None:
+                return held
+        # The cached history is read (in a task) while the lease is taken; its count is checked against the head.
+        reading = asyncio.ensure_future(self.cache.get(thread_key(thread_id)))
+        try:
+            leased = await self.repository.acquire_by_response(
+                owner=owner,
+                thread_id=thread_id,
+                response_id=response_id,
+                token=token,
+                now_ms=now,
+                lease_until_ms=now + self.lease_ms,
+            )
+        except BaseException:
+            reading.cancel()
+            raise
+        cached = await reading
+        if leased is None:
+            raise await self._refusal(owner, thread_id, response_id, now)
+        self.metrics.count_thread_head("lease")
+        return Held(leased=leased, cached=cached, claim=None)
+
+    async def _claim(
+        self, claims: HeadClaims, thread_id: str, *, owner: str, response_id: str, token: str, now: int
+    ) -> Held | None:
+        """None when Redis cannot be reached: the caller leases as before."""
+        try:
+            claim = await claims.claim(
+                thread_id, owner=owner, response_id=response_id, token=token, lease_ms=self.lease_ms, now_ms=now
+            )
+        except CLAIM_FAULTS as exc:
+            log.debug("could not claim a thread head in redis", extra={"error": type(exc).__name__})
+            return None
+        if not claim.held:
+            raise await self._refusal(owner, thread_id, response_id, now)
+        if claim.row is not None:
+            self.metrics.count_thread_head("claim")
+            return Held(leased=claim.row, cached=claim.cached, claim=HeadClaim(response_id, leased=False))
+        # The row is not served from Redis: the database's lease too, the claim kept (a claimed turn beside this one
+        # would only lose its commit).
+        try:
+            leased = await self.repository.acquire_by_response(
+                owner=owner,
+                thread_id=thread_id,
+                response_id=response_id,
+                token=token,
+                now_ms=now,
+                lease_until_ms=now + self.lease_ms,
+            )
+            if leased is None:
+                raise await self._refusal(owner, thread_id, response_id, now)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.give_back(thread_id, token, claim=HeadClaim(response_id, leased=False))
+            raise
+        self.metrics.count_thread_head("claim_and_lease")
+        return Held(leased=leased, cached=claim.cached, claim=HeadClaim(response_id, leased=True))
+
+    async def _refusal(self, owner: str, thread_id: str, response_id: str, now: int) -> Exception:
+        reason = await self.repository.why_not_continuable(
+            owner=owner, thread_id=thread_id, response_id=response_id, now_ms=now
+        )
+        return rules.refusal(reason)
+
+    def keep(self, thread_id: str, token: str, *, claim: HeadClaim | None = None, owner: str = "") -> LeaseKeeper:
+        """A started keeper of what `token` holds on the thread, renewing it every third of its length; lost is the
+        lease lost. A turn that holds only a claim takes the database's lease on its head at its first renewal: a
+        turn that long then keeps the thread from the purger and commits past the thread's expiry, by the lease, as
+        a leased turn does."""
+        claims = self.claims if claim is not None else None
+
+        async def renew() -> bool:
+            if claims is not None and claim is not None:
+                if not claim.leased:
+                    claim.leased = True  # before it is asked: a turn cancelled meanwhile gives back what it may hold
+                    now = self.clock()
+                    leased = await self.repository.acquire_by_response(
+                        owner=owner,
+                        thread_id=thread_id,
+                        response_id=claim.head,
+                        token=token,
+                        now_ms=now,
+                        lease_until_ms=now + self.lease_ms,
+                    )
+                    if leased is None:  # the head moved, or another turn leased it: this one cannot commit
+                        return False
+                # The lease is what guards this turn; the claim beside it only keeps claimed turns away.
+                with contextlib.suppress(*CLAIM_FAULTS):
+                    await claims.renew(thread_id, claim.head, token, self.lease_ms)
+            return await self.repository.renew_lease(
+                thread_id=thread_id, token=token, lease_until_ms=self.clock() + self.lease_ms
+            )
+
+        keeper = LeaseKeeper(renew, interval=self.lease_ms / 3000, thread_id=thread_id)
+        keeper.start()
+        return keeper
+
+    async def fence(self, prepared: PreparedTurn) -> str | None:
+        """After a continue's commit failed on its way: make sure a commit still on its way changes nothing, so that
+        whether the turn was stored can be read. A leased turn gives its lease back. A claimed commit may also land by
+        a compare-and-set on its head with no lease live, so giving back fences nothing: the fence is the database's
+        lease under a token of its own, taken on that head (after the turn's own lease, if it took one); returned, to
+        be given back once read. None to take: the head moved on. Raises the database's errors."""
+        claim = prepared.claim
+        if claim is None or claim.leased:
+            await self.repository.release(thread_id=prepared.thread_id, token=prepared.lease_token)
+        if claim is None:
+            return None
+        now = self.clock()
+        fence = new_lease_token()
+        taken = await self.repository.acquire_by_response(
+            owner=prepared.owner,
+            thread_id=prepared.thread_id,
+            response_id=claim.head,
+            token=fence,
+            now_ms=now,
+            lease_until_ms=now + self.lease_ms,
+        )
+        return fence if taken is not None else None
+
+    async def give_back(
+        self, thread_id: str, token: str, *, claim: HeadClaim | None = None, lease: bool | None = None
+    ) -> None:
+        """Free what `token` holds, quietly: the claim, and the database's lease (`lease`, or as `claim` says)."""
+        if claim is not None and self.claims is not None:
+            try:
+                await self.claims.release(thread_id, claim.head, token)
+            except CLAIM_FAULTS as exc:
+                log.warning("could not release a claim", extra={"thread_id": thread_id, "error": type(exc).__name__})
+        if not (lease if lease is not None else claim is None or claim.leased):
+            return
+        try:
+            await self.repository.release(thread_id=thread_id, token=token)
+        except DATABASE_ERRORS as exc:
+            log.warning("could not release a lease", extra={"thread_id": thread_id, "error": type(exc).__name__})
+
+
+def fixed_row(thread: NewThread) -> LeasedThread:
+    """A new thread's fixed fields, the part of its row a commit does not return (store/thread_claims.py)."""
+    return LeasedThread(
+        id=thread.id,
+        session_id=thread.session_id,
+        system=thread.system,
+        tools=thread.tools,
+        system_fp=thread.system_fp,
+        tools_fp=thread.tools_fp,
+        output_config_fp=thread.output_config_fp,
+        fixed_markers=thread.fixed_markers,
+        head_position=0,
+        byte_count=0,
+        ttl_seconds=thread.ttl_seconds,
+        owner=thread.owner,
+        tenant_id=thread.tenant_id,
+        metadata_user_id=thread.metadata_user_id,
+    )
