@@ -103,6 +103,7 @@ class MemoryHistoryCache:
     async def put(
         self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer, then: Settle | None = None
     ) -> None:
+        # `then` (a commit's row and claim) is a claiming Redis's: claims need Redis, so this cache is never given one.
         if ttl_ms <= 0:
             self._remove(key.name)
             return

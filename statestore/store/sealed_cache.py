@@ -116,6 +116,7 @@ class SealedCache:
     async def put(
         self, key: CacheKey, history: CachedHistory, ttl_ms: int, *, sealer: ContentSealer, then: Settle | None = None
     ) -> None:
+        # `then` (a commit's row and claim) is a clear Redis's: claims are off with encryption, so never given here.
         data = sealed_frame(sealer, history.joined) if history.joined else b""
         await self._store.put_raw(key, encode_sealed_count(history.count, history.version), data, ttl_ms)
 

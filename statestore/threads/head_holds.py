@@ -66,14 +66,7 @@ class HeadHolds:
         # The cached history is read (in a task) while the lease is taken; its count is checked against the head.
         reading = asyncio.ensure_future(self.cache.get(thread_key(thread_id)))
         try:
-            leased = await self.repository.acquire_by_response(
-                owner=owner,
-                thread_id=thread_id,
-                response_id=response_id,
-                token=token,
-                now_ms=now,
-                lease_until_ms=now + self.lease_ms,
-            )
+            leased = await self._lease(thread_id, owner=owner, head=response_id, token=token, now=now)
         except BaseException:
             reading.cancel()
             raise
@@ -102,14 +95,7 @@ class HeadHolds:
         # The row is not served from Redis: the database's lease too, the claim kept (a claimed turn beside this one
         # would only lose its commit).
         try:
-            leased = await self.repository.acquire_by_response(
-                owner=owner,
-                thread_id=thread_id,
-                response_id=response_id,
-                token=token,
-                now_ms=now,
-                lease_until_ms=now + self.lease_ms,
-            )
+            leased = await self._lease(thread_id, owner=owner, head=response_id, token=token, now=now)
             if leased is None:
                 raise await self._refusal(owner, thread_id, response_id, now)
         except BaseException:
@@ -118,6 +104,17 @@ class HeadHolds:
             raise
         self.metrics.count_thread_head("claim_and_lease")
         return Held(leased=leased, cached=claim.cached, claim=HeadClaim(response_id, leased=True))
+
+    async def _lease(self, thread_id: str, *, owner: str, head: str, token: str, now: int) -> LeasedThread | None:
+        """The database's lease on `head`, for `token`; None when it is not free (or not there)."""
+        return await self.repository.acquire_by_response(
+            owner=owner,
+            thread_id=thread_id,
+            response_id=head,
+            token=token,
+            now_ms=now,
+            lease_until_ms=now + self.lease_ms,
+        )
 
     async def _refusal(self, owner: str, thread_id: str, response_id: str, now: int) -> Exception:
         reason = await self.repository.why_not_continuable(
@@ -137,14 +134,7 @@ class HeadHolds:
                 if not claim.leased:
                     claim.leased = True  # before it is asked: a turn cancelled meanwhile gives back what it may hold
                     now = self.clock()
-                    leased = await self.repository.acquire_by_response(
-                        owner=owner,
-                        thread_id=thread_id,
-                        response_id=claim.head,
-                        token=token,
-                        now_ms=now,
-                        lease_until_ms=now + self.lease_ms,
-                    )
+                    leased = await self._lease(thread_id, owner=owner, head=claim.head, token=token, now=now)
                     if leased is None:  # the head moved, or another turn leased it: this one cannot commit
                         return False
                 # The lease is what guards this turn; the claim beside it only keeps claimed turns away.
@@ -171,14 +161,7 @@ class HeadHolds:
             return None
         now = self.clock()
         fence = new_lease_token()
-        taken = await self.repository.acquire_by_response(
-            owner=prepared.owner,
-            thread_id=prepared.thread_id,
-            response_id=claim.head,
-            token=fence,
-            now_ms=now,
-            lease_until_ms=now + self.lease_ms,
-        )
+        taken = await self._lease(prepared.thread_id, owner=prepared.owner, head=claim.head, token=fence, now=now)
         return fence if taken is not None else None
 
     async def give_back(

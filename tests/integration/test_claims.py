@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, cast
 
 import asyncpg
@@ -84,16 +85,33 @@ def leasing_server(
 ) -> Iterator[StatestoreServer]:
     """A replica on the same database that leases in PostgreSQL (claims off), with a cache of its own: a release
     before claims, or one whose Redis entries the claiming replica never sees."""
+    with _replica(migrated_pg_url, redis_url, fake_backend_process, {"STATESTORE_REDIS_CLAIMS": "false"}) as server:
+        yield server
+
+
+@contextmanager
+def _replica(
+    database_url: str, redis_url: str, backend: FakeBackend, env: dict[str, str]
+) -> Iterator[StatestoreServer]:
+    """Another replica on the same database, with settings and a Redis prefix of its own."""
     with own_redis_prefix(redis_url) as prefix:
         server = StatestoreServer(
-            database_url=migrated_pg_url,
-            upstream_url=fake_backend_process.url,
-            redis_url=redis_url,
-            redis_prefix=prefix,
-            env={"STATESTORE_REDIS_CLAIMS": "false"},
+            database_url=database_url, upstream_url=backend.url, redis_url=redis_url, redis_prefix=prefix, env=env
         )
-        yield server
-        server.stop()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def _slow_continue(
+    client: RawThreads, backend: FakeBackend, head: str, marker: str, delay: float
+) -> tuple[threading.Thread, dict[str, httpx.Response]]:
+    """A continue of `head` whose reply the backend holds back `delay` seconds, in flight once the backend has it."""
+    backend.script({"kind": "echo", "match": marker, "delay_seconds": delay})
+    runner, result = _in_flight(lambda: client.continue_(head, [user(marker)]))
+    _poll(_started(backend, marker), f"the turn {marker!r} to reach the backend")
+    return runner, result
 
 
 def _in_flight(call: Callable[[], httpx.Response]) -> tuple[threading.Thread, dict[str, httpx.Response]]:
@@ -131,9 +149,7 @@ def test_a_continue_claims_the_head_in_redis_and_leases_nothing_in_the_database(
     thread_id = created.headers["statestore-thread-id"]
     keys = Keys(kv, server_redis_prefix, thread_id)
     assert keys.row() is not None  # the create's commit left the row beside the history
-    backend.script({"kind": "echo", "match": "claimed-two", "delay_seconds": 1.5})
-    runner, result = _in_flight(lambda: raw.continue_(ok(created)["id"], [user("claimed-two")]))
-    _poll(_started(backend, "claimed-two"), "the claimed turn to reach the backend")
+    runner, result = _slow_continue(raw, backend, ok(created)["id"], "claimed-two", 1.5)
     assert keys.claim(ok(created)["id"]) is not None
     assert _lease(migrated_pg_url, thread_id) is None
     rival = raw.continue_(ok(created)["id"], [user("rival")])
@@ -163,18 +179,14 @@ def test_without_its_row_a_continue_leases_in_the_database_and_keeps_the_claim(
     thread_id = created.headers["statestore-thread-id"]
     keys = Keys(kv, server_redis_prefix, thread_id)
     keys.drop("r")
-    backend.script({"kind": "echo", "match": "leased-two", "delay_seconds": 1.5})
-    runner, result = _in_flight(lambda: raw.continue_(ok(created)["id"], [user("leased-two")]))
-    _poll(_started(backend, "leased-two"), "the leased turn to reach the backend")
+    runner, result = _slow_continue(raw, backend, ok(created)["id"], "leased-two", 1.5)
     token = _lease(migrated_pg_url, thread_id)
     assert token is not None and keys.claim(ok(created)["id"]) == token.encode()
     runner.join(timeout=20)
     second = ok(result["response"])
     assert _lease(migrated_pg_url, thread_id) is None and keys.claims() == []
     assert keys.row() is not None  # written again by the commit: the next continue is claimed
-    backend.script({"kind": "echo", "match": "claimed-three", "delay_seconds": 1.0})
-    runner, result = _in_flight(lambda: raw.continue_(second["id"], [user("claimed-three")]))
-    _poll(_started(backend, "claimed-three"), "the claimed turn to reach the backend")
+    runner, result = _slow_continue(raw, backend, second["id"], "claimed-three", 1.0)
     assert _lease(migrated_pg_url, thread_id) is None and keys.claim(second["id"]) is not None
     runner.join(timeout=20)
     ok(result["response"])
@@ -235,9 +247,7 @@ def test_a_live_database_lease_refuses_a_claimed_commit(
     head = ok(created)["id"]
     other = RawThreads(leasing_server.url, api_key)
     try:
-        backend.script({"kind": "echo", "match": "leased-elsewhere", "delay_seconds": 1.5})
-        runner, result = _in_flight(lambda: other.continue_(head, [user("leased-elsewhere")]))
-        _poll(_started(backend, "leased-elsewhere"), "the leasing replica's turn to reach the backend")
+        runner, result = _slow_continue(other, backend, head, "leased-elsewhere", 1.5)
         assert _lease(migrated_pg_url, thread_id) is not None
         claimed = raw.continue_(head, [user("claimed-here")])
         thread_error(claimed, 400, "thread_continue_in_flight")
@@ -261,9 +271,7 @@ def test_with_claims_off_a_continue_leases_in_the_database(
     try:
         created = other.create([user("one")])
         thread_id = created.headers["statestore-thread-id"]
-        backend.script({"kind": "echo", "match": "unclaimed-two", "delay_seconds": 1.0})
-        runner, result = _in_flight(lambda: other.continue_(ok(created)["id"], [user("unclaimed-two")]))
-        _poll(_started(backend, "unclaimed-two"), "the turn to reach the backend")
+        runner, result = _slow_continue(other, backend, ok(created)["id"], "unclaimed-two", 1.0)
         assert _lease(migrated_pg_url, thread_id) is not None
         assert not list(kv.scan_iter(match=f"*{{{thread_id}}}:[cr]*"))
         runner.join(timeout=20)
@@ -280,9 +288,7 @@ def test_a_thread_near_its_expiry_is_leased_in_the_database(
     thread_id = created.headers["statestore-thread-id"]
     keys = Keys(kv, server_redis_prefix, thread_id)
     assert keys.row() is not None
-    backend.script({"kind": "echo", "match": "near-expiry", "delay_seconds": 1.0})
-    runner, result = _in_flight(lambda: raw.continue_(ok(created)["id"], [user("near-expiry")]))
-    _poll(_started(backend, "near-expiry"), "the turn to reach the backend")
+    runner, result = _slow_continue(raw, backend, ok(created)["id"], "near-expiry", 1.0)
     assert _lease(migrated_pg_url, thread_id) is not None
     runner.join(timeout=20)
     ok(result["response"])
@@ -292,16 +298,8 @@ def test_a_thread_near_its_expiry_is_leased_in_the_database(
 def short_lease_server(
     migrated_pg_url: str, redis_url: str, fake_backend_process: FakeBackend
 ) -> Iterator[StatestoreServer]:
-    with own_redis_prefix(redis_url) as prefix:
-        server = StatestoreServer(
-            database_url=migrated_pg_url,
-            upstream_url=fake_backend_process.url,
-            redis_url=redis_url,
-            redis_prefix=prefix,
-            env={"STATESTORE_LEASE_SECONDS": "1"},
-        )
+    with _replica(migrated_pg_url, redis_url, fake_backend_process, {"STATESTORE_LEASE_SECONDS": "1"}) as server:
         yield server
-        server.stop()
 
 
 def test_a_claimed_turn_longer_than_a_third_of_the_lease_takes_the_database_lease_and_commits(
@@ -311,9 +309,7 @@ def test_a_claimed_turn_longer_than_a_third_of_the_lease_takes_the_database_leas
     try:
         created = raw.create([user("one")])
         thread_id = created.headers["statestore-thread-id"]
-        backend.script({"kind": "echo", "match": "long-claimed", "delay_seconds": 2.5})
-        runner, result = _in_flight(lambda: raw.continue_(ok(created)["id"], [user("long-claimed")]))
-        _poll(_started(backend, "long-claimed"), "the turn to reach the backend")
+        runner, result = _slow_continue(raw, backend, ok(created)["id"], "long-claimed", 2.5)
         assert _lease(migrated_pg_url, thread_id) is None  # claimed
         # At its first renewal (a third of the lease) the turn takes the database's lease on its head.
         _poll(lambda: _lease(migrated_pg_url, thread_id) is not None, "the claimed turn to take the lease")
