@@ -9,18 +9,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from statestore import __version__
+from statestore.command_setup import load_settings, require_database, safe_url
 from statestore.config import Settings
-
-
-def _load_settings() -> Settings:
-    try:
-        return Settings()
-    except ValidationError as exc:
-        lines = [f"  STATESTORE_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}" for err in exc.errors()]
-        sys.exit("statestore: invalid settings:\n" + "\n".join(lines))
 
 
 async def _pending(settings: Settings) -> str | None:
@@ -40,10 +31,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from statestore.http_protocol import StatestoreHttpProtocol
     from statestore.logs import configure_logging, uvicorn_log_config
 
-    settings = _load_settings()
+    settings = load_settings()
     if (problem := settings.serving_problem()) is not None:
         sys.exit(f"statestore: {problem}")
-    _require_database(settings)
+    require_database(settings)
     configure_logging(settings.log_level, settings.log_json)
     try:
         pending = asyncio.run(_pending(settings))
@@ -73,20 +64,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     )
 
 
-def _require_database(settings: Settings) -> None:
-    from statestore.store.engine import missing_sqlite_database
-
-    if (problem := missing_sqlite_database(settings.database_url)) is not None:
-        sys.exit(f"statestore: {problem}")
-
-
 def cmd_migrate(args: argparse.Namespace) -> None:
     from sqlalchemy.engine import make_url
 
     from statestore.store.engine import missing_sqlite_database
     from statestore.store.migrate import upgrade
 
-    settings = _load_settings()
+    settings = load_settings()
     if missing_sqlite_database(settings.database_url) is not None:
         # The one command that creates a database: SQLite creates the file, not its folder.
         Path(make_url(settings.database_url).database or "").expanduser().resolve().parent.mkdir(
@@ -96,21 +80,12 @@ def cmd_migrate(args: argparse.Namespace) -> None:
         migrated = upgrade(settings.database_url, args.revision)
     except Exception as exc:
         sys.exit(f"statestore: migration failed ({type(exc).__name__}: {exc})")
-    print(f"statestore: {migrated.describe()} ({_safe_url(settings.database_url)})")
+    print(f"statestore: {migrated.describe()} ({safe_url(settings.database_url)})")
     if settings.keystore_url:
         from statestore.store.keystore import create_keystore
 
         asyncio.run(create_keystore(settings.keystore_url))
-        print(f"statestore: key store ready ({_safe_url(settings.keystore_url)})")
-
-
-def _safe_url(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    parsed = make_url(url)
-    if parsed.drivername.startswith("sqlite") and parsed.database not in (None, "", ":memory:"):
-        return f"SQLite file {Path(parsed.database).expanduser().resolve()}"
-    return parsed.render_as_string(hide_password=True)
+        print(f"statestore: key store ready ({safe_url(settings.keystore_url)})")
 
 
 def cmd_echo_backend(args: argparse.Namespace) -> None:
@@ -188,8 +163,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if getattr(args, "operation", None) is not None:
         from statestore.admin_cli import run
 
-        settings = _load_settings()
-        _require_database(settings)
+        settings = load_settings()
+        require_database(settings)
         run(settings, args)
         return
     args.func(args)

@@ -17,6 +17,7 @@ from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 
 from statestore.clock import clock_from
+from statestore.command_setup import load_settings, require_database, safe_url
 from statestore.config import Settings
 from statestore.encryption.content import SealedContent
 from statestore.encryption.master_keys import MasterKeyRing
@@ -35,12 +36,6 @@ def _keystore_url(settings: Settings) -> str:
     return settings.keystore_url or settings.database_url
 
 
-def _shown_url(url: str) -> str:
-    from statestore.cli import _safe_url  # noqa: PLC0415 (the CLI imports this module)
-
-    return _safe_url(url)
-
-
 async def _has_table(settings: Settings) -> bool:
     engine = create_engine(_keystore_url(settings), pool_size=1)
     try:
@@ -52,7 +47,7 @@ async def _has_table(settings: Settings) -> bool:
 
 async def status(settings: Settings) -> tuple[dict[str, Any], str]:
     ring = settings.master_keys()
-    where = _shown_url(_keystore_url(settings))
+    where = safe_url(_keystore_url(settings))
     value: dict[str, Any] = {
         "enabled": ring is not None,
         "master_keys": ring.ids if ring is not None else [],
@@ -153,10 +148,8 @@ class _Refused(Exception):
 
 
 def _settings() -> Settings:
-    from statestore.cli import _load_settings, _require_database  # noqa: PLC0415
-
-    settings = _load_settings()
-    _require_database(settings)
+    settings = load_settings()
+    require_database(settings)
     return settings
 
 
