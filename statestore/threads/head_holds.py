@@ -1,6 +1,7 @@
 """How a threaded turn holds its thread's head: the database's lease, a Redis claim (store/thread_claims.py), or
-both. Taken for a continue by response id, kept while the reply runs, fenced after a commit whose answer was lost,
-and given back; the turn itself (threads/service.py) only says which it holds (PreparedTurn.claim)."""
+both: taken for a continue by response id, kept while the reply runs, given back; and after a commit whose answer was
+lost, fenced so that whether the turn was stored can be read. The turn itself (threads/service.py) only says which it
+holds (PreparedTurn.claim)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Callable
 
 import anyio
 
+from statestore.errors import ServiceUnavailable
 from statestore.metrics import Metrics
 from statestore.records import record
 from statestore.store.cache import HistoryCache
@@ -148,7 +150,34 @@ class HeadHolds:
         keeper.start()
         return keeper
 
-    async def fence(self, prepared: PreparedTurn) -> str | None:
+    async def settle_lost_commit(self, prepared: PreparedTurn, error: BaseException) -> bool:
+        """A commit whose connection failed may have committed all the same (the database committed, the reply to
+        statestore was lost). Fence it first: give the head back, so a commit still on its way finds its lease gone
+        and changes nothing. Then the reply's row decides: there, the turn was stored and is answered as such;
+        absent, it never will be. Returns True (stored) or raises ServiceUnavailable."""
+        fence: str | None = None
+        try:
+            if prepared.creating:
+                await self.repository.abandon_create(thread_id=prepared.thread_id, token=prepared.lease_token)
+            else:
+                fence = await self._fence(prepared)
+            stored = await self.repository.is_stored(thread_id=prepared.thread_id, response_id=prepared.response_id)
+        except DATABASE_ERRORS:
+            # The lease runs out by itself; until the database answers, whether the turn was stored is unknown.
+            raise ServiceUnavailable("the thread store is unavailable; the turn may not have been stored") from error
+        if stored:
+            log.warning("a commit reported as failed had been stored", extra={"thread_id": prepared.thread_id})
+            return True
+        prepared.outcome = "given_back"
+        self.metrics.count_thread_turn("create" if prepared.creating else "continue", "not_stored")
+        with anyio.CancelScope(shield=True):
+            if prepared.claim is not None:
+                await self.give_back(prepared.thread_id, prepared.lease_token, claim=prepared.claim, lease=False)
+            if fence is not None:
+                await self.give_back(prepared.thread_id, fence)
+        raise ServiceUnavailable("the thread store is unavailable; the turn was not stored") from error
+
+    async def _fence(self, prepared: PreparedTurn) -> str | None:
         """After a continue's commit failed on its way: make sure a commit still on its way changes nothing, so that
         whether the turn was stored can be read. A leased turn gives its lease back. A claimed commit may also land by
         a compare-and-set on its head with no lease live, so giving back fences nothing: the fence is the database's

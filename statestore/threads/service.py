@@ -347,7 +347,7 @@ class ThreadService:
             committed = await self.repository.commit_turn(commit)
         except DATABASE_ERRORS as exc:
             log.warning("could not commit a turn", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__})
-            committed = await self._settle_lost_commit(prepared, exc)
+            committed = await self.heads.settle_lost_commit(prepared, exc)
         if committed is False:
             if prepared.expected_head is not None:
                 # Claimed: the head moved or a lease is live, found only now; the database says which.
@@ -367,33 +367,6 @@ class ThreadService:
             claimed = prepared.claim.head if prepared.claim is not None else None
             then = Settle(row=row, claimed_head=claimed, token=prepared.lease_token)
         await context_cache.after_commit(self.cache, prepared, [body for body, _ in rows], reply.compaction, then)
-
-    async def _settle_lost_commit(self, prepared: PreparedTurn, error: BaseException) -> bool:
-        """A commit whose connection failed may have committed all the same (the database committed, the reply to
-        statestore was lost). Fence it first: give the head back, so a commit still on its way finds its lease gone
-        and changes nothing. Then the reply's row decides: there, the turn was stored and is answered as such;
-        absent, it never will be. Returns True (stored) or raises ServiceUnavailable."""
-        fence: str | None = None
-        try:
-            if prepared.creating:
-                await self.repository.abandon_create(thread_id=prepared.thread_id, token=prepared.lease_token)
-            else:
-                fence = await self.heads.fence(prepared)
-            stored = await self.repository.is_stored(thread_id=prepared.thread_id, response_id=prepared.response_id)
-        except DATABASE_ERRORS:
-            # The lease runs out by itself; until the database answers, whether the turn was stored is unknown.
-            raise ServiceUnavailable("the thread store is unavailable; the turn may not have been stored") from error
-        if stored:
-            log.warning("a commit reported as failed had been stored", extra={"thread_id": prepared.thread_id})
-            return True
-        prepared.outcome = "given_back"
-        self.metrics.count_thread_turn("create" if prepared.creating else "continue", "not_stored")
-        with anyio.CancelScope(shield=True):
-            if prepared.claim is not None:
-                await self.heads.give_back(prepared.thread_id, prepared.lease_token, claim=prepared.claim, lease=False)
-            if fence is not None:
-                await self.heads.give_back(prepared.thread_id, fence)
-        raise ServiceUnavailable("the thread store is unavailable; the turn was not stored") from error
 
     async def give_back(self, prepared: PreparedTurn) -> None:
         """Store nothing and free the head (a create's row goes). Safe to call more than once, and after commit."""
