@@ -64,6 +64,8 @@ class Settings(BaseSettings):
     lease_seconds: int = Field(default=120, ge=1)
     # A continue by response id claims the head in Redis, not with a lease in PostgreSQL, where Redis (standalone, in
     # clear) and PostgreSQL are both configured: one database round trip a turn fewer (README "Leases and claims").
+    # With Redis (standalone, in clear), a continue by previous_response_id reads the previous response's row from
+    # beside the chain's cached context (README "Who may continue").
     redis_claims: bool = True
 
     # keys mode: the backend credential statestore sends, globally or per tenant name (JSON object).

@@ -38,6 +38,8 @@ CacheLookupResult = Literal["hit", "miss", "stale", "error"]
 # How a threaded continue held its thread's head (store/thread_claims.py).
 HeadHeld = Literal["claim", "claim_and_lease", "lease"]
 _HEADS_HELD: tuple[HeadHeld, ...] = ("claim", "claim_and_lease", "lease")
+ParentRead = Literal["cache", "database"]
+_PARENT_READS: tuple[ParentRead, ...] = ("cache", "database")
 UpstreamErrorKind = Literal["unreachable", "timeout"]
 # Time to the backend's response headers, by what came back: a 2xx/3xx, a 4xx, a 5xx, or no headers at all.
 UpstreamOutcome = Literal["ok", "client_error", "server_error", "unreachable", "timeout"]
@@ -99,6 +101,12 @@ THREAD_HEADS = Declared(
     "row was not served from Redis), or leased alone (claims off, Redis away, a session).",
     ("held",),
 )
+RESPONSE_PARENTS = Declared(
+    "response_parents",
+    "Responses continues by where the previous response's row was read: from Redis, beside the chain's cached "
+    "context, or from the database.",
+    ("read",),
+)
 DECLARED = (
     HTTP_REQUESTS,
     HTTP_REQUEST_DURATION,
@@ -109,6 +117,7 @@ DECLARED = (
     BACKGROUND_TURNS,
     CACHE_LOOKUPS,
     THREAD_HEADS,
+    RESPONSE_PARENTS,
 )
 
 
@@ -139,6 +148,7 @@ class Metrics:
         self._background_turns = make.counter(BACKGROUND_TURNS)
         self._cache_lookups = make.counter(CACHE_LOOKUPS)
         self._thread_heads = make.counter(THREAD_HEADS)
+        self._response_parents = make.counter(RESPONSE_PARENTS)
         self._initialise_fixed_series()
 
     def _initialise_fixed_series(self) -> None:
@@ -153,6 +163,8 @@ class Metrics:
             self._cache_lookups.labels(result)
         for held in _HEADS_HELD:
             self._thread_heads.labels(held)
+        for read in _PARENT_READS:
+            self._response_parents.labels(read)
         for background in _BACKGROUND_OUTCOMES:
             self._background_turns.labels(background)
         for error_kind in _UPSTREAM_ERROR_KINDS:
@@ -184,6 +196,9 @@ class Metrics:
 
     def count_thread_head(self, held: HeadHeld) -> None:
         self._thread_heads.labels(held).inc()
+
+    def count_response_parent(self, read: ParentRead) -> None:
+        self._response_parents.labels(read).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The `/metrics` body and its content type (the classic text format, which every Prometheus reads)."""

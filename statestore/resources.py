@@ -26,7 +26,7 @@ from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.background_store import BackgroundStore
 from statestore.store.cache import HistoryCache
-from statestore.store.cache_setup import create_cache, thread_claims
+from statestore.store.cache_setup import create_cache, response_heads, thread_claims
 from statestore.store.console_guard import ConsoleGuard
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.engine import create_engine
@@ -186,6 +186,7 @@ async def build_resources(
                 metrics=metrics,
                 windows=Windows(chat_upstream),
                 seal=compaction_seal(settings),
+                heads=response_heads(settings, cache),
             )
             if settings.chat_upstream_url
             else None

@@ -211,8 +211,9 @@ class TracedCache(HistoryCache):
         ttl_ms: int,
         *,
         sealer: ContentSealer,
+        then: Settle | None = None,
     ) -> bool:
-        return await self._inner.move(old, new, expected_count, added, ttl_ms, sealer=sealer)
+        return await self._inner.move(old, new, expected_count, added, ttl_ms, sealer=sealer, then=then)
 
     async def delete(self, key: CacheKey) -> bool:
         return await self._inner.delete(key)

@@ -21,7 +21,7 @@ from statestore.responses.background import BackgroundTurns
 from statestore.responses.compaction import unavailable as compaction_unavailable
 from statestore.responses.compaction_step import compact
 from statestore.responses.context import cache_key
-from statestore.responses.errors import BackendError, BadRequest, response_not_found
+from statestore.responses.errors import BackendError, BadRequest, previous_response_not_found, response_not_found
 from statestore.responses.ids import looks_like
 from statestore.responses.prepared import PreparedResponse
 from statestore.responses.refusal_retry import send_turn
@@ -116,6 +116,8 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
         )
         encoded = orjson.dumps(response)
         if not await turns.commit(prepared, response, encoded):
+            if prepared.parent is not None:  # deleted while the turn ran
+                raise previous_response_not_found(prepared.parent.id)
             raise BadRequest("The conversation's lease was lost; nothing was stored.", code="conversation_locked")
         return bytes_response(200, encoded, [*JSON, *_context_header(prepared)])
     finally:

@@ -188,7 +188,9 @@ class TurnRuns:
         except DATABASE_ERRORS as exc:
             raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__})") from exc
         if not committed:
-            raise StreamBrokenOff("the conversation's lease was lost")
+            raise StreamBrokenOff(
+                "nothing was stored (the conversation's lease was lost, or the previous response was deleted)"
+            )
         frames = run_frames(body, first=held.next_seq)
         for offset, frame in enumerate(frames):
             publisher.add(Event(held.next_seq + offset, frame, final=offset == len(frames) - 1))

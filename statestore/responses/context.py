@@ -20,6 +20,7 @@ from statestore.store.cache_entry import BRANCH_POINT, CachedHistory, CacheKey, 
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.response_records import ResponseRow, StoredItem
 from statestore.store.response_store import ResponseStore
+from statestore.store.thread_claims import Settle
 from statestore.threads import planner
 
 
@@ -72,14 +73,17 @@ async def remember_head(
     conversation_version: int | None = None,
     branched: bool = False,
     whole: bool = False,
+    row: bytes | None = None,
 ) -> None:
     """The new head's context goes in the cache. When the turn read its parent's head entry, the entry itself moves to
     the new head with the turn's segment appended, so a long chain's context is not sent to the cache again every
     turn. A turn that branched (its parent's context came from the database, or from the parent's branch-point entry)
     puts its context whole and keeps its parent's as a branch point, so the next branch from the same response
     (regenerate, edit) reads one value, whatever its depth; those entries are bounded by the responses that were
-    branched from, and expire with them."""
+    branched from, and expire with them. `row`: the new head's row, kept beside its context
+    (store/response_heads.py)."""
     key = cache_key(response_id)
+    then = Settle(row=row, claimed_head=None, token=None) if row is not None else None
     # The parent's entry holds its depth + 1 = this response's depth joined segments. An entry that also holds a
     # conversation's version is put whole (a move counts segments only).
     # `whole`: the entry read was sealed in many frames (one a turn): it is put back as one (CONSOLIDATE_FRAMES).
@@ -95,22 +99,25 @@ async def remember_head(
     if (
         movable
         and parent_id is not None
-        and await cache.move(cache_key(parent_id), key, depth, [segment], ttl_ms, sealer=sealer)
+        and await cache.move(cache_key(parent_id), key, depth, [segment], ttl_ms, sealer=sealer, then=then)
     ):
         return
     history = CachedHistory(depth + 1, join_segments([context, segment]), conversation_version)
     if parent_id is None:
-        await cache.put(key, history, ttl_ms, sealer=sealer)
+        await cache.put(key, history, ttl_ms, sealer=sealer, then=then)
     elif conversation_version is None and context and not hit:
         # A branch read from the database: its parent's context is kept for the branches after it.
         kept = CachedHistory(depth, context, BRANCH_POINT)
         await asyncio.gather(
-            cache.put(key, history, ttl_ms, sealer=sealer), cache.put(cache_key(parent_id), kept, ttl_ms, sealer=sealer)
+            cache.put(key, history, ttl_ms, sealer=sealer, then=then),
+            cache.put(cache_key(parent_id), kept, ttl_ms, sealer=sealer),
         )
     elif branched:
-        await cache.put(key, history, ttl_ms, sealer=sealer)  # the parent's branch-point entry stays
+        await cache.put(key, history, ttl_ms, sealer=sealer, then=then)  # the parent's branch-point entry stays
     else:
-        await asyncio.gather(cache.put(key, history, ttl_ms, sealer=sealer), cache.delete(cache_key(parent_id)))
+        await asyncio.gather(
+            cache.put(key, history, ttl_ms, sealer=sealer, then=then), cache.delete(cache_key(parent_id))
+        )
 
 
 async def conversation_context(

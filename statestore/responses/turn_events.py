@@ -66,7 +66,10 @@ async def turn_events(
     except DATABASE_ERRORS as exc:
         raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); completion withheld") from exc
     if not committed:
-        raise StreamBrokenOff("the conversation's lease was lost; completion withheld")
+        raise StreamBrokenOff(
+            "nothing was stored (the conversation's lease was lost, or the previous response was deleted); "
+            "completion withheld"
+        )
     final = "response.completed" if status == "completed" else "response.incomplete"
     yield numbered.frame_response(final, body)
 

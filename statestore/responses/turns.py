@@ -36,11 +36,13 @@ from statestore.responses.prepared import PreparedResponse
 from statestore.responses.reply import response_object
 from statestore.responses.request import TurnRequest
 from statestore.store.cache import HistoryCache
-from statestore.store.cache_entry import BRANCH_POINT
+from statestore.store.cache_entry import BRANCH_POINT, CachedHistory
 from statestore.store.conversation_store import ConversationStore, Locked
-from statestore.store.response_records import NewResponse
+from statestore.store.response_heads import ResponseHeads, encode_head
+from statestore.store.response_records import NewResponse, ResponseRow
 from statestore.store.response_store import ResponseStore
 from statestore.store.sealed_cache import CONSOLIDATE_FRAMES
+from statestore.store.thread_claims import CLAIM_FAULTS
 from statestore.threads.ids import new_lease_token
 from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
@@ -66,8 +68,11 @@ class ResponseTurns:
         metrics: Metrics,
         windows: Windows | None = None,
         seal: CompactionSeal | None = None,
+        heads: ResponseHeads | None = None,
     ) -> None:
         self.metrics = metrics
+        # Chain heads' rows kept beside their cached contexts (store/response_heads.py); None: read from the database.
+        self.heads = heads
         self.seal = seal  # seals and opens compaction items; None: compaction is unavailable (compaction_seal.py)
         self.windows = windows  # what the backend states of its windows, for a policy's `auto` (PROTOCOL §9)
         self.responses = responses
@@ -136,15 +141,7 @@ class ResponseTurns:
             previous = turn.previous_response_id
             if not looks_like("resp_", previous):
                 raise previous_response_not_found(previous)
-            # The cached context is read beside the response, and taken when it is the row's context now (cached_chain).
-            # One task for the read; the response's in this one (gather would wrap both), as a threaded turn does.
-            reading = asyncio.ensure_future(self.cache.get(cache_key(previous)))
-            try:
-                parent = await self.responses.get(principal.owner, previous, now_ms=now)
-            except BaseException:
-                reading.cancel()
-                raise
-            cached = await reading
+            parent, cached = await self._parent(previous, principal.owner, now)
             if parent is None:
                 raise previous_response_not_found(previous)
             prepared.parent = parent
@@ -203,6 +200,32 @@ class ResponseTurns:
             )
         return prepared
 
+    async def _parent(self, previous: str, owner: str, now: int) -> tuple[ResponseRow | None, CachedHistory | None]:
+        """The previous response's row and the chain's cached context: the row kept beside that context when there is
+        one to serve (store/response_heads.py), else the database's, with the context read beside it."""
+        if self.heads is not None:
+            try:
+                head = await self.heads.read(previous, owner=owner, now_ms=now)
+            except CLAIM_FAULTS:
+                head = None
+            if head is not None and head.row is not None:
+                self.metrics.count_response_parent("cache")
+                return head.row, head.cached
+            if head is not None:
+                self.metrics.count_response_parent("database")
+                return await self.responses.get(owner, previous, now_ms=now), head.cached
+        # The cached context is read beside the response, and taken when it is the row's context now (cached_chain).
+        # One task for the read; the response's in this one (gather would wrap both), as a threaded turn does.
+        reading = asyncio.ensure_future(self.cache.get(cache_key(previous)))
+        try:
+            parent = await self.responses.get(owner, previous, now_ms=now)
+        except BaseException:
+            reading.cancel()
+            raise
+        if self.heads is not None:
+            self.metrics.count_response_parent("database")
+        return parent, await reading
+
     def response(
         self,
         prepared: PreparedResponse,
@@ -256,8 +279,8 @@ class ResponseTurns:
         self._stop_keeper(prepared)
         committed = await self.responses.commit(new, conversation_lease=prepared.lease)
         prepared.done = True
-        self._count(prepared, "stored" if committed else "not_stored")
-        if not committed:
+        self._count(prepared, "stored" if committed is not None else "not_stored")
+        if committed is None:
             return False
         # The cache entry is sealed under the turn's scope as its rows are (the keys remember it: no second lookup).
         sealer = await self.responses.sealer_for(new)
@@ -292,6 +315,7 @@ class ResponseTurns:
                 whole=prepared.cache_frames > CONSOLIDATE_FRAMES,
                 conversation_version=prepared.parent.conversation_version if prepared.parent else None,
                 branched=prepared.branch_point,
+                row=encode_head(committed, new.expires_ms) if self.heads is not None else None,
             )
         return True
 

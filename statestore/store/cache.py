@@ -19,10 +19,11 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from statestore.content_keys import ContentSealer
 from statestore.store.cache_entry import CachedHistory, CacheKey, decode_count, encode_count, thread_key
-from statestore.store.cache_scripts import APPEND, APPEND_SETTLE, MOVE, PUT, PUT_SETTLE
+from statestore.store.cache_scripts import APPEND, APPEND_SETTLE, MOVE, MOVE_SETTLE, PUT, PUT_SETTLE
 from statestore.store.redis_commands import ClusterCommands, RedisCommands, StandaloneCommands
 from statestore.store.resp import split_cluster_flag
 from statestore.store.resp_reader import RespError
+from statestore.store.response_heads import ResponseHeads
 from statestore.store.thread_claims import Settle, ThreadClaims
 
 logger = logging.getLogger(__name__)
@@ -75,10 +76,12 @@ class HistoryCache(Protocol):
         ttl_ms: int,
         *,
         sealer: ContentSealer,
+        then: Settle | None = None,
     ) -> bool:
         """The entry of `old`, if it holds `expected_count`, becomes `new`'s with `added` appended (a chain's
-        head moving on: the bytes are not sent again). Atomic; the old entry is gone afterwards. False when nothing
-        moved (missing, stale, a fault, or a cache that cannot move between keys): the caller puts instead."""
+        head moving on: the bytes are not sent again). Atomic; the old entry is gone afterwards, its row with it.
+        False when nothing moved (missing, stale, a fault, or a cache that cannot move between keys): the caller puts
+        instead. `then`: the new head's row (store/response_heads.py), kept only beside the context it moved."""
         ...
 
     async def delete(self, key: CacheKey) -> bool:
@@ -208,10 +211,13 @@ class RedisHistoryCache:
         tagged = f"{self._prefix}{{{key.name}}}"
         return f"{tagged}:h", f"{tagged}:n", f"{tagged}:r"
 
-    def _claim_keys(self, thread_id: str, head: str) -> tuple[str, str, str, str]:
-        """A thread entry's history and count, the row beside it, and the claim on `head`."""
-        tagged = f"{self._prefix}{{{thread_key(thread_id).name}}}"
+    def _settle_keys(self, key: CacheKey, head: str) -> tuple[str, str, str, str]:
+        """An entry's history and count, the row beside it, and the claim on `head` (a thread's)."""
+        tagged = f"{self._prefix}{{{key.name}}}"
         return f"{tagged}:h", f"{tagged}:n", f"{tagged}:r", f"{tagged}:c:{head}"
+
+    def _claim_keys(self, thread_id: str, head: str) -> tuple[str, str, str, str]:
+        return self._settle_keys(thread_key(thread_id), head)
 
     def thread_claims(self) -> ThreadClaims | None:
         """Claims on thread heads under this cache's entries; None on a Redis Cluster (its pipelines are redis-py's,
@@ -219,6 +225,13 @@ class RedisHistoryCache:
         if not isinstance(self._commands, StandaloneCommands):
             return None
         return ThreadClaims(self._commands.client, self._claim_keys, _entry)
+
+    def response_heads(self) -> ResponseHeads | None:
+        """Chain heads' rows under this cache's entries (store/response_heads.py); None on a Redis Cluster, as for
+        claims."""
+        if not isinstance(self._commands, StandaloneCommands):
+            return None
+        return ResponseHeads(self._commands.client, self._dropped, _entry)
 
     def _fault(self, operation: str, key: CacheKey | None, exc: BaseException) -> None:
         self.errors += 1
@@ -258,7 +271,7 @@ class RedisHistoryCache:
         if then is None or ttl_ms <= 0:
             await self.put_raw(key, count, history.joined, ttl_ms)
             return
-        keys = self._claim_keys(key.id, then.claimed_head or "")
+        keys = self._settle_keys(key, then.claimed_head or "")
         try:
             await self._commands.run(PUT_SETTLE, keys, (history.joined, count, ttl_ms, *_settled(then)))
         except _FAULTS as exc:
@@ -291,7 +304,7 @@ class RedisHistoryCache:
         if then is None or ttl_ms <= 0:
             await self.append_raw(key, encode_count(expected_count), count, tail, ttl_ms)
             return
-        keys = self._claim_keys(key.id, then.claimed_head or "")
+        keys = self._settle_keys(key, then.claimed_head or "")
         try:
             await self._commands.run(
                 APPEND_SETTLE, keys, (encode_count(expected_count), count, ttl_ms, tail, *_settled(then))
@@ -324,15 +337,20 @@ class RedisHistoryCache:
         ttl_ms: int,
         *,
         sealer: ContentSealer,
+        then: Settle | None = None,
     ) -> bool:
-        return await self.move_raw(
-            old,
-            new,
-            expected=encode_count(expected_count),
-            count=encode_count(expected_count + len(added)),
-            tail=append_tail(expected_count, added),
-            ttl_ms=ttl_ms,
-        )
+        expected, count = encode_count(expected_count), encode_count(expected_count + len(added))
+        tail = append_tail(expected_count, added)
+        if then is None or then.row is None or self._cluster or ttl_ms <= 0:
+            return await self.move_raw(old, new, expected=expected, count=count, tail=tail, ttl_ms=ttl_ms)
+        try:
+            moved = await self._commands.run(
+                MOVE_SETTLE, (*self._dropped(new), *self._dropped(old)), (expected, count, ttl_ms, tail, then.row)
+            )
+        except _FAULTS as exc:
+            self._fault("move", new, exc)
+            return False
+        return bool(moved == 1)
 
     async def move_raw(
         self, old: CacheKey, new: CacheKey, *, expected: bytes, count: bytes, tail: bytes, ttl_ms: int

@@ -49,8 +49,9 @@ return apply_or_drop({
 """
 )
 
-# A thread commit's row and claim (store/thread_claims.py), settled by the same script as its history. KEYS[3]: the row,
-# KEYS[4]: the claim. The row is kept only when the history was written; the claim is freed only by its holder.
+# A commit's row and claim (a thread's: store/thread_claims.py; a chain head's row: store/response_heads.py), settled
+# by the same script as its history. KEYS[3]: the row, KEYS[4]: the claim. The row is kept only when the history was
+# written; the claim is freed only by its holder.
 _SETTLE = """
 local function keep_row(row, ttl)
   if row ~= '' then
@@ -61,6 +62,17 @@ end
 local function free_claim(token)
   if token ~= '' and redis.call('GET', KEYS[4]) == token then redis.call('DEL', KEYS[4]) end
 end
+"""
+
+# The append of a settling script (after its checks): ARGV[2] the new count, ARGV[3] the ttl, ARGV[4] the bytes, ARGV[5]
+# the row, kept when the history was appended to.
+_APPEND_KEEPING_ROW = """
+local done = apply_or_drop({
+  {'APPEND', KEYS[1], ARGV[4]},
+  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
+  {'PEXPIRE', KEYS[1], ARGV[3]},
+})
+if done == 1 then keep_row(ARGV[5], ARGV[3]) else redis.call('DEL', KEYS[3]) end
 """
 
 # KEYS: joined, count, row, claim. ARGV: joined bytes, count, ttl ms, row, claim token ('' for none).
@@ -88,12 +100,9 @@ if redis.pcall('GET', KEYS[2]) ~= ARGV[1] or redis.call('EXISTS', KEYS[1]) == 0 
   free_claim(ARGV[6])
   return 0
 end
-local done = apply_or_drop({
-  {'APPEND', KEYS[1], ARGV[4]},
-  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
-  {'PEXPIRE', KEYS[1], ARGV[3]},
-})
-if done == 1 then keep_row(ARGV[5], ARGV[3]) else redis.call('DEL', KEYS[3]) end
+"""
+    + _APPEND_KEEPING_ROW
+    + """
 free_claim(ARGV[6])
 return done
 """
@@ -118,9 +127,29 @@ return apply_or_drop({
 """
 )
 
+# A chain head's move with the new head's row (store/response_heads.py). KEYS: new joined, new count, new row, old
+# joined, old count, old row. ARGV: expected count, new count, ttl ms, bytes to append, row. The old head's row goes
+# with its context (one row per cached head); the new one is kept only when the context moved whole.
+_MOVE_SETTLE_LUA = (
+    _APPLY_OR_DROP
+    + _SETTLE
+    + """
+if redis.pcall('GET', KEYS[5]) ~= ARGV[1] or redis.call('EXISTS', KEYS[4]) == 0 then
+  redis.call('DEL', KEYS[4], KEYS[5], KEYS[6])
+  return 0
+end
+redis.call('RENAME', KEYS[4], KEYS[1])
+redis.call('DEL', KEYS[5], KEYS[6])
+"""
+    + _APPEND_KEEPING_ROW
+    + """
+return done
+"""
+)
 
 PUT = Script(_PUT_LUA)
 APPEND = Script(_APPEND_LUA)
 PUT_SETTLE = Script(_PUT_SETTLE_LUA)
 APPEND_SETTLE = Script(_APPEND_SETTLE_LUA)
 MOVE = Script(_MOVE_LUA)
+MOVE_SETTLE = Script(_MOVE_SETTLE_LUA)

@@ -8,6 +8,7 @@ from statestore.content_keys import ContentKeys
 from statestore.store.cache import HistoryCache, RedisHistoryCache
 from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.response_heads import ResponseHeads
 from statestore.store.sealed_cache import SealedCache
 from statestore.store.thread_claims import ThreadClaims
 
@@ -28,3 +29,11 @@ def thread_claims(settings: Settings, cache: HistoryCache, pg: PgHotPath | None)
     if not settings.redis_claims or pg is None or not isinstance(cache, RedisHistoryCache):
         return None
     return cache.thread_claims()
+
+
+def response_heads(settings: Settings, cache: HistoryCache) -> ResponseHeads | None:
+    """Chain heads' rows kept beside their cached contexts (store/response_heads.py): a standalone Redis cache in
+    clear, and `STATESTORE_REDIS_CLAIMS` left on (the switch of every row Redis serves in the database's stead)."""
+    if not settings.redis_claims or not isinstance(cache, RedisHistoryCache):
+        return None
+    return cache.response_heads()

@@ -26,7 +26,7 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_commit import commit_response
-from statestore.store.response_records import NewResponse
+from statestore.store.response_records import NewResponse, Stored
 from statestore.store.schema import conversations, sessions, threads
 from statestore.store.statement import CoreStatement, P, PgStatement, core_param
 from statestore.store.thread_commit import commit_thread_turn
@@ -290,8 +290,8 @@ class LeasedLog:
         PostgreSQL the row as the commit left it."""
         return await commit_thread_turn(self._engine, self._pg, commit)
 
-    async def commit_response(self, new: NewResponse, token: str | None) -> bool:
-        """Store a Responses turn: on a conversation only if the turn still holds the lease `token`, else False
+    async def commit_response(self, new: NewResponse, token: str | None) -> Stored | None:
+        """Store a Responses turn: on a conversation only if the turn still holds the lease `token`, else None
         (nothing changed); a chained turn has no lease and is always stored."""
         return await commit_response(self._engine, self._pg, new, token)
 

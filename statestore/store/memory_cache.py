@@ -143,6 +143,7 @@ class MemoryHistoryCache:
         ttl_ms: int,
         *,
         sealer: ContentSealer,
+        then: Settle | None = None,
     ) -> bool:
         now = self._clock()
         entry = self._live(old.name, now)

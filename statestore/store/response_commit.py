@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.dml import Insert
 
 from statestore.store.pg_hot_path import PgHotPath
-from statestore.store.response_records import NewResponse, StoredItem
+from statestore.store.response_records import NewResponse, Stored, StoredItem
 from statestore.store.response_runs import place
 from statestore.store.response_statements import (
     COMMIT_CONVERSATION_TURN,
@@ -120,23 +120,29 @@ def _on_conversation(new: NewResponse, conversation_id: str, token: str | None) 
     )
 
 
-async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewResponse, token: str | None) -> bool:
+async def commit_response(
+    engine: AsyncEngine, pg: PgHotPath | None, new: NewResponse, token: str | None
+) -> Stored | None:
     """Store a completed turn at once. On a conversation its items are appended there (only there) and the lease
-    `token` released with them; False when the lease was lost (nothing stored). Both dialects bind from the one
-    parameter object of the statement."""
+    `token` released with them; None when the lease was lost, or a chained turn's parent is gone (nothing stored).
+    Both dialects bind from the one parameter object of the statement."""
     if new.conversation_id is None:
         chained = _chained(new)
         if pg is not None:
-            await pg.execute(INSERT_RESPONSE, chained)
-            return True
+            # Whether the items began a run of their own (INSERT_RESPONSE's placement); no row: the parent is gone.
+            fresh = await pg.fetchval(INSERT_RESPONSE, chained)
+            if fresh is None:
+                return None
+            return Stored(chained.started if fresh else chained.extended)
         async with engine.begin() as conn:
-            await _insert_chained(conn, chained, [*new.inputs, *new.outputs])
-            await conn.execute(_count_usage(engine, chained.usage_day, chained.usage_shard, chained.usage_bytes))
-        return True
+            stored = await _insert_chained(conn, chained, [*new.inputs, *new.outputs])
+            if stored is not None:
+                await conn.execute(_count_usage(engine, chained.usage_day, chained.usage_shard, chained.usage_bytes))
+        return stored
     turn = _on_conversation(new, new.conversation_id, token)
     if pg is not None:
         # The turn's first position in the conversation, or no row when the lease was lost.
-        return await pg.fetchval(COMMIT_CONVERSATION_TURN, turn) is not None
+        return Stored() if await pg.fetchval(COMMIT_CONVERSATION_TURN, turn) is not None else None
     async with engine.begin() as conn:
         claimed = await conn.execute(
             update(conversations)
@@ -154,7 +160,7 @@ async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewRes
         end = claimed.scalar_one_or_none()
         if end is None:
             await conn.rollback()
-            return False
+            return None
         start = end - turn.count
         await conn.execute(
             insert(responses).values(
@@ -173,7 +179,7 @@ async def commit_response(engine: AsyncEngine, pg: PgHotPath | None, new: NewRes
             insert(conversation_items), [{**row, "conversation_id": turn.conversation_id} for row in rows]
         )
         await conn.execute(_count_usage(engine, turn.usage_day, turn.usage_shard, turn.usage_bytes))
-    return True
+    return Stored()
 
 
 def _count_usage(engine: AsyncEngine, day: int, shard: int, stored: int) -> Insert:
@@ -197,9 +203,13 @@ def _response_values(turn: ResponseTurnRow) -> dict[str, Any]:
     }
 
 
-async def _insert_chained(conn: AsyncConnection, chained: InsertResponse, items: Sequence[StoredItem]) -> None:
+async def _insert_chained(conn: AsyncConnection, chained: InsertResponse, items: Sequence[StoredItem]) -> Stored | None:
     """A turn not on a conversation: the response and its own items, inputs first, placed in a run as
-    INSERT_RESPONSE places them."""
+    INSERT_RESPONSE places them; None, with nothing stored, when the parent is gone."""
+    if chained.parent_id is not None:
+        parent = exists().where(responses.c.id == chained.parent_id)
+        if not (await conn.execute(select(parent))).scalar_one():
+            return None
     run, first, runs = chained.new_run, 0, chained.started
     if chained.extend_run is not None and chained.extend_from is not None:
         taken = exists().where(
@@ -231,3 +241,4 @@ async def _insert_chained(conn: AsyncConnection, chained: InsertResponse, items:
         for row in item_rows(items)
     ]
     await conn.execute(insert(response_items), rows)
+    return Stored(runs)

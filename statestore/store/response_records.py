@@ -76,6 +76,41 @@ class NewResponse:
 
 
 @record
+class Stored:
+    """A turn as the database stored it: where its chain's items lie (ResponseRow.context_runs; None for a turn on a
+    conversation, whose items are the conversation's)."""
+
+    runs: bytes | None = None
+
+
+def stored_row(new: NewResponse, stored: Stored) -> ResponseRow:
+    """The row of a response just stored, as a read of it returns it (a continue's parent, store/response_heads.py).
+    On a conversation its version is where the commit left the conversation."""
+    parent = new.parent
+    head_id, head = new.context.head_id, new.context.head
+    if head is None and parent is not None and head_id is not None and head_id == parent.context_head_id:
+        head = parent.context_head  # an ancestor's head, which a read joins from the response that holds it
+    version = parent.conversation_version if parent is not None else None
+    if new.conversation_position is not None:
+        version = new.conversation_position + len(new.inputs) + len(new.outputs)
+    return ResponseRow(
+        id=new.id,
+        root_id=parent.root_id if parent is not None else new.id,
+        depth=parent.depth + 1 if parent is not None else 0,
+        chain_bytes=(parent.chain_bytes if parent is not None else 0) + new.segment_bytes,
+        body=new.body,
+        conversation_version=version,
+        context_tokens=new.context.tokens,
+        context_bytes=new.context.counted_bytes,
+        context_kept=new.context.kept,
+        context_head_id=head_id,
+        context_head=head,
+        context_runs=stored.runs,
+        owner=new.owner,
+    )
+
+
+@record
 class ConversationRow:
     id: str
     metadata: bytes

@@ -121,7 +121,8 @@ WHERE r.id = :response_id AND r.owner = :owner AND r.expires_ms > :now_ms
 
 # A chained turn: the response, then its items (inputs first: an ordinal past :inputs is an output), in the parent's
 # run unless something is stored past the parent's end there (one probe of the runs' index), else in a run of their
-# own (store/response_runs.py).
+# own (store/response_runs.py). Nothing is stored, and no row returned, when the parent is gone (deleted while the turn
+# ran, or read from a cache entry a deletion could not drop: store/response_heads.py); else whether the run is new.
 INSERT_RESPONSE: Final = PgStatement(
     InsertResponse,
     """
@@ -129,6 +130,7 @@ WITH placed AS (
     SELECT :extend_run::bigint IS NULL OR EXISTS (
         SELECT 1 FROM response_items WHERE run_id = :extend_run::bigint AND run_position >= :extend_from::integer
     ) AS fresh
+    WHERE :parent_id::varchar IS NULL OR EXISTS (SELECT 1 FROM responses WHERE id = :parent_id::varchar)
 ), added AS (
     INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id, depth,
         chain_bytes, body, created_ms, expires_ms, context_tokens, context_bytes, context_kept, context_head_id,
@@ -143,13 +145,16 @@ WITH placed AS (
     SELECT :usage_day, :usage_shard, 'responses', 1, :usage_bytes FROM added
     ON CONFLICT (day, shard) DO UPDATE
     SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
+), items AS (
+    INSERT INTO response_items (response_id, position, is_output, item_id, body, kind, rendered, run_id,
+        run_position)
+    SELECT added.id, (m.ord - 1)::integer, m.ord > :inputs, m.item_id, m.body, m.kind, m.rendered,
+        CASE WHEN placed.fresh THEN :new_run::bigint ELSE :extend_run::bigint END,
+        CASE WHEN placed.fresh THEN (m.ord - 1)::integer ELSE :extend_from::integer + (m.ord - 1)::integer END
+    FROM added, placed, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
+        WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
 )
-INSERT INTO response_items (response_id, position, is_output, item_id, body, kind, rendered, run_id, run_position)
-SELECT added.id, (m.ord - 1)::integer, m.ord > :inputs, m.item_id, m.body, m.kind, m.rendered,
-    CASE WHEN placed.fresh THEN :new_run::bigint ELSE :extend_run::bigint END,
-    CASE WHEN placed.fresh THEN (m.ord - 1)::integer ELSE :extend_from::integer + (m.ord - 1)::integer END
-FROM added, placed, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
-    WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
+SELECT fresh FROM placed
 """,
     durable=True,
 )

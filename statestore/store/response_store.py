@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.content_keys import CLEAR, ContentKeys, ContentSealer
 from statestore.store.leased_log import LeasedLog
-from statestore.store.response_records import NewResponse, ResponseRow
+from statestore.store.response_records import NewResponse, ResponseRow, stored_row
 from statestore.store.response_runs import Row, Runs, decode, segments_of
 from statestore.store.response_sealing import (
     active,
@@ -221,12 +221,12 @@ class ResponseStore:
         opened = await self._keys.open_many([row[1] for row in rows], data, row=f"responses:{response_id}")
         return [(row[0], value) for row, value in zip(rows, opened, strict=True)]
 
-    async def commit(self, new: NewResponse, *, conversation_lease: str | None = None) -> bool:
-        """Store a completed turn (store/response_commit.py): False when it was on a conversation whose lease this
-        turn no longer held (nothing stored), as for every leased log."""
-        if self._keys is not None:
-            new = seal_response(new, await self._keys.sealer(scope_of(new)))
-        return await self.log.commit_response(new, conversation_lease)
+    async def commit(self, new: NewResponse, *, conversation_lease: str | None = None) -> ResponseRow | None:
+        """Store a completed turn (store/response_commit.py) and return its row as a read of it would; None when it
+        was on a conversation whose lease this turn no longer held (nothing stored), as for every leased log."""
+        sealed = new if self._keys is None else seal_response(new, await self._keys.sealer(scope_of(new)))
+        stored = await self.log.commit_response(sealed, conversation_lease)
+        return stored_row(new, stored) if stored is not None else None
 
     async def input_items(self, owner: str, response_id: str, *, now_ms: int) -> list[bytes] | None:
         """The response's input item bodies, from wherever they are stored; None when there is no such response."""

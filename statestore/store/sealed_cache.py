@@ -149,6 +149,7 @@ class SealedCache:
         ttl_ms: int,
         *,
         sealer: ContentSealer,
+        then: Settle | None = None,
     ) -> bool:
         return await self._store.move_raw(
             old,

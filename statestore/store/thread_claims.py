@@ -209,8 +209,9 @@ class ThreadClaims(HeadClaims):
 
 @record
 class Settle:
-    """What a thread's commit leaves beside the history it writes to the cache, in the same script: the row it returned
-    (None: none to keep) and the claim it frees (`claimed_head` and `token`, or None)."""
+    """What a commit leaves beside the history it writes to the cache, in the same script: the row it returned (None:
+    none to keep; a thread's, or a chain head's: store/response_heads.py) and the claim it frees (`claimed_head` and
+    `token`, or None; a response's commit frees none)."""
 
     row: bytes | None
     claimed_head: str | None

@@ -5,11 +5,13 @@ conversation: renew and commit return False and store nothing."""
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
+from sqlalchemy import func, select
 
 from statestore.config import Settings
 from statestore.store.conversation_store import ConversationStore
@@ -24,7 +26,9 @@ from statestore.store.leased_log import (
     TakeThreadByResponse,
 )
 from statestore.store.pg_hot_path import PgHotPath
-from statestore.store.response_records import NewResponse, StoredItem
+from statestore.store.response_records import NewResponse, StoredItem, stored_row
+from statestore.store.response_runs import decode
+from statestore.store.schema import responses
 from statestore.store.thread_repository import ThreadRepository
 from statestore.store.turn_records import NewThread, TurnCommit
 
@@ -180,3 +184,29 @@ async def test_a_released_lease_frees_the_log(stores: Stores) -> None:
     assert await stores.log.take_thread(take) is not None
     await stores.log.release(THREADS, Release(log_id=thread_id, token=token))
     assert await stores.log.take_thread(take) is not None
+
+
+async def test_a_chained_commit_stores_nothing_once_its_parent_is_gone(stores: Stores) -> None:
+    """A chained turn whose parent was deleted while it ran (or was read from a cache entry its deletion could not
+    drop) is not stored; one whose parent stands is, and returns the runs the database placed its items in."""
+    owner = f"owner-{_token()}"
+    root = dataclasses.replace(_response("unused", owner), conversation_id=None)
+    placed = await stores.log.commit_response(root, None)
+    assert placed is not None and placed.runs is not None
+    parent = stored_row(root, placed)
+    child = dataclasses.replace(_response("unused", owner), conversation_id=None, parent=parent)
+    extended = await stores.log.commit_response(child, None)
+    # the child's items extend its parent's run: one run still
+    assert extended is not None and extended.runs is not None and len(decode(extended.runs).runs) == 1
+    orphan_parent = dataclasses.replace(parent, id=f"resp_{_token()}")  # never stored, as if deleted
+    orphan = dataclasses.replace(_response("unused", owner), conversation_id=None, parent=orphan_parent)
+    assert await stores.log.commit_response(orphan, None) is None
+    assert await _response_count(stores, owner) == 2
+
+
+async def _response_count(stores: Stores, owner: str) -> int:
+    async with stores.conversations.engine.connect() as conn:
+        count: int = (
+            await conn.execute(select(func.count()).select_from(responses).where(responses.c.owner == owner))
+        ).scalar_one()
+    return count

@@ -1,0 +1,138 @@
+"""A chain's head served from Redis: the continue by `previous_response_id` that finds the chain's context in the cache
+reads the response's row from beside it, and takes no database round trip before the backend call.
+
+A stored response never changes (no statement updates one); what ends it is a deletion (its tree, an erasure, the
+purger), and each drops the response's cache entry after the database, row included. So a row is served only beside
+the chain's cached context (the entry of the response it names, holding the chain's `depth + 1` segments), of the
+owner asking, not expired, for a chain not begun on a conversation (whose version moves with the conversation's
+items). Anything else is a miss, and the turn reads the row from the database as before. A release that keeps no rows
+moves or drops the context without its row: a row without its context is never served.
+
+The commit that stores a response writes its row with its context (store/cache_scripts.py MOVE_SETTLE, PUT_SETTLE);
+a move takes the parent's row away with the parent's context, so Redis holds one row per cached chain head."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import orjson
+
+from statestore.records import record
+from statestore.store.cache_entry import BRANCH_POINT, CachedHistory, CacheKey, response_key
+from statestore.store.resp import RespClient
+from statestore.store.response_records import ResponseRow
+
+# A row's stored form: the format, then the fields as a JSON array. Another format is a miss.
+_ROW_FORMAT = b"1:"
+
+
+@record
+class ChainHead:
+    """What one read found: the response's row when it is served, and the chain's cached context either way."""
+
+    row: ResponseRow | None
+    cached: CachedHistory | None
+
+
+def encode_head(row: ResponseRow, expires_ms: int) -> bytes | None:
+    """The row a continue reads (its body aside: a continue does not read it), as kept beside the chain's context;
+    None when it is not kept (a chain begun on a conversation, or a context head that is not text)."""
+    if row.conversation_version is not None:
+        return None
+    try:
+        head = row.context_head.decode() if row.context_head is not None else None
+    except UnicodeDecodeError:
+        return None
+    return _ROW_FORMAT + orjson.dumps(
+        [
+            row.id,
+            row.owner,
+            expires_ms,
+            row.root_id,
+            row.depth,
+            row.chain_bytes,
+            row.context_tokens,
+            row.context_bytes,
+            row.context_kept,
+            row.context_head_id,
+            head,
+            row.context_runs.hex() if row.context_runs is not None else None,
+        ]
+    )
+
+
+def decode_head(raw: bytes) -> tuple[int, ResponseRow] | None:
+    """(expiry, the row) of a kept row; None for one this code cannot read. The row's body is empty."""
+    if not raw.startswith(_ROW_FORMAT):
+        return None
+    try:
+        (
+            response_id,
+            owner,
+            expires_ms,
+            root_id,
+            depth,
+            chain_bytes,
+            tokens,
+            counted,
+            kept,
+            head_id,
+            head,
+            runs,
+        ) = orjson.loads(memoryview(raw)[len(_ROW_FORMAT) :])
+        row = ResponseRow(
+            id=response_id,
+            root_id=root_id,
+            depth=depth,
+            chain_bytes=chain_bytes,
+            body=b"",
+            conversation_version=None,
+            context_tokens=tokens,
+            context_bytes=counted,
+            context_kept=kept,
+            context_head_id=head_id,
+            context_head=head.encode() if head is not None else None,
+            context_runs=bytes.fromhex(runs) if runs is not None else None,
+            owner=owner,
+        )
+    except (ValueError, TypeError, AttributeError):
+        return None
+    if not isinstance(expires_ms, int) or not isinstance(depth, int):
+        return None
+    return expires_ms, row
+
+
+class ResponseHeads:
+    """Rows under each response's cache entry (one hash tag). `keys(key)`: the entry's history, count and row keys;
+    `decode(count, joined)`: the cache's reading of an entry. `read` raises the client's faults; the caller reads the
+    database instead."""
+
+    def __init__(
+        self,
+        client: RespClient,
+        keys: Callable[[CacheKey], tuple[str, str, str]],
+        decode: Callable[[bytes, bytes], CachedHistory | None],
+    ) -> None:
+        self._client = client
+        self._keys = keys
+        self._decode = decode
+
+    async def read(self, response_id: str, *, owner: str, now_ms: int) -> ChainHead:
+        history, count, row = self._keys(response_key(response_id))
+        joined, counted, stored = await self._client.execute("MGET", history, count, row)
+        cached = self._decode(counted, joined) if isinstance(joined, bytes) and isinstance(counted, bytes) else None
+        if cached is None or not isinstance(stored, bytes):
+            return ChainHead(row=None, cached=cached)
+        decoded = decode_head(stored)
+        if decoded is None:
+            return ChainHead(row=None, cached=cached)
+        expires_ms, head = decoded
+        if (
+            head.id != response_id
+            or head.owner != owner
+            or expires_ms <= now_ms
+            or cached.count != head.depth + 1
+            or cached.version not in (None, BRANCH_POINT)
+        ):
+            return ChainHead(row=None, cached=cached)
+        return ChainHead(row=head, cached=cached)
