@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Iterator
 
 import asyncpg
 import httpx
@@ -44,8 +45,10 @@ def _database(url: str, query: str, *args: object) -> object:
 
 
 @pytest.fixture
-def kv(redis_url: str) -> redis.Redis:
-    return redis.Redis.from_url(redis_url)
+def kv(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url)
+    yield client
+    client.close()
 
 
 def _key(prefix: str, response_id: str, suffix: str) -> str:
