@@ -58,11 +58,11 @@ class TracedClaims(HeadClaims):
         finally:
             read.end()
 
-    async def renew(self, thread_id: str, head: str, token: str, lease_ms: int) -> bool:
-        return await self._inner.renew(thread_id, head, token, lease_ms)
+    async def renew(self, thread_id: str, name: str, token: str, lease_ms: int) -> bool:
+        return await self._inner.renew(thread_id, name, token, lease_ms)
 
-    async def release(self, thread_id: str, head: str, token: str) -> None:
-        await self._inner.release(thread_id, head, token)
+    async def release(self, thread_id: str, name: str, token: str) -> None:
+        await self._inner.release(thread_id, name, token)
 
 
 class TracedRepository(ThreadStore):

@@ -42,6 +42,13 @@ CLAIM_FAULTS = (RespError, OSError, RuntimeError)
 _ROW_FORMAT = b"1:"
 
 
+def claim_name(head: str, owner: str) -> str:
+    """What names a claim under its thread's entry: the head and the owner asking. A request that names another
+    owner's head (refused: neither the row nor the database's lease is its) holds a claim of its own, never, even for
+    an instant, the one the owner's turn needs."""
+    return f"{head}:{owner}"
+
+
 @record
 class Claim:
     """What the claim's pipeline found: whether the turn holds the claim, the history cached, and the thread's row
@@ -145,16 +152,17 @@ class HeadClaims(Protocol):
         self, thread_id: str, *, owner: str, response_id: str, token: str, lease_ms: int, now_ms: int
     ) -> Claim: ...
 
-    async def renew(self, thread_id: str, head: str, token: str, lease_ms: int) -> bool: ...
+    async def renew(self, thread_id: str, name: str, token: str, lease_ms: int) -> bool: ...
 
-    async def release(self, thread_id: str, head: str, token: str) -> None: ...
+    async def release(self, thread_id: str, name: str, token: str) -> None: ...
 
 
 class ThreadClaims(HeadClaims):
     """Claims and rows under each thread's cache entry (one hash tag: one Cluster slot, though only a standalone Redis
-    claims). A claim is on one head (`<entry>:c:<response id>`): a commit moves the head on, so a claim its commit could
-    not free (Redis away at that moment) never stands in the next turn's way, and runs out. `keys(thread, head)`: the
-    entry's history, count, row and claim keys. Every method raises the client's faults (CLAIM_FAULTS); the caller
+    claims). A claim is on one head, for one owner (`<entry>:c:<response id>:<owner>`, claim_name): a commit moves the
+    head on, so a claim its commit could not free (Redis away at that moment) never stands in the next turn's way, and
+    runs out; and a request naming another owner's head never holds the owner's. `keys(thread, name)`: the entry's
+    history, count, row and claim keys. Every method raises the client's faults (CLAIM_FAULTS); the caller
     falls back to the database's lease, or lets a claim run out."""
 
     def __init__(
@@ -170,7 +178,7 @@ class ThreadClaims(HeadClaims):
     async def claim(
         self, thread_id: str, *, owner: str, response_id: str, token: str, lease_ms: int, now_ms: int
     ) -> Claim:
-        history, count, row, claim = self._keys(thread_id, response_id)
+        history, count, row, claim = self._keys(thread_id, claim_name(response_id, owner))
         claimed, found = await self._client.pipeline(
             [("SET", claim, token, "NX", "PX", lease_ms), ("MGET", history, count, row, claim)]
         )
@@ -199,19 +207,20 @@ class ThreadClaims(HeadClaims):
             return Claim(held=held, row=None, cached=cached)
         return Claim(held=held, row=leased, cached=cached)
 
-    async def renew(self, thread_id: str, head: str, token: str, lease_ms: int) -> bool:
-        """Extend the claim while this turn holds it; False when it ran out (another turn may hold it now)."""
-        return bool(await _RENEW.run(self._client, (self._keys(thread_id, head)[3],), (token, lease_ms)) == 1)
+    async def renew(self, thread_id: str, name: str, token: str, lease_ms: int) -> bool:
+        """Extend the claim `name` (claim_name) while this turn holds it; False when it ran out (another turn may hold
+        it now)."""
+        return bool(await _RENEW.run(self._client, (self._keys(thread_id, name)[3],), (token, lease_ms)) == 1)
 
-    async def release(self, thread_id: str, head: str, token: str) -> None:
-        await _RELEASE.run(self._client, (self._keys(thread_id, head)[3],), (token,))
+    async def release(self, thread_id: str, name: str, token: str) -> None:
+        await _RELEASE.run(self._client, (self._keys(thread_id, name)[3],), (token,))
 
 
 @record
 class Settle:
     """What a commit leaves beside the history it writes to the cache, in the same script: the row it returned (None:
-    none to keep; a thread's, or a chain head's: store/response_heads.py) and the claim it frees (`claimed_head` and
-    `token`, or None; a response's commit frees none)."""
+    none to keep; a thread's, or a chain head's: store/response_heads.py) and the claim it frees (`claimed_head`, the
+    claim's name, and `token`, or None; a response's commit frees none)."""
 
     row: bytes | None
     claimed_head: str | None

@@ -18,7 +18,7 @@ from statestore.records import record
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CachedHistory, thread_key
 from statestore.store.engine import DATABASE_ERRORS
-from statestore.store.thread_claims import CLAIM_FAULTS, HeadClaims
+from statestore.store.thread_claims import CLAIM_FAULTS, HeadClaims, claim_name
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import LeasedThread, NewThread
 from statestore.threads import rules
@@ -91,9 +91,10 @@ class HeadHolds:
             return None
         if not claim.held:
             raise await self._refusal(owner, thread_id, response_id, now)
+        name = claim_name(response_id, owner)
         if claim.row is not None:
             self.metrics.count_thread_head("claim")
-            return Held(leased=claim.row, cached=claim.cached, claim=HeadClaim(response_id, leased=False))
+            return Held(leased=claim.row, cached=claim.cached, claim=HeadClaim(response_id, leased=False, name=name))
         # The row is not served from Redis: the database's lease too, the claim kept (a claimed turn beside this one
         # would only lose its commit).
         try:
@@ -102,10 +103,10 @@ class HeadHolds:
                 raise await self._refusal(owner, thread_id, response_id, now)
         except BaseException:
             with anyio.CancelScope(shield=True):
-                await self.give_back(thread_id, token, claim=HeadClaim(response_id, leased=False))
+                await self.give_back(thread_id, token, claim=HeadClaim(response_id, leased=False, name=name))
             raise
         self.metrics.count_thread_head("claim_and_lease")
-        return Held(leased=leased, cached=claim.cached, claim=HeadClaim(response_id, leased=True))
+        return Held(leased=leased, cached=claim.cached, claim=HeadClaim(response_id, leased=True, name=name))
 
     async def _lease(self, thread_id: str, *, owner: str, head: str, token: str, now: int) -> LeasedThread | None:
         """The database's lease on `head`, for `token`; None when it is not free (or not there)."""
@@ -141,7 +142,7 @@ class HeadHolds:
                         return False
                 # The lease is what guards this turn; the claim beside it only keeps claimed turns away.
                 with contextlib.suppress(*CLAIM_FAULTS):
-                    await claims.renew(thread_id, claim.head, token, self.lease_ms)
+                    await claims.renew(thread_id, claim.name, token, self.lease_ms)
             return await self.repository.renew_lease(
                 thread_id=thread_id, token=token, lease_until_ms=self.clock() + self.lease_ms
             )
@@ -199,7 +200,7 @@ class HeadHolds:
         """Free what `token` holds, quietly: the claim, and the database's lease (`lease`, or as `claim` says)."""
         if claim is not None and self.claims is not None:
             try:
-                await self.claims.release(thread_id, claim.head, token)
+                await self.claims.release(thread_id, claim.name, token)
             except CLAIM_FAULTS as exc:
                 log.warning("could not release a claim", extra={"thread_id": thread_id, "error": type(exc).__name__})
         if not (lease if lease is not None else claim is None or claim.leased):

@@ -42,6 +42,7 @@ class HeadClaim:
 
     head: str
     leased: bool
+    name: str  # the claim's (store/thread_claims.py claim_name: the head and the owner)
 
 
 @dataclass(slots=True)

@@ -364,7 +364,7 @@ class ThreadService:
             row = None
             if isinstance(committed, HeadAfter) and prepared.row is not None:
                 row = encode_row(prepared.row, committed, prepared.response_id)
-            claimed = prepared.claim.head if prepared.claim is not None else None
+            claimed = prepared.claim.name if prepared.claim is not None else None
             then = Settle(row=row, claimed_head=claimed, token=prepared.lease_token)
         await context_cache.after_commit(self.cache, prepared, [body for body, _ in rows], reply.compaction, then)
 

@@ -17,7 +17,9 @@ import httpx
 import pytest
 import redis
 
+from statestore.store.cache import RedisHistoryCache
 from statestore.store.pg_hot_path import asyncpg_dsn
+from statestore.store.thread_claims import claim_name
 from tests.integration.test_threads import RawThreads, ok, thread_error, user
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import own_redis_prefix
@@ -52,8 +54,14 @@ class Keys:
         self._tagged = f"{prefix}{{{thread_id}}}"
 
     def claim(self, head: str) -> bytes | None:
-        """The claim on one head (a claim is per head: store/thread_claims.py)."""
-        return cast(bytes | None, self._client.get(f"{self._tagged}:c:{head}"))
+        """The claim on one head (a claim is per head and owner: store/thread_claims.py claim_name)."""
+        found = list(self._client.scan_iter(match=f"{self._tagged}:c:{head}:*"))
+        assert len(found) <= 1, found
+        return cast(bytes | None, self._client.get(found[0])) if found else None
+
+    def drop_claim(self, head: str) -> None:
+        for key in self._client.scan_iter(match=f"{self._tagged}:c:{head}:*"):
+            self._client.delete(key)
 
     def row(self) -> bytes | None:
         return cast(bytes | None, self._client.get(f"{self._tagged}:r"))
@@ -208,7 +216,7 @@ def test_a_claim_lost_with_redis_costs_one_turn_its_commit_not_a_fork(
     )
     first, first_result = _in_flight(lambda: raw.continue_(head, [user("first-of-two")]))
     _poll(_started(backend, "first-of-two"), "the first turn to reach the backend")
-    keys.drop(f"c:{head}")  # Redis lost the claim (a restart, a failover)
+    keys.drop_claim(head)  # Redis lost the claim (a restart, a failover)
     second = raw.continue_(head, [user("second-of-two")])
     first.join(timeout=20)
     # Both reached the backend; the second committed first, and the first finds the head moved.
@@ -321,3 +329,28 @@ def test_a_claimed_turn_longer_than_a_third_of_the_lease_takes_the_database_leas
         assert raw.info(thread_id)["message_count"] == 4
     finally:
         raw.close()
+
+
+async def test_a_claim_is_per_owner_so_another_owner_naming_the_head_never_holds_it(redis_url: str) -> None:
+    """A request naming another owner's head is refused (the row and the lease are not its), but it claims before it
+    knows: its claim must not be the owner's, or a stranger's request, for an instant, refuses the owner's turn
+    (thread_continue_in_flight). Two turns of one owner on one head still exclude each other."""
+    with own_redis_prefix(redis_url) as prefix:
+        cache = RedisHistoryCache(redis_url, prefix)
+        claims = cache.thread_claims()
+        assert claims is not None
+        try:
+
+            async def claim(owner: str, token: str) -> bool:
+                found = await claims.claim(
+                    "thr_x", owner=owner, response_id="msg_head", token=token, lease_ms=60_000, now_ms=0
+                )
+                return found.held
+
+            assert await claim("stranger", "t1")
+            assert await claim("owner", "t2")
+            assert not await claim("owner", "t3")
+            await claims.release("thr_x", claim_name("msg_head", "owner"), "t2")
+            assert await claim("owner", "t3")
+        finally:
+            await cache.aclose()
