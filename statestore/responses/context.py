@@ -18,6 +18,7 @@ from statestore.responses.request import chat_body
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import BRANCH_POINT, CachedHistory, CacheKey, conversation_key, response_key
 from statestore.store.conversation_store import ConversationStore
+from statestore.store.response_heads import encode_head
 from statestore.store.response_records import ResponseRow, StoredItem
 from statestore.store.response_store import ResponseStore
 from statestore.store.thread_claims import Settle
@@ -74,14 +75,15 @@ async def remember_head(
     branched: bool = False,
     whole: bool = False,
     row: bytes | None = None,
+    parent_row: ResponseRow | None = None,
 ) -> None:
     """The new head's context goes in the cache. When the turn read its parent's head entry, the entry itself moves to
     the new head with the turn's segment appended, so a long chain's context is not sent to the cache again every
     turn. A turn that branched (its parent's context came from the database, or from the parent's branch-point entry)
     puts its context whole and keeps its parent's as a branch point, so the next branch from the same response
     (regenerate, edit) reads one value, whatever its depth; those entries are bounded by the responses that were
-    branched from, and expire with them. `row`: the new head's row, kept beside its context
-    (store/response_heads.py)."""
+    branched from, and expire with them. `row`: the new head's row, kept beside its context (store/response_heads.py);
+    `parent_row`: the parent's row, kept beside its branch point (given when rows are kept)."""
     key = cache_key(response_id)
     then = Settle(row=row, claimed_head=None, token=None) if row is not None else None
     # The parent's entry holds its depth + 1 = this response's depth joined segments. An entry that also holds a
@@ -108,9 +110,11 @@ async def remember_head(
     elif conversation_version is None and context and not hit:
         # A branch read from the database: its parent's context is kept for the branches after it.
         kept = CachedHistory(depth, context, BRANCH_POINT)
+        encoded = encode_head(parent_row) if parent_row is not None else None
+        kept_row = Settle(row=encoded, claimed_head=None, token=None) if encoded is not None else None
         await asyncio.gather(
             cache.put(key, history, ttl_ms, sealer=sealer, then=then),
-            cache.put(cache_key(parent_id), kept, ttl_ms, sealer=sealer),
+            cache.put(cache_key(parent_id), kept, ttl_ms, sealer=sealer, then=kept_row),
         )
     elif branched:
         await cache.put(key, history, ttl_ms, sealer=sealer, then=then)  # the parent's branch-point entry stays

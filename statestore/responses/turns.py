@@ -315,7 +315,8 @@ class ResponseTurns:
                 whole=prepared.cache_frames > CONSOLIDATE_FRAMES,
                 conversation_version=prepared.parent.conversation_version if prepared.parent else None,
                 branched=prepared.branch_point,
-                row=encode_head(committed, new.expires_ms) if self.heads is not None else None,
+                row=encode_head(committed) if self.heads is not None else None,
+                parent_row=prepared.parent if self.heads is not None else None,
             )
         return True
 

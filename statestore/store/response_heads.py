@@ -34,7 +34,7 @@ class ChainHead:
     cached: CachedHistory | None
 
 
-def encode_head(row: ResponseRow, expires_ms: int) -> bytes | None:
+def encode_head(row: ResponseRow) -> bytes | None:
     """The row a continue reads (its body aside: a continue does not read it), as kept beside the chain's context;
     None when it is not kept (a chain begun on a conversation, or a context head that is not text)."""
     if row.conversation_version is not None:
@@ -47,7 +47,7 @@ def encode_head(row: ResponseRow, expires_ms: int) -> bytes | None:
         [
             row.id,
             row.owner,
-            expires_ms,
+            row.expires_ms,
             row.root_id,
             row.depth,
             row.chain_bytes,
@@ -61,8 +61,8 @@ def encode_head(row: ResponseRow, expires_ms: int) -> bytes | None:
     )
 
 
-def decode_head(raw: bytes) -> tuple[int, ResponseRow] | None:
-    """(expiry, the row) of a kept row; None for one this code cannot read. The row's body is empty."""
+def decode_head(raw: bytes) -> ResponseRow | None:
+    """The row kept; None for one this code cannot read. Its body is empty."""
     if not raw.startswith(_ROW_FORMAT):
         return None
     try:
@@ -93,13 +93,14 @@ def decode_head(raw: bytes) -> tuple[int, ResponseRow] | None:
             context_head_id=head_id,
             context_head=head.encode() if head is not None else None,
             context_runs=bytes.fromhex(runs) if runs is not None else None,
+            expires_ms=expires_ms,
             owner=owner,
         )
     except (ValueError, TypeError, AttributeError):
         return None
     if not isinstance(expires_ms, int) or not isinstance(depth, int):
         return None
-    return expires_ms, row
+    return row
 
 
 class ResponseHeads:
@@ -123,14 +124,13 @@ class ResponseHeads:
         cached = self._decode(counted, joined) if isinstance(joined, bytes) and isinstance(counted, bytes) else None
         if cached is None or not isinstance(stored, bytes):
             return ChainHead(row=None, cached=cached)
-        decoded = decode_head(stored)
-        if decoded is None:
+        head = decode_head(stored)
+        if head is None:
             return ChainHead(row=None, cached=cached)
-        expires_ms, head = decoded
         if (
             head.id != response_id
             or head.owner != owner
-            or expires_ms <= now_ms
+            or head.expires_ms <= now_ms
             or cached.count != head.depth + 1
             or cached.version not in (None, BRANCH_POINT)
         ):

@@ -40,6 +40,7 @@ class ResponseRow:
     context_head: bytes | None = None
     # Where its chain's items lie (store/response_runs.py); None: the chain is walked.
     context_runs: bytes | None = None
+    expires_ms: int = 0
     # Whose it is (the read names it): sealed content is bound to its owner (store/response_sealing.py).
     owner: str = ""
 
@@ -106,6 +107,7 @@ def stored_row(new: NewResponse, stored: Stored) -> ResponseRow:
         context_head_id=head_id,
         context_head=head,
         context_runs=stored.runs,
+        expires_ms=new.expires_ms,
         owner=new.owner,
     )
 

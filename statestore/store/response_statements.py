@@ -109,7 +109,7 @@ GET_RESPONSE: Final = PgStatement(
 SELECT r.id, r.root_id, r.depth, r.chain_bytes, r.body,
     CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END,
     coalesce(r.context_tokens, 0), coalesce(r.context_bytes, 0), r.context_kept, r.context_head_id, holder.context_head,
-    r.context_runs
+    r.context_runs, r.expires_ms
 FROM responses r
 LEFT JOIN responses root ON root.id = r.root_id
 LEFT JOIN conversations c ON c.id = root.conversation_id

@@ -65,7 +65,7 @@ class ResponseStore:
         found = await self._get(owner, response_id, now_ms=now_ms)
         if found is None:
             return None
-        # The read's twelve columns (mypy cannot count a record's), then whose it is.
+        # The read's thirteen columns (mypy cannot count a record's), then whose it is.
         row = ResponseRow(*found, owner=owner)  # type: ignore[misc]
         if self._keys is None:
             return row
@@ -99,6 +99,7 @@ class ResponseStore:
                 responses.c.context_head_id,
                 holder.c.context_head,
                 responses.c.context_runs,
+                responses.c.expires_ms,
             )
             .select_from(
                 responses.outerjoin(root, root.c.id == responses.c.root_id)

@@ -28,23 +28,24 @@ ROW = ResponseRow(
     context_head_id="resp_1",
     context_head=b'{"role":"user","content":"summary \\u00e9 \xc3\xa9"}',
     context_runs=bytes(range(40)),
+    expires_ms=EXPIRES,
     owner="owner-1",
 )
 
 
 def test_a_row_reads_back_as_it_was_written() -> None:
-    encoded = encode_head(ROW, EXPIRES)
+    encoded = encode_head(ROW)
     assert encoded is not None
-    assert decode_head(encoded) == (EXPIRES, ROW)
+    assert decode_head(encoded) == ROW
     bare = dataclasses.replace(ROW, context_kept=None, context_head_id=None, context_head=None, context_runs=None)
-    encoded = encode_head(bare, EXPIRES)
-    assert encoded is not None and decode_head(encoded) == (EXPIRES, bare)
+    encoded = encode_head(bare)
+    assert encoded is not None and decode_head(encoded) == bare
 
 
 def test_a_row_that_cannot_be_kept_is_not_written() -> None:
     # a chain begun on a conversation: its version moves with the conversation
-    assert encode_head(dataclasses.replace(ROW, conversation_version=7), EXPIRES) is None
-    assert encode_head(dataclasses.replace(ROW, context_head=b"\xff\xfe"), EXPIRES) is None
+    assert encode_head(dataclasses.replace(ROW, conversation_version=7)) is None
+    assert encode_head(dataclasses.replace(ROW, context_head=b"\xff\xfe")) is None
 
 
 @pytest.mark.parametrize("raw", [b"", b"2:[]", b"1:{}", b"1:[1,2]", b'1:["a"]', b"1:not json"])
@@ -82,10 +83,10 @@ async def _read(
 
 
 async def test_a_row_is_served_beside_its_chains_context() -> None:
-    row, cached = await _read(row=encode_head(ROW, EXPIRES))
+    row, cached = await _read(row=encode_head(ROW))
     assert row == ROW and cached == CachedHistory(3, b"a,b,c")
     # a branch point's entry holds the same chain
-    row, _ = await _read(row=encode_head(ROW, EXPIRES), version=BRANCH_POINT)
+    row, _ = await _read(row=encode_head(ROW), version=BRANCH_POINT)
     assert row == ROW
 
 
@@ -94,7 +95,7 @@ async def test_a_row_is_served_beside_its_chains_context() -> None:
     ["no row", "expired", "another owner", "another depth", "a conversation's version", "another response's row"],
 )
 async def test_a_row_is_not_served_otherwise(case: str) -> None:
-    encoded = encode_head(ROW, EXPIRES)
+    encoded = encode_head(ROW)
     kwargs: dict[str, Any] = {"row": encoded}
     if case == "no row":
         kwargs["row"] = None
@@ -107,7 +108,7 @@ async def test_a_row_is_not_served_otherwise(case: str) -> None:
     elif case == "a conversation's version":
         kwargs["version"] = 5
     else:
-        kwargs["row"] = encode_head(dataclasses.replace(ROW, id="resp_9"), EXPIRES)
+        kwargs["row"] = encode_head(dataclasses.replace(ROW, id="resp_9"))
     row, cached = await _read(**kwargs)
     assert row is None
     assert cached is not None  # the context is still the caller's to check against the database's row

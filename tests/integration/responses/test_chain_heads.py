@@ -141,3 +141,24 @@ async def test_a_parent_deleted_behind_the_cache_is_not_continued(
     assert ids[-1] in str(refused.value)
     after = await rows.counts(api_key)
     assert after["responses"] == stored["responses"] - 1
+
+
+def test_a_branch_keeps_its_parents_row_for_the_next_branch(
+    openai_client: openai.OpenAI,
+    responses_server: StatestoreServer,
+    backend: FakeBackend,
+    kv: redis.Redis,
+    responses_redis_prefix: str,
+) -> None:
+    """The first branch from a response reads it from the database and keeps its context as a branch point, with its
+    row: the next branch from it (a regenerate) reads neither from the database."""
+    ids = _chain(openai_client, 4)
+    before = _parents(responses_server)
+    openai_client.responses.create(model="echo-1", input="first branch", previous_response_id=ids[1])
+    assert _delta(before, _parents(responses_server)) == {"cache": 0, "database": 1}
+    assert kv.exists(_key(responses_redis_prefix, ids[1], "r"))
+    backend.reset()
+    openai_client.responses.create(model="echo-1", input="second branch", previous_response_id=ids[1])
+    assert _delta(before, _parents(responses_server)) == {"cache": 1, "database": 1}
+    sent = orjson.loads(last_chat_request(backend).body)["messages"]
+    assert [m["content"] for m in sent] == ["turn 0", "echo: turn 0", "turn 1", "echo: turn 1", "second branch"]
