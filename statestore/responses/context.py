@@ -34,21 +34,6 @@ def conversation_cache_key(conversation_id: str) -> CacheKey:
     return conversation_key(conversation_id)
 
 
-def cached_chain(head: ResponseRow, cached: CachedHistory | None) -> CachedHistory | None:
-    """`cached` (read beside `head`) when it is the context of `head` as it stands now, else None: it must hold the
-    chain's segments (`depth + 1`) and, for a chain begun on a conversation, have been read at the conversation's
-    version now. A stored response never changes, but a chain begun on a conversation reads that conversation's
-    items, and an item deleted there must leave its context: the deletion drops the entries there are (Retention),
-    and an entry written afterwards by a turn that read the context before the deletion carries the older version,
-    which no later read accepts."""
-    if cached is None or cached.count != head.depth + 1:
-        return None
-    if cached.version == head.conversation_version:
-        return cached
-    # A branch point's entry: a chain not begun on a conversation reads no conversation, so no version to match.
-    return cached if cached.version == BRANCH_POINT and head.conversation_version is None else None
-
-
 async def chain_context(store: ResponseStore, head: ResponseRow, cached: CachedHistory | None) -> bytes:
     """The joined messages of the chain ending at `head`: `cached` (checked by `cached_chain`), else a join of the
     stored bytes."""

@@ -16,7 +16,6 @@ from statestore.responses.compaction import stored_inputs
 from statestore.responses.compaction_seal import CompactionSeal
 from statestore.responses.context import (
     cache_key,
-    cached_chain,
     chain_context,
     conversation_cache_key,
     conversation_context,
@@ -38,7 +37,7 @@ from statestore.responses.request import TurnRequest
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import BRANCH_POINT, CachedHistory
 from statestore.store.conversation_store import ConversationStore, Locked
-from statestore.store.response_heads import ResponseHeads, encode_head
+from statestore.store.response_heads import ResponseHeads, cached_chain, encode_head
 from statestore.store.response_records import NewResponse, ResponseRow
 from statestore.store.response_store import ResponseStore
 from statestore.store.sealed_cache import CONSOLIDATE_FRAMES
@@ -207,13 +206,10 @@ class ResponseTurns:
             try:
                 head = await self.heads.read(previous, owner=owner, now_ms=now)
             except CLAIM_FAULTS:
-                head = None
-            if head is not None and head.row is not None:
-                self.metrics.count_response_parent("cache")
-                return head.row, head.cached
+                head = None  # Redis away: the database's row, and the cache read as before
+            self.metrics.count_response_parent("cache" if head is not None and head.row is not None else "database")
             if head is not None:
-                self.metrics.count_response_parent("database")
-                return await self.responses.get(owner, previous, now_ms=now), head.cached
+                return head.row or await self.responses.get(owner, previous, now_ms=now), head.cached
         # The cached context is read beside the response, and taken when it is the row's context now (cached_chain).
         # One task for the read; the response's in this one (gather would wrap both), as a threaded turn does.
         reading = asyncio.ensure_future(self.cache.get(cache_key(previous)))
@@ -222,8 +218,6 @@ class ResponseTurns:
         except BaseException:
             reading.cancel()
             raise
-        if self.heads is not None:
-            self.metrics.count_response_parent("database")
         return parent, await reading
 
     def response(

@@ -19,7 +19,7 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from statestore.content_keys import ContentSealer
 from statestore.store.cache_entry import CachedHistory, CacheKey, decode_count, encode_count, thread_key
-from statestore.store.cache_scripts import APPEND, APPEND_SETTLE, MOVE, MOVE_SETTLE, PUT, PUT_SETTLE
+from statestore.store.cache_scripts import APPEND, APPEND_SETTLE, MOVE, PUT, PUT_SETTLE
 from statestore.store.redis_commands import ClusterCommands, RedisCommands, StandaloneCommands
 from statestore.store.resp import split_cluster_flag
 from statestore.store.resp_reader import RespError
@@ -339,27 +339,32 @@ class RedisHistoryCache:
         sealer: ContentSealer,
         then: Settle | None = None,
     ) -> bool:
-        expected, count = encode_count(expected_count), encode_count(expected_count + len(added))
-        tail = append_tail(expected_count, added)
-        if then is None or then.row is None or self._cluster or ttl_ms <= 0:
-            return await self.move_raw(old, new, expected=expected, count=count, tail=tail, ttl_ms=ttl_ms)
-        try:
-            moved = await self._commands.run(
-                MOVE_SETTLE, (*self._dropped(new), *self._dropped(old)), (expected, count, ttl_ms, tail, then.row)
-            )
-        except _FAULTS as exc:
-            self._fault("move", new, exc)
-            return False
-        return bool(moved == 1)
+        return await self.move_raw(
+            old,
+            new,
+            expected=encode_count(expected_count),
+            count=encode_count(expected_count + len(added)),
+            tail=append_tail(expected_count, added),
+            ttl_ms=ttl_ms,
+            row=then.row if then is not None else None,
+        )
 
     async def move_raw(
-        self, old: CacheKey, new: CacheKey, *, expected: bytes, count: bytes, tail: bytes, ttl_ms: int
+        self,
+        old: CacheKey,
+        new: CacheKey,
+        *,
+        expected: bytes,
+        count: bytes,
+        tail: bytes,
+        ttl_ms: int,
+        row: bytes | None = None,
     ) -> bool:
         if self._cluster or ttl_ms <= 0:
             return False
-        keys = (*self._keys(new), *self._keys(old))
+        keys = (*self._dropped(new), *self._dropped(old))
         try:
-            moved = await self._commands.run(MOVE, keys, (expected, count, ttl_ms, tail))
+            moved = await self._commands.run(MOVE, keys, (expected, count, ttl_ms, tail, row or b""))
         except _FAULTS as exc:
             self._fault("move", new, exc)
             return False

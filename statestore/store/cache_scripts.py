@@ -108,29 +108,11 @@ return done
 """
 )
 
-# KEYS: new joined, new count, old joined, old count. ARGV: expected count, new count, ttl ms, bytes to append.
+# A chain head moving on, with the new head's row ('' for none: store/response_heads.py). KEYS: new joined, new count,
+# new row, old joined, old count, old row. ARGV: expected count, new count, ttl ms, bytes to append, row. The old head's
+# row goes with its context (one row per cached head); the new one is kept only when the context moved whole.
 # Standalone Redis only: the old and new keys are under different hash tags, so in different Cluster slots.
 _MOVE_LUA = (
-    _APPLY_OR_DROP
-    + """
-if redis.pcall('GET', KEYS[4]) ~= ARGV[1] or redis.call('EXISTS', KEYS[3]) == 0 then
-  redis.call('DEL', KEYS[3], KEYS[4])
-  return 0
-end
-redis.call('RENAME', KEYS[3], KEYS[1])
-redis.call('DEL', KEYS[4])
-return apply_or_drop({
-  {'APPEND', KEYS[1], ARGV[4]},
-  {'SET', KEYS[2], ARGV[2], 'PX', ARGV[3]},
-  {'PEXPIRE', KEYS[1], ARGV[3]},
-})
-"""
-)
-
-# A chain head's move with the new head's row (store/response_heads.py). KEYS: new joined, new count, new row, old
-# joined, old count, old row. ARGV: expected count, new count, ttl ms, bytes to append, row. The old head's row goes
-# with its context (one row per cached head); the new one is kept only when the context moved whole.
-_MOVE_SETTLE_LUA = (
     _APPLY_OR_DROP
     + _SETTLE
     + """
@@ -152,4 +134,3 @@ APPEND = Script(_APPEND_LUA)
 PUT_SETTLE = Script(_PUT_SETTLE_LUA)
 APPEND_SETTLE = Script(_APPEND_SETTLE_LUA)
 MOVE = Script(_MOVE_LUA)
-MOVE_SETTLE = Script(_MOVE_SETTLE_LUA)

@@ -8,7 +8,7 @@ owner asking, not expired, for a chain not begun on a conversation (whose versio
 items). Anything else is a miss, and the turn reads the row from the database as before. A release that keeps no rows
 moves or drops the context without its row: a row without its context is never served.
 
-The commit that stores a response writes its row with its context (store/cache_scripts.py MOVE_SETTLE, PUT_SETTLE);
+The commit that stores a response writes its row with its context (store/cache_scripts.py MOVE, PUT_SETTLE);
 a move takes the parent's row away with the parent's context, so Redis holds one row per cached chain head."""
 
 from __future__ import annotations
@@ -32,6 +32,21 @@ class ChainHead:
 
     row: ResponseRow | None
     cached: CachedHistory | None
+
+
+def cached_chain(head: ResponseRow, cached: CachedHistory | None) -> CachedHistory | None:
+    """`cached` (read beside `head`) when it is the context of `head` as it stands now, else None: it must hold the
+    chain's segments (`depth + 1`) and, for a chain begun on a conversation, have been read at the conversation's
+    version now. A stored response never changes, but a chain begun on a conversation reads that conversation's
+    items, and an item deleted there must leave its context: the deletion drops the entries there are (Retention),
+    and an entry written afterwards by a turn that read the context before the deletion carries the older version,
+    which no later read accepts."""
+    if cached is None or cached.count != head.depth + 1:
+        return None
+    if cached.version == head.conversation_version:
+        return cached
+    # A branch point's entry: a chain not begun on a conversation reads no conversation, so no version to match.
+    return cached if cached.version == BRANCH_POINT and head.conversation_version is None else None
 
 
 def encode_head(row: ResponseRow) -> bytes | None:
@@ -127,12 +142,6 @@ class ResponseHeads:
         head = decode_head(stored)
         if head is None:
             return ChainHead(row=None, cached=cached)
-        if (
-            head.id != response_id
-            or head.owner != owner
-            or head.expires_ms <= now_ms
-            or cached.count != head.depth + 1
-            or cached.version not in (None, BRANCH_POINT)
-        ):
+        if head.id != response_id or head.owner != owner or head.expires_ms <= now_ms or not cached_chain(head, cached):
             return ChainHead(row=None, cached=cached)
         return ChainHead(row=head, cached=cached)

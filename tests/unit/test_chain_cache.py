@@ -1,11 +1,11 @@
 """Which cached context a chained Responses turn may take: the entry's count and version must be the ones its head's
-row calls for now (responses/context.py cached_chain), so an entry written from a read older than a deletion on the
+row calls for now (store/response_heads.py cached_chain), so an entry written from a read older than a deletion on the
 chain's conversation is never served."""
 
 from __future__ import annotations
 
-from statestore.responses.context import cached_chain
 from statestore.store.cache_entry import CachedHistory
+from statestore.store.response_heads import cached_chain
 from statestore.store.response_records import ResponseRow
 
 
