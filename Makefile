@@ -17,16 +17,18 @@ QUIET_INSTALL := PYTHONWARNINGS='ignore:Editable installation'
 
 # The development set-up: statestore (editable) with the test and lint tools.
 $(STAMP): pyproject.toml setup.py
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(QUIET_INSTALL) $(BIN)/python -m pip install --quiet -e '.[dev]'
-	touch $(STAMP) $(RUNTIME_STAMP)
+	@echo "installing statestore and its dev tools into $(VENV)/ (the first time: about a minute)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --quiet --upgrade pip
+	@$(QUIET_INSTALL) $(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP) $(RUNTIME_STAMP)
 
 # Just enough to serve: statestore (editable) and its runtime dependencies, no dev toolchain.
 $(RUNTIME_STAMP): pyproject.toml setup.py
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(QUIET_INSTALL) $(BIN)/python -m pip install --quiet -e .
-	touch $(RUNTIME_STAMP)
+	@echo "installing statestore into $(VENV)/ (the first time: under a minute)"
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(QUIET_INSTALL) $(BIN)/python -m pip install --quiet -e .
+	@touch $(RUNTIME_STAMP)
 
 install: $(STAMP)
 
@@ -41,8 +43,8 @@ $(NODE_DEPS): tests/node/package.json tests/node/package-lock.json
 run: $(RUNTIME_STAMP)
 	@scripts/run-local.sh $(PORT) $(ECHO_PORT)
 
-# The admin CLI without activating the venv: make admin ARGS='tenant create acme'
-# (the same as .venv/bin/statestore admin tenant create acme).
+# The admin CLI without activating the venv: make admin ARGS='tenants create acme'
+# (the same as .venv/bin/statestore admin tenants create acme).
 admin: $(RUNTIME_STAMP)
 	@$(BIN)/statestore admin $(ARGS)
 

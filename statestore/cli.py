@@ -103,13 +103,22 @@ def cmd_echo_backend(args: argparse.Namespace) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="statestore",
-        description="Server-side conversation state for the Claude Messages API. Settings come from STATESTORE_* "
-        "environment variables (see the README).",
+        description="Server-side conversation state for LLM APIs: the Claude Messages API with threads and sessions, "
+        "and the OpenAI Responses and Conversations APIs. Settings come from STATESTORE_* environment variables (see "
+        "the README).",
     )
     parser.add_argument("--version", action="version", version=f"statestore {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="serve the API", description="Serve the Messages API with threads.")
+    serve = commands.add_parser(
+        "serve",
+        help="serve the API",
+        description="Serve both front doors: the Messages API with threads and sessions (/v1/messages) and the "
+        "Responses and Conversations APIs (/v1/responses, /v1/conversations). Needs STATESTORE_OWNER_SECRET; the "
+        "database is STATESTORE_DATABASE_URL (default: the SQLite file ./statestore.db), the backends "
+        "STATESTORE_UPSTREAM_URL (Messages) and STATESTORE_CHAT_UPSTREAM_URL (Chat Completions, for the Responses "
+        "door).",
+    )
     serve.add_argument(
         "--host", default=os.environ.get("STATESTORE_HOST", "127.0.0.1"), help="address to bind (default 127.0.0.1)"
     )
@@ -128,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     migrate = commands.add_parser(
         "migrate",
         help="bring the database schema up to date",
-        description="Run the Alembic migrations on STATESTORE_DATABASE_URL.",
+        description="Run the Alembic migrations on STATESTORE_DATABASE_URL (default: the SQLite file "
+        "./statestore.db, created if missing).",
     )
     migrate.add_argument("--revision", default="head", help="target revision (default head)")
     migrate.set_defaults(func=cmd_migrate)
@@ -136,8 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     echo = commands.add_parser(
         "echo-backend",
         help="run the local echo model backend",
-        description="A local stand-in for the model backend that speaks the Messages API wire format and echoes the "
-        "last user text. For trying statestore without a key or network.",
+        description="A local stand-in for the model backend that speaks the Messages API and Chat Completions wire "
+        "formats (JSON and SSE) and echoes the last user text. For trying statestore without a key or network.",
     )
     echo.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     echo.add_argument("--port", type=int, default=8090, help="port (default 8090)")

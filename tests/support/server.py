@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -23,7 +24,7 @@ def free_port() -> int:
         return port
 
 
-def wait_until_up(url: str, process: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+def wait_until_up(url: str, process: subprocess.Popen[Any], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
