@@ -77,14 +77,21 @@ def _part_kind(value: object) -> str | None:
     return "<text>" if tag in ("<input_text>", "<output_text>", "<text>") else tag
 
 
-_PART_REFUSED = "a part of a type this message can hold expected"
 InputPartParam = Annotated[
     Annotated[InputTextParam, Tag("<text>")] | Annotated[InputImageParam, Tag("<input_image>")],
-    Discriminator(_part_kind, custom_error_type="unsupported_value", custom_error_message=_PART_REFUSED),
+    Discriminator(
+        _part_kind,
+        custom_error_type="unsupported_value",
+        custom_error_message="an input_text or input_image part expected (input_file and input_audio are refused)",
+    ),
 ]
 OutputPartParam = Annotated[
     Annotated[InputTextParam, Tag("<text>")] | Annotated[RefusalParam, Tag("<refusal>")],
-    Discriminator(_part_kind, custom_error_type="unsupported_value", custom_error_message=_PART_REFUSED),
+    Discriminator(
+        _part_kind,
+        custom_error_type="unsupported_value",
+        custom_error_message="an output_text or refusal part expected in an assistant message",
+    ),
 ]
 _CONTENT = "a string or a non-empty array of parts expected"
 

@@ -577,6 +577,20 @@ def _secret_in(text: str) -> str:
     return found[0]
 
 
+def test_cli_warns_of_passthrough_mode_by_its_own_environment(env: dict[str, str]) -> None:
+    """The command cannot see the server's mode: its warning says it read its own, and goes with the keys setting."""
+    keys_env = {**env, "STATESTORE_AUTH_MODE": "keys", "STATESTORE_UPSTREAM_API_KEY": "sk-backend"}
+    warned, quiet = cli_many(
+        env,
+        [["admin", "tenants", "create", unique("cli-warned")], (keys_env, ["admin", "tenants", "create", unique("q")])],
+    )
+    cli_ok(warned)
+    assert "statestore: warning: statestore runs in passthrough mode" in warned.stderr
+    assert "read STATESTORE_AUTH_MODE from its own environment" in warned.stderr
+    cli_ok(quiet)
+    assert "warning" not in quiet.stderr
+
+
 def test_cli_tenants_and_keys_round_trip(keys_server: StatestoreServer, env: dict[str, str], db: Database) -> None:
     name, other = unique("cli-tenant"), unique("cli-other")
     made_json, made_text = cli_many(

@@ -124,6 +124,21 @@ def test_the_request_model_names_the_field_at_fault(
     assert code is None or refused.value.code == code
 
 
+@pytest.mark.parametrize(
+    ("role", "part", "named"),
+    [
+        ("user", {"type": "input_file", "file_id": "file_1"}, "an input_text or input_image part expected"),
+        ("assistant", {"type": "input_image", "image_url": "u"}, "an output_text or refusal part expected"),
+    ],
+)
+def test_a_refused_part_says_which_parts_the_message_takes(role: str, part: dict[str, str], named: str) -> None:
+    with pytest.raises(BadRequest) as refused:
+        read_turn(orjson.dumps({"model": "m", "input": [{"role": role, "content": [part]}]}))
+    assert refused.value.param == "input[0].content[0]"
+    assert refused.value.code == "unsupported_value"
+    assert named in str(refused.value.message)
+
+
 def test_a_valid_body_is_a_turn_as_it_was_sent() -> None:
     turn = read_turn(
         orjson.dumps(
