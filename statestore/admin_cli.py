@@ -242,12 +242,8 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     else:
         print(text)
     if (warning := _mode_warning(settings, args)) is not None:
-        # The command knows only its own environment, not the server's.
-        print(
-            f"statestore: warning: {warning} (This command read STATESTORE_AUTH_MODE from its own environment: if the "
-            "server runs with STATESTORE_AUTH_MODE=keys, give the command the same setting and this warning goes.)",
-            file=sys.stderr,
-        )
+        own = "this command read STATESTORE_AUTH_MODE from its own environment: give it the server's setting"
+        print(f"statestore: warning: {warning} ({own})", file=sys.stderr)
 
 
 def _mode_warning(settings: Settings, args: argparse.Namespace) -> str | None:

@@ -60,8 +60,8 @@ BRANCH_POINT = -2
 # before formats were written stored a bare count (format 1, the same meaning for a thread's or a conversation's
 # entry), which is still read; a format this code does not know is a miss. So replicas of two releases can share one
 # Redis during a rolling upgrade: each serves only what it can read, and writes under the same keys, so an
-# invalidation by either reaches the other's entries. The Redis scripts (store/cache.py) compare counts as these exact
-# strings: an entry of another format (or version) never matches, and is dropped instead of appended to.
+# invalidation by either reaches the other's entries. The Redis scripts (store/cache_scripts.py) compare counts as
+# these exact strings: an entry of another format (or version) never matches, and is dropped instead of appended to.
 CACHE_FORMAT = 2
 _FORMAT_PREFIX = b"2:"
 

@@ -1,5 +1,5 @@
-"""The Lua scripts the Redis history cache runs (store/cache.py): each writes an entry's keys atomically, and drops
-them rather than leave a count that describes bytes it does not match."""
+"""The Lua scripts the Redis history cache runs (store/redis_cache.py): each writes an entry's keys atomically, and
+drops them rather than leave a count that describes bytes it does not match."""
 
 from __future__ import annotations
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from statestore.config import Settings
 from statestore.content_keys import ContentKeys
-from statestore.store.cache import HistoryCache, RedisHistoryCache
+from statestore.store.cache import HistoryCache
 from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.redis_cache import RedisHistoryCache
 from statestore.store.response_heads import ResponseHeads
 from statestore.store.sealed_cache import SealedCache
 from statestore.store.thread_claims import ThreadClaims

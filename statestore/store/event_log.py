@@ -28,7 +28,7 @@ from statestore.store.resp_reader import RespError
 log = logging.getLogger(__name__)
 
 # What a Redis that cannot be reached raises. RuntimeError is uvloop's, for a write on a transport that a reset closed
-# before redis-py saw the connection go (as the history cache takes it: statestore/store/cache.py).
+# before redis-py saw the connection go (as the history cache takes it: statestore/store/redis_cache.py).
 _UNREACHABLE = (RedisError, RespError, OSError, RuntimeError)
 
 

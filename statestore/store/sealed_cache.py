@@ -21,9 +21,10 @@ import struct
 from collections.abc import Sequence
 
 from statestore.content_keys import ContentKeys, ContentSealer, row_data
-from statestore.store.cache import RedisHistoryCache, append_tail
+from statestore.store.cache import append_tail
 from statestore.store.cache_entry import CachedHistory, CacheKey, decode_sealed_count, encode_sealed_count
 from statestore.store.memory_cache import MemoryHistoryCache
+from statestore.store.redis_cache import RedisHistoryCache
 from statestore.store.thread_claims import Settle
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,11 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from statestore.content_keys import CLEAR
-from statestore.store.cache import HistoryCache, RedisHistoryCache
+from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CachedHistory, CacheKey, thread_key
 from statestore.store.cache_setup import create_cache
 from statestore.store.memory_cache import MemoryHistoryCache
+from statestore.store.redis_cache import RedisHistoryCache
 
 REDIS_URL = os.environ.get("STATESTORE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TTL_MS = 60_000
@@ -206,7 +207,7 @@ async def test_unreachable_redis_behaves_like_a_miss(prefix: str) -> None:
 async def test_outage_logs_one_warning_per_burst_without_content(prefix: str, caplog: pytest.LogCaptureFixture) -> None:
     cache = RedisHistoryCache("redis://127.0.0.1:1/0", prefix)
     tid = thread()
-    with caplog.at_level(logging.WARNING, logger="statestore.store.cache"):
+    with caplog.at_level(logging.WARNING, logger="statestore.store.redis_cache"):
         for _ in range(5):
             await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
             await cache.append(tid, 1, [M2], TTL_MS, sealer=CLEAR)

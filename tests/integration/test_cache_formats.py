@@ -10,8 +10,8 @@ import pytest
 from redis.asyncio import Redis
 
 from statestore.content_keys import CLEAR
-from statestore.store.cache import RedisHistoryCache
 from statestore.store.cache_entry import CachedHistory, thread_key
+from statestore.store.redis_cache import RedisHistoryCache
 
 TTL_MS = 60_000
 M1, M2 = b'{"role":"user","content":"a"}', b'{"role":"assistant","content":"b"}'

@@ -17,8 +17,8 @@ import httpx
 import pytest
 import redis
 
-from statestore.store.cache import RedisHistoryCache
 from statestore.store.pg_hot_path import asyncpg_dsn
+from statestore.store.redis_cache import RedisHistoryCache
 from statestore.store.thread_claims import claim_name
 from tests.integration.test_threads import RawThreads, ok, thread_error, user
 from tests.support.fake_backend import FakeBackend

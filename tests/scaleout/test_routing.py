@@ -89,7 +89,7 @@ def converse(base_url: str, index: int, api_key: str, *, evict: Callable[[str], 
 
 
 def keys_of(prefix: str, thread_id: str) -> tuple[str, str]:
-    """The two keys statestore keeps per thread (statestore/store/cache.py), under one hash tag."""
+    """The two keys statestore keeps per thread (statestore/store/redis_cache.py), under one hash tag."""
     return f"{prefix}{{{thread_id}}}:h", f"{prefix}{{{thread_id}}}:n"
 
 

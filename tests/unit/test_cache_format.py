@@ -1,4 +1,4 @@
-"""The format each Redis entry's count carries (store/cache.py): what this release writes, and what it reads."""
+"""The format each Redis entry's count carries (store/redis_cache.py): what this release writes, and what it reads."""
 
 from __future__ import annotations
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from statestore.content_keys import CLEAR
-from statestore.store.cache import RedisHistoryCache
 from statestore.store.cache_entry import CachedHistory, thread_key
 from statestore.store.memory_cache import MemoryHistoryCache
+from statestore.store.redis_cache import RedisHistoryCache
 from statestore.store.resp import split_cluster_flag
 
 TTL_MS = 60_000
