@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from statestore.auth import Principal
+from statestore.core.lease_keeper import LeaseKeeper
 from statestore.metrics import ThreadTurnOutcome
 from statestore.policy import Policy
 from statestore.responses import context
@@ -23,7 +24,6 @@ from statestore.responses.items import join_rendered
 from statestore.responses.request import TurnRequest, chat_body
 from statestore.store.response_records import ContextRecord, ResponseRow, StoredItem
 from statestore.threads import planner
-from statestore.threads.lease import LeaseKeeper
 
 
 @dataclass(slots=True)

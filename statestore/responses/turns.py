@@ -9,6 +9,7 @@ from typing import Any
 
 from statestore.auth import Principal
 from statestore.clock import Clock
+from statestore.core.lease_keeper import LeaseKeeper
 from statestore.metrics import Metrics, ResponseTurnKind, ThreadTurnOutcome
 from statestore.policy import Policy
 from statestore.responses.backend_window import with_window
@@ -43,7 +44,6 @@ from statestore.store.response_store import ResponseStore
 from statestore.store.sealed_cache import CONSOLIDATE_FRAMES
 from statestore.store.thread_claims import CLAIM_FAULTS
 from statestore.threads.ids import new_lease_token
-from statestore.threads.lease import LeaseKeeper
 from statestore.threads.policy_store import PolicyStore
 from statestore.upstream.windows import Windows
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import anyio
 
+from statestore.core.lease_keeper import LeaseKeeper
 from statestore.errors import ServiceUnavailable
 from statestore.metrics import Metrics
 from statestore.records import record
@@ -23,7 +24,6 @@ from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import LeasedThread, NewThread
 from statestore.threads import rules
 from statestore.threads.ids import new_lease_token
-from statestore.threads.lease import LeaseKeeper
 from statestore.threads.prepared import HeadClaim, PreparedTurn
 
 log = logging.getLogger(__name__)

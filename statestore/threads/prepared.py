@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from statestore.content_keys import CLEAR, ContentSealer
+from statestore.core.lease_keeper import LeaseKeeper
 from statestore.policy import Policy
 from statestore.records import record
 from statestore.store.turn_records import LeasedThread, TurnUsage
 from statestore.threads.context_step import ContextStep, Summarize
-from statestore.threads.lease import LeaseKeeper
 from statestore.threads.turn import ThreadTurn
 
 Outcome = Literal["open", "stored", "given_back"]

@@ -15,9 +15,10 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "statestore"
 ALLOWED: dict[str, set[str]] = {
     "api": {"responses", "threads", "store", "upstream"},
     "console": {"store"},
+    "core": set(),
     "encryption": {"store"},
-    "responses": {"threads", "store", "upstream"},
-    "threads": {"store", "upstream"},
+    "responses": {"core", "threads", "store", "upstream"},
+    "threads": {"core", "store", "upstream"},
     "store": set(),
     "upstream": set(),
 }
