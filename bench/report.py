@@ -1,6 +1,6 @@
 """Figures from the raw results, the issue's targets judged against them, and the markdown for bench/README.md.
 
-Definitions (the README repeats them):
+Definitions (bench/README.md repeats them):
 - added latency of arm X at a size and mode = percentile(X) - percentile(A), each over all of its interleaved
   batches: p50 - p50 and p99 - p99 of the time from writing the request to the end of the response (TTFB: to its
   first body byte);
@@ -502,7 +502,10 @@ def render(
     elapsed_s: float,
     log_level: str,
     contention: Contention,
+    summary: bool = False,
 ) -> str:
+    """The run's report: every table (report.md); with `summary`, what bench/README.md keeps of it (the run, its
+    targets, throughput and soak), the rest left to the run's own report.md."""
     an = Analysis(plan, results)
     lines = [
         f"### `{mode}` run — {machine.date}",
@@ -537,7 +540,7 @@ def render(
     # Targets of phases this mode does not run are left out rather than listed as unmeasured.
     verdicts = [v for v in an.verdicts() if v.measured or v.status != "not measured"]
     lines += [f"| {v.target} | {v.measured} | **{v.status}** |" for v in verdicts]
-    if plan.saturation is not None:
+    if not summary and plan.saturation is not None:
         lines += [
             "",
             f"#### Saturation: closed loop, {plan.saturation.concurrency} clients, backend delay "
@@ -554,7 +557,7 @@ def render(
                 "",
                 *_sweep_table(an),
             ]
-    if plan.latency is not None:
+    if not summary and plan.latency is not None:
         lines += [
             "",
             f"#### Latency: closed loop at concurrency 1, no backend delay, {plan.latency.rounds} rounds x "
@@ -562,7 +565,7 @@ def render(
             "",
             *_latency_table(an),
         ]
-    if plan.open_loop is not None:
+    if not summary and plan.open_loop is not None:
         lines += [
             "",
             f"#### Open loop: fixed arrival rate, backend delay {plan.open_loop.delay_ms} ms, "
@@ -590,7 +593,9 @@ def render(
             "",
             *_soak_table(results),
         ]
-    if profiles:
+    if summary:
+        lines += ["", "Every table of the run (saturation, latency, open loop, profiles) is in its own report.md."]
+    elif profiles:
         lines += ["", "#### Profiles (stack samples inside a statestore server, `bench/profiling.py`)", ""]
         lines += _profile_section(profiles)
     return "\n".join(lines) + "\n"
@@ -621,8 +626,20 @@ def write_report(
         contention=contention,
     )
     if readme is not None:
+        kept = render(
+            mode=mode,
+            command=command,
+            machine=machine,
+            plan=plan,
+            results=results,
+            profiles=profiles,
+            elapsed_s=elapsed_s,
+            log_level=log_level,
+            contention=contention,
+            summary=True,
+        )
         start, end = f"<!-- bench:{mode}:start -->", f"<!-- bench:{mode}:end -->"
-        block = f"{start}\n{text}{end}"
+        block = f"{start}\n{kept}{end}"
         current = readme.read_text() if readme.exists() else ""
         if start in current and end in current:
             current = re.sub(re.escape(start) + ".*?" + re.escape(end), lambda _: block, current, flags=re.S)
