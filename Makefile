@@ -67,6 +67,10 @@ lint: $(STAMP)
 	$(BIN)/ruff check deploy
 	$(BIN)/ruff format --check deploy
 	$(BIN)/python deploy/constraints.py check
+	@# docs/: the reference as a site, in strict mode (a broken link, a stale anchor or a page outside the nav fails),
+	@# built to a temporary folder and thrown away. Not --quiet: it would hide the warnings strict mode counts.
+	@site="$$(mktemp -d)"; NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir "$$site"; \
+		status=$$?; rm -rf "$$site"; exit $$status
 
 # haproxy, podman, runc, debootstrap, chromium and chromedriver: installed when root with apt-get, else named with the
 # one command that installs them, before any other step.
@@ -86,7 +90,7 @@ test: system-packages $(STAMP) lint services $(NODE_DEPS) real-backend
 test-real: system-packages $(STAMP) services real-backend
 	@scripts/run-tests.sh -m real_backend tests/realbackend
 
-# The README's pictures of the admin console (docs/console/*.png), taken by its browser tests.
+# The admin console's pictures in docs/console.md (docs/console/*.png), taken by its browser tests.
 console-screenshots: system-packages $(STAMP) services
 	STATESTORE_CONSOLE_SCREENSHOTS=docs/console $(BIN)/python -m pytest -q tests/integration/test_console.py
 
@@ -96,7 +100,7 @@ campaign: $(STAMP)
 	STATESTORE_CAMPAIGN=full $(if $(CAMPAIGN_SEED),STATESTORE_CAMPAIGN_SEED=$(CAMPAIGN_SEED)) \
 		$(BIN)/python -m pytest -q -s -p no:cacheprovider tests/campaign/test_campaign.py
 
-# The rolling upgrade from the previous release and the rollback, under load (tests/upgrade; deploy/README.md says
+# The rolling upgrade from the previous release and the rollback, under load (tests/upgrade; docs/deployment.md says
 # what it checks); `make test` runs its short form.
 upgrade-drill: $(STAMP) services
 	STATESTORE_DRILL=full $(BIN)/python -m pytest -q -s -p no:cacheprovider tests/upgrade
@@ -115,7 +119,7 @@ bench-responses: $(STAMP) services
 bench-pg-statements: $(STAMP) services
 	$(BIN)/python -m bench.pg_statements $(PG_STATEMENTS_ARGS)
 
-# Long conversations (PROTOCOL §9): a continue on 10 MB archived vs a 200 KB thread; a truncate step vs a cold
+# Long conversations (docs/protocol.md §9): a continue on 10 MB archived vs a 200 KB thread; a truncate step vs a cold
 # rebuild. CONTEXT_BENCH_ARGS: --turns N --archive-mb M --context-kb K.
 bench-context: $(STAMP) services
 	$(BIN)/python -m bench.context_arm $(CONTEXT_BENCH_ARGS)

@@ -1,4 +1,4 @@
-"""Background responses (RESPONSES.md, "Turns that outlive their connection") beside foreground ones, side by side in
+"""Background responses (docs/responses.md, "Background responses") beside foreground ones, side by side in
 one run, so the figures compare as ratios on whatever machine runs it.
 
     make bench-responses                                          # the Responses arm, then this one

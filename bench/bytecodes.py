@@ -73,7 +73,8 @@ _PLACE = re.compile(r"^.*?(site-packages/|/lib/python3\.\d+/)")
 
 
 def _name(location: str, code_root: str) -> str:
-    """`statestore/x.py:f` for the revision's own code, `pkg/x.py:f` for a library's, whichever tree it ran from."""
+    """`statestore/<module>.py:f` for the revision's own code, `<package>/<module>.py:f` for a library's, whichever tree
+    it ran from."""
     if _PLACE.match(location):  # a library's or the standard library's (the venv may lie inside the checkout)
         return _PLACE.sub("", location)
     return location.removeprefix(code_root)

@@ -1,4 +1,4 @@
-"""Long conversations (PROTOCOL §9), side by side in one run:
+"""Long conversations (docs/protocol.md §9), side by side in one run:
 
   * archive: a continue on a thread with about 10 MB archived and a 200 KB context, against a continue on a thread
     of 200 KB in all. A continue sends only the context, so both should cost the same latency and server CPU.

@@ -14,7 +14,7 @@ changed (the same history sent statelessly with its first message altered, as a 
 
 For 20k, 200k and 1M tokens of history (about 4 bytes a token) it reports the time to the first event of the reply
 (the echo sends its first token with it), the time to the last byte, and the bytes the client moved per turn, then
-draws them (PNG, matplotlib) for bench/README.md and the README.
+draws them (PNG, matplotlib) for bench/README.md.
 
     make bench-link                                  # or: .venv/bin/python -m bench.link --turns 5
     .venv/bin/python -m bench.link --rates 10 --sizes 20000 --turns 2 --no-plots    # a smoke run

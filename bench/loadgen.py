@@ -2,7 +2,7 @@
 
     python -m bench.loadgen plan.json results.json
 
-Arms (PROTOCOL §2 for C and D):
+Arms (docs/protocol.md §2 for C and D):
   A  client → echo backend with the full history
   R  client → bare relay (bench/relay.py) → backend, full history
   B  client → statestore, no `thread` field (stateless relay), full history

@@ -1,4 +1,4 @@
-"""Who is calling (PROTOCOL §8).
+"""Who is calling (docs/protocol.md §8).
 
 - passthrough mode: the client's own backend credential is forwarded, and the owner of its threads is a keyed hash
   of that credential, so a thread is visible only to the credential that made it;

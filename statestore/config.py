@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     redis_url: str | None = None
     redis_prefix: str = Field(default="ss:", min_length=1, max_length=64)
     upstream_url: str = "https://api.anthropic.com"
-    # The Chat Completions backend behind the Responses front door (RESPONSES.md); unset, those routes answer 400.
+    # The Chat Completions backend behind the Responses front door (docs/responses.md); unset, those routes answer 400.
     chat_upstream_url: str | None = None
     upstream_connect_timeout: float = Field(default=10.0, gt=0)
     # Generous: a long extended-thinking stream can be silent between events for minutes.
@@ -40,11 +40,11 @@ class Settings(BaseSettings):
     # Keys the owner hash of a passthrough credential, so a leaked database cannot be used to test credentials.
     owner_secret: SecretStr | None = None
 
-    # The keys that seal a compaction item's summary (`encrypted_content`, RESPONSES.md): "id:key,id:key", each key 32
-    # bytes in URL-safe base64, newest first: the first seals, all open. Unset: a key derived from owner_secret.
+    # The keys that seal a compaction item's summary (`encrypted_content`, docs/responses.md): "id:key,id:key", each key
+    # 32 bytes in URL-safe base64, newest first: the first seals, all open. Unset: a key derived from owner_secret.
     compaction_keys: SecretStr | None = None
 
-    # Encryption at rest (README "Encryption at rest"): master keys "id:key,id:key" (32 bytes each, URL-safe base64,
+    # Encryption at rest (docs/encryption.md): master keys "id:key,id:key" (32 bytes each, URL-safe base64,
     # newest first), inline or in a file; unset, content is stored in clear. The wrapped data keys live in the content
     # database unless keystore_url names another one. Unwrapped data keys are remembered this long per replica.
     encryption_keys: SecretStr | None = None
@@ -63,9 +63,9 @@ class Settings(BaseSettings):
     # How long a continue holds the thread head when its request dies without releasing it.
     lease_seconds: int = Field(default=120, ge=1)
     # A continue by response id claims the head in Redis, not with a lease in PostgreSQL, where Redis (standalone, in
-    # clear) and PostgreSQL are both configured: one database round trip a turn fewer (README "Leases and claims").
-    # With Redis (standalone, in clear), a continue by previous_response_id reads the previous response's row from
-    # beside the chain's cached context (README "Who may continue").
+    # clear) and PostgreSQL are both configured: one database round trip a turn fewer (docs/architecture.md, "Who may
+    # continue"). With Redis (standalone, in clear), a continue by previous_response_id reads the previous response's
+    # row from beside the chain's cached context (docs/architecture.md, "Who may continue").
     redis_claims: bool = True
 
     # keys mode: the backend credential statestore sends, globally or per tenant name (JSON object).
@@ -81,8 +81,9 @@ class Settings(BaseSettings):
     console_sign_in_failures: int = Field(default=10, ge=1)
     console_sign_ins_per_token: int = Field(default=30, ge=1)
 
-    # Background responses (RESPONSES.md): how many this replica runs at once (more wait queued for any replica), how
-    # often it looks for queued turns and for turns whose replica stopped, and how many events a turn's stream keeps.
+    # Background responses (docs/responses.md): how many this replica runs at once (more wait queued for any replica),
+    # how often it looks for queued turns and for turns whose replica stopped, and how many events a turn's stream
+    # keeps.
     background_workers: int = Field(default=32, ge=0, le=10_000)
     background_poll_seconds: float = Field(default=1.0, gt=0, le=60)
     background_events_max: int = Field(default=20_000, ge=100)

@@ -1,4 +1,4 @@
-"""What the stores seal and open content through (encryption at rest, README "Encryption at rest"): an erasure
+"""What the stores seal and open content through (encryption at rest, docs/encryption.md): an erasure
 scope, the associated data that names a row, and the keys' interface. The implementations are in
 statestore/encryption/: a pass-through when encryption is off, AES-256-GCM under a data key per scope when it is on.
 

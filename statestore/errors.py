@@ -1,4 +1,4 @@
-"""The one exception tree for everything statestore itself rejects, rendered as Anthropic error bodies (PROTOCOL §4)."""
+"""One exception tree for all that statestore rejects, rendered as Anthropic error bodies (docs/protocol.md §4)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Retention policy: what an owner may store and for how long (PROTOCOL §5, §8)."""
+"""Retention policy: what an owner may store and for how long (docs/protocol.md §5, §8)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ class Policy:
     max_ttl_seconds: int
     max_thread_bytes: int
     max_messages: int
-    # The context policy (PROTOCOL §9); the fields and their checks are defined in statestore/policy_fields.py.
+    # The context policy (docs/protocol.md §9); the fields and their checks are defined in statestore/policy_fields.py.
     context_strategy: Literal["none", "truncate", "summarize"] = "none"
     # "auto": the window the backend states (upstream/windows.py), resolved per turn before the planner sees it.
     context_window_tokens: int | Literal["auto"] | None = None
@@ -25,7 +25,7 @@ class Policy:
     context_target_ratio: float = 0.5
     summary_model: str | None = None
     summary_instructions: str | None = None
-    # Background responses queued or running at once per owner (RESPONSES.md, "Bounds").
+    # Background responses queued or running at once per owner (docs/responses.md, "Bounds").
     max_background_turns: int = 16
 
     @classmethod

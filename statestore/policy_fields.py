@@ -1,5 +1,5 @@
-"""The retention policy's fields, defined once (PROTOCOL §8, §9): the policy record, its validation, the admin API's
-request model, the CLI's flags and any form that edits a policy are all derived from `POLICY_FIELDS`.
+"""The retention policy's fields, defined once (docs/protocol.md §8, §9): the policy record, its validation, the admin
+API's request model, the CLI's flags and any form that edits a policy are all derived from `POLICY_FIELDS`.
 
 A field is `required` when a policy update must name it (the fields policies had from the start); the others have a
 default, so a client that predates them can still put a policy."""
@@ -13,8 +13,9 @@ from typing import Any, Literal
 Kind = Literal["bool", "int", "ratio", "choice", "text"]
 
 CONTEXT_STRATEGIES = ("none", "truncate", "summarize")
-# A window the backend states (PROTOCOL §9, "Windows discovered"): the value a field with `auto` accepts besides a
-# number, and how its integer column holds it (no window is that small: the field's minimum is far above it).
+# A window the backend states (docs/protocol.md §9, "context_window_tokens: auto"): the value a field with `auto`
+# accepts besides a number, and how its integer column holds it (no window is that small: the field's minimum is far
+# above it).
 AUTO = "auto"
 STORED_AUTO = 0
 MAX_TTL_SECONDS = 366 * 86_400

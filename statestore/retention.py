@@ -1,8 +1,8 @@
-"""Purge and erasure, shared by the admin API, the CLI and the background purger (PROTOCOL §5, §8).
+"""Purge and erasure, shared by the admin API, the CLI and the background purger (docs/protocol.md §5, §8).
 
 The database goes first and the cache after: a cache entry left behind by a failure is unreachable (every read
-starts from the thread row) and expires with its TTL. An erasure destroys the scopes' data keys before either (README
-"Encryption at rest"): from that instant the content opens nowhere, so an erasure cut off midway, or a backup taken
+starts from the thread row) and expires with its TTL. An erasure destroys the scopes' data keys before either
+(docs/encryption.md): from that instant the content opens nowhere, so an erasure cut off midway, or a backup taken
 before it, leaves nothing readable.
 """
 

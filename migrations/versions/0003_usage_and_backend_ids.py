@@ -1,4 +1,4 @@
-"""Usage totals per thread, and the backend's own id of each stored reply (PROTOCOL §10).
+"""Usage totals per thread, and the backend's own id of each stored reply (docs/protocol.md §10).
 
 Revision ID: 0003
 Revises: 0002

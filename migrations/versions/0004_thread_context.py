@@ -1,4 +1,4 @@
-"""The context a thread sends apart from its archive, and the context policy (PROTOCOL §9).
+"""The context a thread sends apart from its archive, and the context policy (docs/protocol.md §9).
 
 Revision ID: 0004
 Revises: 0005

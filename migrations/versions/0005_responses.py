@@ -1,4 +1,4 @@
-"""The Responses front door: responses and their items, conversations and theirs (RESPONSES.md). Additive: new
+"""The Responses front door: responses and their items, conversations and theirs (docs/responses.md). Additive: new
 tables only.
 
 Revision ID: 0005

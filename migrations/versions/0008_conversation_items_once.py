@@ -1,5 +1,5 @@
 """A response made on a conversation points at the conversation's items instead of copying them: its first position
-there and how many of them are its input and its output (RESPONSES.md, "Items stored once").
+there and how many of them are its input and its output (docs/responses.md, "Storage").
 
 Additive: nullable columns, which older code leaves alone. Responses written before this revision keep their copy in
 response_items and are read from there; newer ones have these columns set and no response_items rows.

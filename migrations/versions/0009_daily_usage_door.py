@@ -1,7 +1,7 @@
 """Daily usage by front door: which door (the Messages API's threads and sessions, or the Responses API's responses
 and conversations) each counted turn came through.
 
-Additive: the primary key stays (day, shard), each door counting on shards of its own (store/turn_rows.py), so code
+Additive: the primary key stays (day, shard), each door counting on shards of its own (store/usage_rows.py), so code
 from before this revision, which upserts on (day, shard) and leaves `door` to its default, keeps working on this
 schema and counts what it always counted: thread turns, the Messages door's.
 

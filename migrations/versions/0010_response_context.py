@@ -1,4 +1,4 @@
-"""What a response's turn measured and where its chain's context starts (PROTOCOL §9 on the Responses door): the
+"""What a response's turn measured and where its chain's context starts (docs/protocol.md §9 on the Responses door): the
 backend's token count and the bytes it counted, so the next turn's estimate uses the chain's own tokens per byte;
 how many bytes of the chain's joined context the context keeps (from its end) and which response holds the summary
 that opens it, so a later turn continues from the same base. A conversation keeps the measure of its last turn too.

@@ -1,4 +1,4 @@
-"""Background responses (RESPONSES.md "Turns that outlive their connection"): the table of queued and running turns
+"""Background responses (docs/responses.md, "Background responses"): the table of queued and running turns
 that any replica claims under a lease, and the policy field that bounds each owner's background turns.
 
 Additive and safe across a rolling upgrade: a new table older code never reads, and a policy column with a default

@@ -1,4 +1,4 @@
-"""Data keys for encryption at rest (README "Encryption at rest").
+"""Data keys for encryption at rest (docs/encryption.md).
 
 `data_keys` holds one wrapped data key per erasure scope. Additive: older code never reads it; a database whose content
 was sealed must not be served by code without encryption (the server refuses to start when this table has rows and no

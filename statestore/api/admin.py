@@ -1,4 +1,4 @@
-"""`/admin/v1`: tenants, API keys, retention policies, audit, purge, erasure, stats (PROTOCOL §8).
+"""`/admin/v1`: tenants, API keys, retention policies, audit, purge, erasure, stats (docs/protocol.md §8).
 
 Guarded by the admin tokens of STATESTORE_ADMIN_TOKENS (`Authorization: Bearer`); a tenant credential is refused."""
 

@@ -95,14 +95,14 @@ async def count_tokens(request: Request, resources: ResourcesDep) -> Response:
     parsed = parse_json_body(headers, body)
     if parsed.get("thread") is not None:
         raise InvalidRequest("count_tokens does not take a thread field")
-    if "thread" in parsed:  # "thread": null means no thread (PROTOCOL §2)
+    if "thread" in parsed:  # "thread": null means no thread (docs/protocol.md §2)
         del parsed["thread"]
         body = orjson.dumps(parsed)
     credential = await resources.relay_credential(headers)
     return await relay(resources.upstream, "POST", _path_and_query(request), headers, body, credential=credential)
 
 
-# Included last: every /v1 path no other route claims goes to the backend unchanged (PROTOCOL §1: /v1 is the
+# Included last: every /v1 path no other route claims goes to the backend unchanged (docs/protocol.md §1: /v1 is the
 # Messages API's namespace; statestore's own routes live under /statestore and /admin).
 fallback_router = APIRouter()
 

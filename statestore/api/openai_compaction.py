@@ -1,4 +1,4 @@
-"""`POST /v1/responses/compact` (RESPONSES.md, "Compaction"): a context summarised into one compaction item, stored
+"""`POST /v1/responses/compact` (docs/responses.md, "Compaction"): a context summarised into one compaction item, stored
 nowhere. Not a hot route: a compaction is rare beside the turns it saves."""
 
 from __future__ import annotations

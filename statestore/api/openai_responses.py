@@ -157,7 +157,7 @@ def background_of(resources: Resources) -> BackgroundTurns:
 
 
 def _context_header(prepared: PreparedResponse) -> list[tuple[bytes, bytes]]:
-    """As for threads (PROTOCOL §9): a turn whose context moved says how, and a summary that failed says so."""
+    """As for threads (docs/protocol.md §9): a turn whose context moved says how, and a summary that failed says so."""
     moved = prepared.moved
     if moved is None:
         return []

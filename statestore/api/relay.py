@@ -1,5 +1,5 @@
 """Stateless relay: the request goes to the backend as it came, and the response comes back byte for byte, streamed
-as it arrives (PROTOCOL §1)."""
+as it arrives (docs/protocol.md §1)."""
 
 from __future__ import annotations
 

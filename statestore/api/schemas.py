@@ -52,7 +52,7 @@ class ThreadUsage(BaseModel):
 
 
 class ThreadContext(BaseModel):
-    """What a rebuild sends (PROTOCOL §9): the archive holds every message, the context only these."""
+    """What a rebuild sends (docs/protocol.md §9): the archive holds every message, the context only these."""
 
     tokens: int = Field(description="the context's size after the last turn, from the backend's usage")
     base_position: int = Field(description="the first stored message a rebuild sends")
@@ -263,7 +263,7 @@ class Stats(BaseModel):
     erased_responses_total: int
     purged_conversations_total: int
     erased_conversations_total: int
-    # Background responses not yet expired, by status (RESPONSES.md, "Turns that outlive their connection").
+    # Background responses not yet expired, by status (docs/responses.md, "Background responses").
     background_queued: int = Field(description="background responses waiting for a replica")
     background_running: int = Field(description="background responses a replica is running")
     background_completed: int

@@ -1,5 +1,5 @@
 """The HTTP side of a threaded turn: forward the rebuilt request, and relay the reply (JSON or SSE) so that the turn
-is committed before the client can see its end (PROTOCOL §2): the JSON body after the commit, a stream's
+is committed before the client can see its end (docs/protocol.md §2): the JSON body after the commit, a stream's
 `message_stop` after it. Any failure gives the head back."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The owner's thread API (PROTOCOL §7): list, inspect, export, delete; sessions. Same credentials as
+"""The owner's thread API (docs/protocol.md §7): list, inspect, export, delete; sessions. Same credentials as
 `/v1/messages`; another owner's thread is 404, never 403."""
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def _thread(info: ThreadInfo) -> dict[str, Any]:
         "bytes": info.byte_count,
         "session_id": info.session_id,
         "head_message_id": info.head_message_id,
-        # The backend's usage of the stored turns, added up (PROTOCOL §10).
+        # The backend's usage of the stored turns, added up (docs/protocol.md §10).
         "usage": {
             "input_tokens": info.usage.input_tokens,
             "output_tokens": info.usage.output_tokens,
@@ -53,7 +53,7 @@ def _thread(info: ThreadInfo) -> dict[str, Any]:
             "cache_read_input_tokens": info.usage.cache_read_input_tokens,
             "turns": info.turn_count,
         },
-        # What a rebuild sends (PROTOCOL §9): the archive above holds every message, the context only these.
+        # What a rebuild sends (docs/protocol.md §9): the archive above holds every message, the context only these.
         "context": {
             "tokens": info.context.tokens,
             "base_position": info.context.base_position,
@@ -119,7 +119,7 @@ async def export_thread(
     resources: ResourcesDep,
     view: Annotated[
         Literal["archive", "context"],
-        Query(description="archive: every stored message; context: what the next turn sends (PROTOCOL §9)"),
+        Query(description="archive: every stored message; context: what the next turn sends (docs/protocol.md §9)"),
     ] = "archive",
 ) -> Response:
     exported = (

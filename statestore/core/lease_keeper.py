@@ -1,8 +1,8 @@
 """Keeping a turn's lease while its reply runs long.
 
 A lease is short so that a crashed request frees its thread soon; a live request renews it from the moment it is
-taken, so a summary request (PROTOCOL §9) and then the reply may together outlast it. Most turns end well before a
-third of it, so no task is started per turn: a timer fires only for a long one.
+taken, so a summary request (docs/protocol.md §9) and then the reply may together outlast it. Most turns end well before
+a third of it, so no task is started per turn: a timer fires only for a long one.
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
 """Encryption at rest: master keys that wrap data keys, a data key per erasure scope, and the sealed form of every
-stored content byte (README "Encryption at rest")."""
+stored content byte (docs/encryption.md)."""

@@ -1,5 +1,5 @@
 """`statestore admin encryption status|rotate`: the key store as an operator sees it, and the re-wrap of every data key
-under the newest master key that lets an old master key be dropped (README "Encryption at rest").
+under the newest master key that lets an old master key be dropped (docs/encryption.md).
 
 They work on the key store directly (and the content database's audit log), not through the server's wiring: neither
 needs Redis or the backend, and rotation runs while the replicas serve."""
@@ -198,7 +198,7 @@ def add_commands(groups: Any, common: argparse.ArgumentParser) -> None:
     encryption = groups.add_parser(
         "encryption",
         help="encryption at rest: status of the keys, master key rotation",
-        description='Encryption at rest (README "Encryption at rest"). Master keys come from '
+        description="Encryption at rest (docs/encryption.md). Master keys come from "
         "STATESTORE_ENCRYPTION_KEYS (or _FILE) as 'id:key,id:key', newest first; the data keys they wrap live in the "
         "key store (STATESTORE_KEYSTORE_URL, or the content database).",
     )

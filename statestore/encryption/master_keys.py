@@ -2,7 +2,7 @@
 master keys holds nothing usable.
 
 `KeyWrapper` is the seam for a key service: a KMS or Vault Transit takes the ring's place by wrapping and unwrapping
-through its API (README "Encryption at rest" shows how). The ring here reads its keys from the environment or a file:
+through its API (docs/encryption.md shows how). The ring here reads its keys from the environment or a file:
 `id:key,id:key`, newest first; the newest wraps, every one unwraps, so a master key rotates with no downtime."""
 
 from __future__ import annotations

@@ -66,8 +66,8 @@ def relayed_error(status: int, raw: bytes) -> BackendError:
 
 
 def summarizer(upstream: Upstream, headers: list[tuple[bytes, bytes]], principal: Principal) -> Summarize:
-    """One turn's summary call (PROTOCOL §9), with the turn's credential: the reply is read whole, never relayed,
-    and any failure is None (the turn then truncates, and says so)."""
+    """One turn's summary call (docs/protocol.md §9), with the turn's credential: the reply is read whole, never
+    relayed, and any failure is None (the turn then truncates, and says so)."""
 
     async def summarize(body: bytes) -> str | None:
         reply = await side_reply(upstream, CHAT_PATH, backend_headers(headers, principal), body, purpose="summary")

@@ -1,5 +1,5 @@
-"""An `auto` context window on the Responses door (PROTOCOL §9, "Windows discovered"): the one the Chat Completions
-backend states for the turn's model, asked with the deployment's credential in keys mode."""
+"""An `auto` context window on the Responses door (docs/protocol.md §9, "context_window_tokens: auto"): the one the Chat
+Completions backend states for the turn's model, asked with the deployment's credential in keys mode."""
 
 from __future__ import annotations
 

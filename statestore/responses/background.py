@@ -1,4 +1,4 @@
-"""Background responses as the Responses door serves them (RESPONSES.md, "Turns that outlive their connection"):
+"""Background responses as the Responses door serves them (docs/responses.md, "Background responses"):
 admit a turn (answered at once, `queued`), tell where one stands, cancel one, and follow one's events from any
 replica. The runs themselves are responses/background_runs.py's."""
 

@@ -1,4 +1,4 @@
-"""The background turns this replica runs (RESPONSES.md, "Turns that outlive their connection").
+"""The background turns this replica runs (docs/responses.md, "Background responses").
 
 Every replica runs a loop that (a) looks at the database for cancels asked of the turns it holds, from any replica,
 four times a second; (b) renews its claims on them every third of the lease, and stops any whose claim it lost; (c)

@@ -1,4 +1,4 @@
-"""`POST /v1/responses/compact` apart from HTTP (RESPONSES.md, "Compaction"): the context a turn would send (the
+"""`POST /v1/responses/compact` apart from HTTP (docs/responses.md, "Compaction"): the context a turn would send (the
 chain of `previous_response_id` from where its last compaction left it, then `input`) summarised by the backend into
 one compaction item after every user message of it. Nothing is stored."""
 

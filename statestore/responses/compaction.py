@@ -1,5 +1,5 @@
-"""Compaction on the Responses door (RESPONSES.md, "Compaction"): what a compacted context holds, the compaction item
-that stands for it, and a compaction item a client sends back, opened.
+"""Compaction on the Responses door (docs/responses.md, "Compaction"): what a compacted context holds, the compaction
+item that stands for it, and a compaction item a client sends back, opened.
 
 A compacted context is the user messages it had (the newest that fit, when a turn compacts past its threshold; all of
 them for `/v1/responses/compact`), then the summary of the whole as one more user message (planner.SUMMARY_PREFIX

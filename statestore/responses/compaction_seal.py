@@ -1,5 +1,5 @@
-"""The `encrypted_content` of a compaction item (RESPONSES.md, "Compaction"): the summary sealed for its owner, so a
-client holding no state can carry it and send it back, and nobody (another owner included) can read or forge one.
+"""The `encrypted_content` of a compaction item (docs/responses.md, "Compaction"): the summary sealed for its owner, so
+a client holding no state can carry it and send it back, and nobody (another owner included) can read or forge one.
 
 The ring is STATESTORE_COMPACTION_KEYS, newest first. Behind it, whenever STATESTORE_OWNER_SECRET is set, comes a key
 derived from that secret: a deployment that sets no keys still seals with a key that is stable across restarts and

@@ -1,7 +1,7 @@
-"""A turn's compaction (RESPONSES.md, "Compaction"), before its backend body is built: when the context it would
+"""A turn's compaction (docs/responses.md, "Compaction"), before its backend body is built: when the context it would
 send passes the threshold, the context becomes the user messages that fit in a quarter of the threshold, then the
 summary of it all (responses/compaction.py), and the turn's output opens with the compaction item. A summary that
-fails truncates to half the threshold instead, and says so (PROTOCOL §9)."""
+fails truncates to half the threshold instead, and says so (docs/protocol.md §9)."""
 
 from __future__ import annotations
 

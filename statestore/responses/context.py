@@ -1,6 +1,6 @@
 """Where a turn's context comes from: the chain head's (or the conversation's) pre-joined bytes in the cache, else a
-join of the stored bytes in the database; and where its context starts (`truncation: "auto"`, PROTOCOL §9, through
-the context planner with the Chat Completions format)."""
+join of the stored bytes in the database; and where its context starts (`truncation: "auto"`, docs/protocol.md §9,
+through the context planner with the Chat Completions format)."""
 
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ async def remember_conversation(
 
 def window_for(policy: Policy, truncation: str, *, on_conversation: bool) -> planner.Window | None:
     """The window `truncation: "auto"` manages: the owner's policy with its strategy, `truncate` when that is
-    `none` (RESPONSES.md); None for "disabled" (forwarded as rebuilt) or without a window. A conversation's turn
+    `none` (docs/responses.md); None for "disabled" (forwarded as rebuilt) or without a window. A conversation's turn
     truncates: its context is the conversation's items every turn (no base is stored with a conversation), and a
     summary it could not keep would be asked for again on every turn past the trigger."""
     if truncation != "auto":
@@ -241,15 +241,15 @@ async def plan(
     summarize: Summarize | None,
     force: bool = False,
 ) -> Move | None:
-    """The move this turn's context needs (PROTOCOL §9), or None: no window, under the trigger, or nowhere to move.
-    `fixed_bytes`: instructions and tools; `new`: the turn's input, joined. Past the trigger the base moves, in one
-    step, to the earliest tool-safe boundary that brings the estimate under the target; with `summarize`, what is
+    """The move this turn's context needs (docs/protocol.md §9), or None: no window, under the trigger, or nowhere to
+    move. `fixed_bytes`: instructions and tools; `new`: the turn's input, joined. Past the trigger the base moves, in
+    one step, to the earliest tool-safe boundary that brings the estimate under the target; with `summarize`, what is
     dropped is summarised first, and the summary opens the context."""
     if window is None:
         return None
     size = fixed_bytes + base.size + len(new)
     estimated = planner.estimate(known_tokens=0, known_bytes=size, new_bytes=0, ratio=ratio)
-    # `force`: the backend refused the turn as too long, whatever the estimate says (PROTOCOL §9).
+    # `force`: the backend refused the turn as too long, whatever the estimate says (docs/protocol.md §9).
     if not force and not planner.passes_trigger(window, estimated):
         return None
     # Only a turn past the trigger parses its context (stored bytes are orjson's own: they round-trip exactly).

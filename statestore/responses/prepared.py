@@ -37,7 +37,7 @@ class PreparedResponse:
     context: bytes  # the stored chain's (or conversation's) messages, untruncated
     inputs: list[StoredItem]
     policy: Policy | None = None
-    window: planner.Window | None = None  # the context policy `truncation: "auto"` applies (PROTOCOL §9)
+    window: planner.Window | None = None  # the context policy `truncation: "auto"` applies (docs/protocol.md §9)
     lease: str | None = None
     position: int = 0  # on a conversation: its position when the lease was taken
     cache_hit: bool = False  # the context came from the cache (its entry can be extended in place)
@@ -79,8 +79,8 @@ class PreparedResponse:
     async def plan_context(
         self, summarize: Summarize | None, *, forced: planner.Window | None = None, ratio: float | None = None
     ) -> None:
-        """Move the context's base when this turn passes the trigger (PROTOCOL §9): before `backend_body`. `forced`:
-        the window of a turn the backend refused, cut whatever the estimate says, at the refusal's `ratio`."""
+        """Move the context's base when this turn passes the trigger (docs/protocol.md §9): before `backend_body`.
+        `forced`: the window of a turn the backend refused, cut whatever the estimate says, at the refusal's `ratio`."""
         if forced is not None:
             self.window = forced  # the base it moves to is recorded for the next turn (context_record)
         if self.window is None:

@@ -1,5 +1,5 @@
-"""The Chat Completions call of a Responses turn, and the one retry a refusal as too long earns (PROTOCOL §9, "Real
-backends refuse in their own words"): with `truncation: "auto"` the turn's context is cut to the target of the window
+"""The Chat Completions call of a Responses turn, and the one retry a refusal as too long earns (docs/protocol.md §9, "A
+backend's own refusal"): with `truncation: "auto"` the turn's context is cut to the target of the window
 the refusal leaves and sent once more, before anything is stored or any event reaches the client; otherwise, or on a
 second refusal, the backend's error is relayed."""
 

@@ -30,8 +30,8 @@ class TurnRequest:
     stream: bool
     metadata: dict[str, str]
     truncation: str
-    background: bool = False  # run detached from the request (RESPONSES.md, "Turns that outlive their connection")
-    # `context_management` asked for compaction (RESPONSES.md), past this many tokens (None: the policy's trigger).
+    background: bool = False  # run detached from the request (docs/responses.md, "Background responses")
+    # `context_management` asked for compaction (docs/responses.md), past this many tokens (None: the policy's trigger).
     compaction: bool = False
     compact_threshold: int | None = None
     # Echoed into the Response object as the client sent them.

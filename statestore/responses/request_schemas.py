@@ -1,5 +1,5 @@
 """The request bodies of the Responses and Conversations front door: the models that validate them
-(statestore/responses/validation.py) and describe them in /openapi.json (RESPONSES.md), and how they reach the
+(statestore/responses/validation.py) and describe them in /openapi.json (docs/responses.md), and how they reach the
 document (`request_body` is a route's `openapi_extra`, `add_components` the app's OpenAPI hook);
 statestore/responses/schemas.py holds the objects it returns.
 
@@ -202,7 +202,7 @@ class FunctionToolParam(BaseModel):
 
 
 class CompactionParam(BaseModel):
-    """Compact the context before the turn when it would pass `compact_threshold` tokens (RESPONSES.md)."""
+    """Compact the context before the turn when it would pass `compact_threshold` tokens (docs/responses.md)."""
 
     type: Literal["compaction"] = Field(description="the one kind of context management")
     compact_threshold: Annotated[int, Field(ge=1, le=100_000_000)] | None = Field(
@@ -256,7 +256,7 @@ class ResponseCreateRequest(BaseModel):
     )
     text: TextParam | None = Field(default=None, description="format json_schema or json_object: response_format")
     truncation: Literal["auto", "disabled"] | None = Field(
-        default="disabled", description="auto: the owner's context policy cuts the oldest turns (PROTOCOL §9)"
+        default="disabled", description="auto: the owner's context policy cuts the oldest turns (docs/protocol.md §9)"
     )
     context_management: Annotated[list[CompactionParam], Field(max_length=1)] | None = Field(
         default=None, description="compaction past a threshold; not on a conversation"

@@ -1,4 +1,4 @@
-"""The Responses and Conversations front door in /openapi.json: what statestore accepts and returns (RESPONSES.md).
+"""The Responses and Conversations front door in /openapi.json: what statestore accepts and returns (docs/responses.md).
 
 For speed the routes read raw bodies and send stored bytes, so FastAPI never validates against these models: they
 only describe the wire. Request models reach the document through `request_body` (an `openapi_extra`) and
@@ -106,7 +106,7 @@ class ReasoningItem(BaseModel):
 
 
 class CompactionItem(BaseModel):
-    """What a compaction left of the context before it (RESPONSES.md, "Compaction"): its summary, sealed for the
+    """What a compaction left of the context before it (docs/responses.md, "Compaction"): its summary, sealed for the
     owner. Opaque; sent back in a later `input`, it stands for that context."""
 
     model_config = ConfigDict(extra="forbid")

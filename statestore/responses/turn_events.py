@@ -75,7 +75,7 @@ async def turn_events(
 
 
 def with_compaction(prepared: PreparedResponse, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The turn's output: the compaction item first when the turn compacted its context (RESPONSES.md)."""
+    """The turn's output: the compaction item first when the turn compacted its context (docs/responses.md)."""
     return [prepared.compaction, *output] if prepared.compaction is not None else output
 
 

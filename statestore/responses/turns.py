@@ -73,7 +73,7 @@ class ResponseTurns:
         # Chain heads' rows kept beside their cached contexts (store/response_heads.py); None: read from the database.
         self.heads = heads
         self.seal = seal  # seals and opens compaction items; None: compaction is unavailable (compaction_seal.py)
-        self.windows = windows  # what the backend states of its windows, for a policy's `auto` (PROTOCOL §9)
+        self.windows = windows  # what the backend states of its windows, for a policy's `auto` (docs/protocol.md §9)
         self.responses = responses
         self.conversations = conversations
         self.cache = cache

@@ -259,7 +259,7 @@ class AdminRepository:
             )
 
     async def _shorten_threads(self, conn: AsyncConnection, scope: str, max_ttl_seconds: int) -> None:
-        """Bring the live threads a scope's policy governs within its maximum TTL, at once (PROTOCOL §8)."""
+        """Bring the live threads a scope's policy governs within its maximum TTL, at once (docs/protocol.md §8)."""
         shortened = threads.c.updated_ms + max_ttl_seconds * 1000
         least = func.min if self.engine.dialect.name == "sqlite" else func.least
         await conn.execute(

@@ -2,9 +2,11 @@
 under a lease (any replica, compare-and-set on the claim), renew the claims a replica holds, ask for a cancel, and end
 a turn in one of its final statuses.
 
-Background turns are not the hot path: SQLAlchemy Core on both databases. A claim is a conditional update of one row
-(its status open, its claim absent or run out), so of two replicas exactly one gets it, on PostgreSQL and SQLite
-alike, without a lock held between statements."""
+The statements each background turn runs (its admission, the keep before its commit, its end) and the runner's poll
+are store/background_statements.py's: asyncpg prepared statements on the hot path's pools on PostgreSQL, SQLAlchemy
+Core on SQLite. The rarer ones (a claim, a renewal, a cancel, a read) are SQLAlchemy Core on both databases. A claim is
+a conditional update of one row (its status open, its claim absent or run out), so of two replicas exactly one gets
+it, on PostgreSQL and SQLite alike, without a lock held between statements."""
 
 from __future__ import annotations
 

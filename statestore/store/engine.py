@@ -32,8 +32,8 @@ SQLITE_BUSY_TIMEOUT_MS = 5_000
 
 # Per-connection settings (journal_mode is stored in the file, repeating it is harmless and covers new files).
 # WAL lets readers run while one connection writes. synchronous=FULL because a turn the client has seen the end of
-# must survive a power loss too (invariant 1). SQLite leaves foreign keys off unless asked, and the schema relies on
-# ON DELETE CASCADE.
+# must survive a power loss too (docs/guarantees.md, invariant 1). SQLite leaves foreign keys off unless asked, and the
+# schema relies on ON DELETE CASCADE.
 _SQLITE_PRAGMAS = (
     "PRAGMA foreign_keys=ON",
     "PRAGMA journal_mode=WAL",

@@ -1,4 +1,4 @@
-"""The events of background responses, kept so a client resumes a stream on any replica (RESPONSES.md, "Resumable
+"""The events of background responses, kept so a client resumes a stream on any replica (docs/responses.md, "Resumable
 streams"): a Redis Stream per response, or, on the embedded default without Redis, the process's memory.
 
 An event's stream id is its sequence number (`0-<n+1>`), so the stream itself refuses a number written twice, and

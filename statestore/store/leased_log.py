@@ -258,7 +258,7 @@ class LeasedLog:
 
     async def take_conversation(self, take: TakeConversation) -> tuple[int, int, int] | None:
         """The conversation's next position, leased, with the backend's token count of its last turn and the bytes it
-        counted (0, 0 before any: PROTOCOL §9's measured ratio); None when it is not free (or not there)."""
+        counted (0, 0 before any: docs/protocol.md §9's measured ratio); None when it is not free (or not there)."""
         row: Any
         if self._pg is not None:
             row = await self._pg.fetchrow(PG_TAKE_CONVERSATION, take)

@@ -7,7 +7,7 @@ turn cannot avoid, and SQLAlchemy's execution layers cost more CPU than the stat
 Two pools, told apart by durability. Taking, renewing and giving back a lease commit asynchronously
 (`synchronous_commit = off`): a lease lost in a crash is harmless, because the turn's commit checks the lease token,
 and a lease the database forgets only frees the log sooner. The turn's commit waits for its WAL flush as usual,
-so a turn the client has seen the end of is durable (invariant 1): one durable flush per turn.
+so a turn the client has seen the end of is durable (docs/guarantees.md, invariant 1): one durable flush per turn.
 """
 
 from __future__ import annotations

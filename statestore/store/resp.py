@@ -5,7 +5,7 @@ Why not redis-py here: every turn reads and appends its thread's history, and re
 command on its pool, locks, a task per write (`asyncio.wait_for`) and timeout contexts, against about 15 us for the
 command itself (bench/README.md). This client keeps several commands in flight on one connection (Redis answers in
 order, so a FIFO of futures matches replies to requests), arms one timer per command, and writes each command with
-one `writelines`. redis-py stays for Redis Cluster (statestore/store/cluster_commands.py), whose slot routing is
+one `writelines`. redis-py stays for Redis Cluster (store/redis_commands.py), whose slot routing is
 worth its cost.
 
 Every failure is an exception the cache takes as a miss: `RespError` (an error reply), `ConnectionError` (the

@@ -31,7 +31,7 @@ class ResponseRow:
     # The chain began on a conversation's response: that conversation's version (its next position, moved by every
     # change of its items; -1 once it is gone) as this row was read. None for a chain of its own.
     conversation_version: int | None = None
-    # PROTOCOL §9 (responses/context.py ChainBase): what the backend counted of this turn, and where the context
+    # docs/protocol.md §9 (responses/context.py ChainBase): what the backend counted of this turn, and where the context
     # the next turn starts from begins.
     context_tokens: int = 0
     context_bytes: int = 0

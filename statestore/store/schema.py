@@ -35,7 +35,7 @@ def _partial(*columns: str, where: str) -> Index:
 
 
 # One row a conversation. `system`/`tools` hold the JSON bytes as the create sent them (forwarded verbatim);
-# the *_fp columns hold a hash of their canonical JSON, compared on a continue (PROTOCOL §3).
+# the *_fp columns hold a hash of their canonical JSON, compared on a continue (docs/protocol.md §3).
 threads = Table(
     "threads",
     metadata,
@@ -56,13 +56,13 @@ threads = Table(
     Column("head_position", Integer, nullable=False, server_default="0"),
     Column("byte_count", BigInteger, nullable=False, server_default="0"),
     Column("turn_count", Integer, nullable=False, server_default="0"),
-    # The backend's usage of the stored turns, added up at each commit (PROTOCOL §10).
+    # The backend's usage of the stored turns, added up at each commit (docs/protocol.md §10).
     Column("usage_input_tokens", BigInteger, nullable=False, server_default="0"),
     Column("usage_output_tokens", BigInteger, nullable=False, server_default="0"),
     Column("usage_cache_creation_input_tokens", BigInteger, nullable=False, server_default="0"),
     Column("usage_cache_read_input_tokens", BigInteger, nullable=False, server_default="0"),
-    # The context a rebuild sends (PROTOCOL §9): `context_head` (a compaction reply cut to its compaction block, or
-    # a summary) in place of the messages before `base_position`, then the stored messages from there on.
+    # The context a rebuild sends (docs/protocol.md §9): `context_head` (a compaction reply cut to its compaction block,
+    # or a summary) in place of the messages before `base_position`, then the stored messages from there on.
     # `base_bytes` is the bytes of the messages before the base, so the context's size is byte_count - base_bytes
     # plus the head's; a server that predates these columns only appends, which keeps that sum right.
     Column("base_position", Integer, nullable=False, server_default="0"),
@@ -100,12 +100,12 @@ thread_messages = Table(
     Column("position", Integer, primary_key=True, autoincrement=False),
     Column("body", LargeBinary, nullable=False),
     Column("response_id", String(80), nullable=True),
-    # The backend's own id of a reply, for cache diagnostics (PROTOCOL §10).
+    # The backend's own id of a reply, for cache diagnostics (docs/protocol.md §10).
     Column("backend_id", String(200), nullable=True),
     _partial("thread_id", "response_id", where="response_id IS NOT NULL"),
 )
 
-# A session name bound to the owner's current thread (PROTOCOL §6).
+# A session name bound to the owner's current thread (docs/protocol.md §6).
 sessions = Table(
     "sessions",
     metadata,
@@ -150,7 +150,7 @@ policies = Table(
     Column("max_ttl_seconds", Integer, nullable=False),
     Column("max_thread_bytes", BigInteger, nullable=False),
     Column("max_messages", Integer, nullable=False),
-    # The context policy (PROTOCOL §9; statestore/policy_fields.py).
+    # The context policy (docs/protocol.md §9; statestore/policy_fields.py).
     Column("context_strategy", String(16), nullable=False, server_default="none"),
     Column("context_window_tokens", Integer, nullable=True),
     Column("context_trigger_ratio", Float, nullable=False, server_default="0.8"),
@@ -186,7 +186,7 @@ counters = Table(
 
 # Turns and stored bytes per UTC day and front door, added to by each turn's commit (never counted from history): the
 # console's charts. A day's count is spread over a few shard rows so concurrent commits do not queue on one row lock;
-# each door has shards of its own (store/turn_rows.py), so the key stays (day, shard), which code from before
+# each door has shards of its own (store/usage_rows.py), so the key stays (day, shard), which code from before
 # revision 0009 upserts on.
 daily_usage = Table(
     "daily_usage",
@@ -199,7 +199,8 @@ daily_usage = Table(
     Column("door", String(16), nullable=False, server_default="messages"),
 )
 
-# -- the Responses front door (RESPONSES.md) ------------------------------------------------------------------------
+# -- the Responses front door (docs/responses.md)
+# ------------------------------------------------------------------------
 
 # One row a stored response. A response points to its parent; `root_id` names the first response of its tree, which
 # is kept while any response of the tree is live (a continue refreshes only its own row's expiry).
@@ -224,7 +225,7 @@ responses = Table(
     Column("body", LargeBinary, nullable=False),  # the Response JSON as returned
     Column("created_ms", BigInteger, nullable=False),
     Column("expires_ms", BigInteger, nullable=False),
-    # PROTOCOL §9 (revision 0010): the backend's token count of this turn and the bytes it counted; the bytes of
+    # docs/protocol.md §9 (revision 0010): the backend's token count of this turn and the bytes it counted; the bytes of
     # the chain's joined context its context keeps, counted from the end (NULL: all of it); the response whose
     # `context_head` (a summary message) opens it.
     Column("context_tokens", BigInteger, nullable=True),
@@ -273,7 +274,7 @@ conversations = Table(
     Column("lease_expires_ms", BigInteger, nullable=True),
     Column("created_ms", BigInteger, nullable=False),
     Column("expires_ms", BigInteger, nullable=False),
-    # The backend's token count of the last turn on it and the bytes it counted (revision 0010, PROTOCOL §9).
+    # The backend's token count of the last turn on it and the bytes it counted (revision 0010, docs/protocol.md §9).
     Column("context_tokens", BigInteger, nullable=True),
     Column("context_bytes", BigInteger, nullable=True),
     Index(None, "expires_ms"),
@@ -312,7 +313,7 @@ console_sign_outs = Table(
 )
 
 
-# Background responses (RESPONSES.md "Turns that outlive their connection"; revision 0016): a turn queued in the
+# Background responses (docs/responses.md, "Background responses"; revision 0016): a turn queued in the
 # database and claimed under a lease by any replica, so none is lost or stuck when a replica dies. The request is kept
 # as sent, with the few headers a replica needs to run it as its client would have (the credential, cleared once the
 # turn ends); `body` is the Response as of its last change of status (the stored response, once it completed, is the
@@ -346,7 +347,7 @@ background_responses = Table(
     _partial("metadata_user_id", where="metadata_user_id IS NOT NULL"),
 )
 
-# Data keys (README "Encryption at rest"; revision 0017): one per erasure scope (owner, and `metadata.user_id` when
+# Data keys (docs/encryption.md; revision 0017): one per erasure scope (owner, and `metadata.user_id` when
 # given), stored only wrapped under a master key. By default in the content database; STATESTORE_KEYSTORE_URL puts
 # this table in a database of its own, so a backup of the content carries no key. Erasure deletes a scope's row first:
 # from then on its content opens nowhere, backups included.

@@ -54,7 +54,7 @@ class CommitThreadTurn:
     cache_read_input_tokens: int
     day: int
     shard: int
-    # The context after the turn and the move of its base (PROTOCOL §9); `moved` False leaves the base alone.
+    # The context after the turn and the move of its base (docs/protocol.md §9); `moved` False leaves the base alone.
     context_tokens: int
     moved: bool
     base_position: int
@@ -279,7 +279,7 @@ async def _rebind_session(
     conn: AsyncConnection, session: tuple[str, str], thread_id: str, now_ms: int, *, postgres: bool
 ) -> None:
     """Bind the name to this thread, whatever thread holds it now: an explicit create with a session header
-    (PROTOCOL §6)."""
+    (docs/protocol.md §6)."""
     owner, name = session
     dialect_insert = postgresql.insert if postgres else sqlite.insert
     stmt = dialect_insert(sessions).values(owner=owner, name=name, thread_id=thread_id, updated_ms=now_ms)

@@ -1,4 +1,5 @@
-"""The owner's view of its threads (PROTOCOL §7): list, metadata, export, sessions. Cold paths, SQLAlchemy Core."""
+"""The owner's view of its threads (docs/protocol.md §7): list, metadata, export, sessions. Cold paths, SQLAlchemy
+Core."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from statestore.store.turn_records import TurnUsage
 
 @dataclass(frozen=True, slots=True)
 class ContextInfo:
-    """What a rebuild sends (PROTOCOL §9): the base and the context's size, and how often it moved."""
+    """What a rebuild sends (docs/protocol.md §9): the base and the context's size, and how often it moved."""
 
     tokens: int
     base_position: int
@@ -110,7 +111,7 @@ def live(owner: str, now_ms: int) -> ColumnElement[bool]:
 
 
 class ThreadQueries:
-    """The owner's view of its threads (PROTOCOL §7)."""
+    """The owner's view of its threads (docs/protocol.md §7)."""
 
     def __init__(self, engine: AsyncEngine, content: ContentKeys | None = None) -> None:
         """`content`: what a sealed thread's content opens through (export stays in clear for its owner)."""
@@ -152,7 +153,7 @@ class ThreadQueries:
         self, owner: str, thread_id: str, *, now_ms: int, context_only: bool = False
     ) -> ThreadExport | None:
         """Every stored message (the archive), or with `context_only` what the next turn sends before its own new
-        messages: the context head, then the stored messages from the base on (PROTOCOL §9)."""
+        messages: the context head, then the stored messages from the base on (docs/protocol.md §9)."""
         async with self.engine.connect() as conn:
             row = (
                 await conn.execute(

@@ -1,5 +1,5 @@
 """What the threaded turn needs from its store (threads/service.py), as an interface: ThreadRepository
-(store/turn_writes.py) implements it, and so does the traced wrapper (statestore/traced.py), explicitly, so that
+(store/thread_repository.py) implements it, and so does the traced wrapper (statestore/traced.py), explicitly, so that
 mypy checks every method of a wrapper against the one it stands for."""
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ class LeasedThread:
     head_position: int
     byte_count: int
     ttl_seconds: int
-    # The context a rebuild sends (PROTOCOL §9): stored messages from base_position on, after a head of head_bytes.
+    # The context a rebuild sends (docs/protocol.md §9): stored messages from base_position on, after a head of
+    # head_bytes.
     base_position: int = 0
     base_bytes: int = 0
     head_bytes: int = 0
@@ -92,8 +93,8 @@ ContextAction = Literal["compacted", "truncated", "summarized"]
 
 @record
 class ContextMove:
-    """The base moving forward (PROTOCOL §9): from now on a rebuild sends `head` (when not None) and then the stored
-    messages from `base_position` on; `base_bytes` is the bytes of the stored messages before it."""
+    """The base moving forward (docs/protocol.md §9): from now on a rebuild sends `head` (when not None) and then the
+    stored messages from `base_position` on; `base_bytes` is the bytes of the stored messages before it."""
 
     base_position: int
     base_bytes: int
@@ -116,14 +117,14 @@ class TurnCommit:
     now_ms: int
     metadata_user_id: str | None
     # (owner, session name) to bind to this thread in the commit's transaction, whatever thread holds the name now:
-    # an explicit create with a session header (PROTOCOL §6).
+    # an explicit create with a session header (docs/protocol.md §6).
     rebind_session: tuple[str, str] | None = None
     # The backend's own id of the reply (the last row), kept for cache diagnostics.
     reply_backend_id: str | None = None
     usage: TurnUsage = field(default_factory=TurnUsage)
     model: str | None = None
     max_tokens: int | None = None
-    # The context's size in tokens after this turn, and the move of its base, if any (PROTOCOL §9).
+    # The context's size in tokens after this turn, and the move of its base, if any (docs/protocol.md §9).
     context_tokens: int = 0
     move: ContextMove | None = None
     # Encryption at rest: the thread's owner and the sealer of its scope; the rows and the head are sealed at commit

@@ -1,4 +1,5 @@
-"""Pure functions from stored parts and a new turn to the bytes statestore stores and forwards (PROTOCOL §2, §3).
+"""Pure functions from stored parts and a new turn to the bytes statestore stores and forwards (docs/protocol.md §2,
+§3).
 
 Stored messages are canonical JSON bytes; a rebuild concatenates them and never parses them again. A rebuilt body
 is laid out as: this turn's own fields in the client's order, then `system`, `tools`, and `messages` last, so the

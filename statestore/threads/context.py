@@ -1,4 +1,4 @@
-"""The Messages door's side of the context planner (PROTOCOL §9, threads/planner.py): its message format (sizes,
+"""The Messages door's side of the context planner (docs/protocol.md §9, threads/planner.py): its message format (sizes,
 boundaries, the summary as a message), a thread's measured size, the summary request's body and reply, and the
 compaction head. Pure functions; the service loads the rows and sends the summary request.
 

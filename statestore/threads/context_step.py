@@ -1,4 +1,4 @@
-"""Moving a thread's base before a turn (PROTOCOL §9, `truncate` and `summarize`): taken only when the turn's
+"""Moving a thread's base before a turn (docs/protocol.md §9, `truncate` and `summarize`): taken only when the turn's
 estimate passes the policy's trigger, in one step down to the target, so the prefix then stays byte-identical (and
 cached at the backend) until the next trigger."""
 

@@ -1,5 +1,5 @@
-"""Cache diagnostics through statestore (PROTOCOL §10): `diagnostics.previous_message_id` names a reply the backend
-served. An id statestore minted means nothing to the backend, so it is swapped for the backend's own id of that
+"""Cache diagnostics through statestore (docs/protocol.md §10): `diagnostics.previous_message_id` names a reply the
+backend served. An id statestore minted means nothing to the backend, so it is swapped for the backend's own id of that
 reply (same owner only) before forwarding; any other id goes through as it came."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The context planner of PROTOCOL §9, for both doors: the estimate, the window the policy manages, the trigger,
+"""The context planner of docs/protocol.md §9, for both doors: the estimate, the window the policy manages, the trigger,
 where to cut, and the summary request's messages. It knows nothing of a message format: a `MessageFormat` (the
 Messages door's in threads/context.py, the Chat Completions one in responses/chat_format.py) says how big a stored
 message is, where a context may start, and how a summary reads as a message.
@@ -84,7 +84,7 @@ def resolved_window(policy: Policy, discovered: int | None) -> Policy:
 def window_after_refusal(
     policy: Policy, window: Window | None, stated: int | None, strategy: str | None = None
 ) -> Window | None:
-    """The window a refused turn is cut to (PROTOCOL §9, "Real backends refuse in their own words"): the one the turn
+    """The window a refused turn is cut to (docs/protocol.md §9, "A backend's own refusal"): the one the turn
     managed, narrowed to what the refusal stated; or, when the turn had no window yet (`auto`, not yet known), the
     stated one under the policy's strategy. None when the policy does not manage the context."""
     if window is not None:
@@ -137,8 +137,8 @@ def plan_cut(
     ratio: float,
     budget_tokens: float,
 ) -> Cut | None:
-    """The earliest boundary that brings the request under `budget_tokens`, in one step (PROTOCOL §9); the latest
-    boundary when none does; None when there is no boundary to move to. `messages` is the context as it stands
+    """The earliest boundary that brings the request under `budget_tokens`, in one step (docs/protocol.md §9); the
+    latest boundary when none does; None when there is no boundary to move to. `messages` is the context as it stands
     (its head first when `has_head`); `first_new` the turn's first new message, a place to start only when it is a
     boundary itself."""
     stored_from = 1 if has_head else 0

@@ -65,13 +65,14 @@ class PreparedTurn:
     stream: bool
     keeper: LeaseKeeper | None = None
     outcome: Outcome = field(default="open")
-    # The context (PROTOCOL §9): the archive's bytes before this turn, the thread's system and tools bytes, the base
-    # move this turn makes before it is forwarded, and whether its reply compacted.
+    # The context (docs/protocol.md §9): the archive's bytes before this turn, the thread's system and tools bytes, the
+    # base move this turn makes before it is forwarded, and whether its reply compacted.
     archive_bytes: int = 0
     fixed_bytes: int = 0
     moved: ContextStep | None = None
     compacted: bool = False
-    # An explicit create that names a session: (owner, name), bound to this thread when its reply commits (PROTOCOL §6).
+    # An explicit create that names a session: (owner, name), bound to this thread when its reply commits
+    # (docs/protocol.md §6).
     rebind_session: tuple[str, str] | None = None
     # The turn's model and max_tokens, kept on the thread for its export (`replay_fields`).
     replay: tuple[str | None, int | None] = (None, None)
@@ -99,7 +100,7 @@ class PreparedTurn:
             self.keeper = None
 
     def headers(self) -> list[tuple[bytes, bytes]]:
-        """The response headers that name the thread (PROTOCOL §2, §6)."""
+        """The response headers that name the thread (docs/protocol.md §2, §6)."""
         headers = [
             (b"statestore-thread-id", self.thread_id.encode()),
             (b"statestore-expires-at", rfc3339(self.expires_ms)),
@@ -122,7 +123,7 @@ class CompletedReply:
     row: bytes  # the assistant message, encoded once
     backend_id: str | None
     usage: TurnUsage
-    # The reply cut to its compaction block, when it has one: the base moves there (PROTOCOL §9).
+    # The reply cut to its compaction block, when it has one: the base moves there (docs/protocol.md §9).
     compaction: bytes | None = None
 
 

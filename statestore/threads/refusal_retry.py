@@ -1,6 +1,6 @@
-"""The backend's own word on a threaded turn's window (PROTOCOL §9): an `auto` window resolved to the one the backend
-states ("Windows discovered"), and a turn the backend refused as too long cut to the target and sent once more, with a
-managed context, before anything is stored or any byte reaches the client ("Real backends refuse in their own
+"""The backend's own word on a threaded turn's window (docs/protocol.md §9): an `auto` window resolved to the one the
+backend states ("Windows discovered"), and a turn the backend refused as too long cut to the target and sent once more,
+with a managed context, before anything is stored or any byte reaches the client ("Real backends refuse in their own
 words"). What the cut needs is kept from the turn's preparation."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The pure rules of a threaded turn (PROTOCOL §2-§4): what may be stored, what a thread may hold, which fields are
-fixed, and which error a refused continue gets."""
+"""The pure rules of a threaded turn (docs/protocol.md §2-§4): what may be stored, what a thread may hold, which fields
+are fixed, and which error a refused continue gets."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ MAX_CACHE_MARKERS = 3
 
 
 def storable(message: dict[str, Any]) -> bool:
-    """Refusals and replies a fallback model wrote are returned but not stored (PROTOCOL §2)."""
+    """Refusals and replies a fallback model wrote are returned but not stored (docs/protocol.md §2)."""
     if message.get("stop_reason") == "refusal":
         return False
     usage = message.get("usage")

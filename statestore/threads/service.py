@@ -1,7 +1,7 @@
-"""The threaded turn as a state machine (PROTOCOL §2 to §6): `begin` takes the thread head (a lease) and rebuilds the
-request; then exactly one of `commit` (the reply completed: append the turn, move the head) or `give_back` (nothing
-is stored; the same id stays continuable). Domain objects in and out: the HTTP face (api/threaded.py) forwards the
-request and relays the reply."""
+"""The threaded turn as a state machine (docs/protocol.md §2 to §6): `begin` takes the thread head (a lease) and
+rebuilds the request; then exactly one of `commit` (the reply completed: append the turn, move the head) or `give_back`
+(nothing is stored; the same id stays continuable). Domain objects in and out: the HTTP face (api/threaded.py) forwards
+the request and relays the reply."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ class ThreadService:
         content: ContentKeys | None = None,
         claims: HeadClaims | None = None,
     ) -> None:
-        """`summaries`: where a `summarize` policy's summary requests go (PROTOCOL §9); without it, such a policy
-        truncates. `windows`: what the backend states of its windows, for a policy whose window is `auto`.
+        """`summaries`: where a `summarize` policy's summary requests go (docs/protocol.md §9); without it, such a
+        policy truncates. `windows`: what the backend states of its windows, for a policy whose window is `auto`.
         `content`: the keys the cache entries are sealed with (the repository seals the rows); None or not enabled
         when encryption is off. `claims`: a continue by response id claims the head in Redis (store/thread_claims.py);
         None, every turn leases it in the database."""
@@ -178,7 +178,7 @@ class ThreadService:
             ttl_seconds=ttl,
         )
         # A `thread` field wins over the session header: an explicit create takes the name even from a live thread,
-        # but only once its reply commits, so a create that fails leaves the name where it was (PROTOCOL §6).
+        # but only once its reply commits, so a create that fails leaves the name where it was (docs/protocol.md §6).
         explicit = turn.mode == "create"
         # Built before anything is written, so a body that cannot be encoded leaves no row behind.
         body = assembly.build_body(

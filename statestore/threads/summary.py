@@ -1,5 +1,5 @@
-"""The summary request of PROTOCOL §9: the turn service asks the backend through this interface, out of band, while
-it holds the thread's lease (threads/service.py keeps it renewed), so a slow summary cannot lose the head."""
+"""The summary request of docs/protocol.md §9: the turn service asks the backend through this interface, out of band,
+while it holds the thread's lease (threads/service.py keeps it renewed), so a slow summary cannot lose the head."""
 
 from __future__ import annotations
 

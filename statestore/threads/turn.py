@@ -69,7 +69,7 @@ def _has_threads_beta(first_beta: bytes | None, headers: Iterable[tuple[bytes, b
 def read_turn(body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> ThreadTurn | None:
     """The threaded turn the request asks for, or None for a plain stateless request."""
     thread = body.get("thread", _ABSENT)
-    if thread is None:  # the SDKs type the field as nullable: null means no thread (PROTOCOL §2)
+    if thread is None:  # the SDKs type the field as nullable: null means no thread (docs/protocol.md §2)
         thread = _ABSENT
     # The headers looked up once, in C; the first of a repeated header wins.
     named = dict(reversed(headers))

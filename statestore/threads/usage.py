@@ -1,4 +1,4 @@
-"""The backend's token usage of a reply, as the thread's totals add it up (PROTOCOL §10)."""
+"""The backend's token usage of a reply, as the thread's totals add it up (docs/protocol.md §10)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The one pooled HTTP client to the model backend, created in the app's lifespan.
 
 Relays keep the backend's status, headers and body bytes; only hop-by-hop headers and those statestore owns are
-dropped on the way in and out (PROTOCOL §1).
+dropped on the way in and out (docs/protocol.md §1).
 """
 
 from __future__ import annotations

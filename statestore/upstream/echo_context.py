@@ -1,5 +1,5 @@
-"""The echo backend's context window (PROTOCOL §9 needs a backend that runs out of room): a request over the window
-is refused with the API's own "prompt is too long" error, and a `compact_20260112` context-management edit whose
+"""The echo backend's context window (docs/protocol.md §9 needs a backend that runs out of room): a request over the
+window is refused with the API's own "prompt is too long" error, and a `compact_20260112` context-management edit whose
 trigger the request passes is honoured with a deterministic `compaction` block at the start of the reply.
 
 As at the API, a request that carries a compaction block is counted from that block on: the backend ignores what

@@ -1,5 +1,5 @@
-"""A backend's refusal of a request as too long for its context window, recognised in its own dialect (PROTOCOL §9,
-"Real backends refuse in their own words"), from the status and the error body, never from a guess: a doorway that
+"""A backend's refusal of a request as too long for its context window, recognised in its own dialect (docs/protocol.md
+§9, "Real backends refuse in their own words"), from the status and the error body, never from a guess: a doorway that
 manages the context cuts it and sends once more, and the numbers the refusal states teach the window and the
 tokenizer's ratio. Nothing of the body but the dialect and its numbers is kept.
 

@@ -1,5 +1,5 @@
-"""A request to the model backend beside a turn (a summary, PROTOCOL §9): its reply read whole, never relayed, and
-any failure an absent answer, so the turn goes on without it."""
+"""A request to the model backend beside a turn (a summary, docs/protocol.md §9): its reply read whole, never relayed,
+and any failure an absent answer, so the turn goes on without it."""
 
 from __future__ import annotations
 

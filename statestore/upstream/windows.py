@@ -1,4 +1,4 @@
-"""Context windows discovered from the backend (PROTOCOL §9, "Windows discovered"), for a policy whose
+"""Context windows discovered from the backend (docs/protocol.md §9, "context_window_tokens: auto"), for a policy whose
 `context_window_tokens` is `auto`: the model's entry in `GET /v1/models` (vLLM's `max_model_len`, llama.cpp's
 `meta.n_ctx`), else llama.cpp's `GET /props` (`default_generation_settings.n_ctx`, the runtime window of a slot, not
 the model's trained length), else the maximum a refusal stated. Per model, refreshed now and then; a model whose window

@@ -1,9 +1,9 @@
-"""Background responses in the campaign (README, "Background responses"): each client keeps chains of responses and
-one conversation of its own on the Responses door, and now and then creates a background turn on one of them (JSON,
-or `stream: true` read for a while and then cut), resumes a stream it cut (`GET /v1/responses/{id}?stream=true&
-starting_after=N` on a replica picked at random, the balancer passed by), polls one, cancels one or deletes one. Every
-event a client reads is recorded with its op, so the checker (tests/campaign/background_check.py) can lay the
-original stream and its resumes end to end.
+"""Background responses in the campaign (docs/responses.md, "Background responses"): each client keeps chains of
+responses and one conversation of its own on the Responses door, and now and then creates a background turn on one of
+them (JSON, or `stream: true` read for a while and then cut), resumes a stream it cut (`GET
+/v1/responses/{id}?stream=true& starting_after=N` on a replica picked at random, the balancer passed by), polls one,
+cancels one or deletes one. Every event a client reads is recorded with its op, so the checker
+(tests/campaign/background_check.py) can lay the original stream and its resumes end to end.
 
 At the end, once the cluster has healed, each client reads every background response it was told the id of until it
 has finished (or the grace runs out), reads the rest of each stream it had begun, and lists its conversation's

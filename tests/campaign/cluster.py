@@ -93,7 +93,7 @@ def _through(url: str, port: int) -> str:
     ).geturl()
 
 
-# A master key ring for clusters run with encryption at rest (README "Encryption at rest"): fixed, so a test can
+# A master key ring for clusters run with encryption at rest (docs/encryption.md): fixed, so a test can
 # start another process on the same data.
 ENCRYPTION_KEYS = "c1:" + base64.urlsafe_b64encode(bytes(range(32))).decode().rstrip("=")
 

@@ -1,4 +1,4 @@
-"""Erasure reaches the backups (README "Encryption at rest"): with content sealed under a data key per erasure scope
+"""Erasure reaches the backups (docs/encryption.md): with content sealed under a data key per erasure scope
 and the keys in a key store of their own, a `pg_dump` of the content holds no content byte in clear, and once a tenant
 and a user id are erased, a restore of a dump taken before the erasure, served next to the live key store, cannot
 read or continue their conversations (a clear 404) while every other conversation continues from its restored head,

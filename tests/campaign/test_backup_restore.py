@@ -1,5 +1,5 @@
-"""The backup and restore drill (deploy/README.md, "Backup and restore"): `pg_dump` while clients keep turning,
-then a restore into a fresh database with Redis flushed, served by a new statestore process.
+"""The backup and restore drill (docs/deployment.md, "Backups, restores and erasure"): `pg_dump` while clients keep
+turning, then a restore into a fresh database with Redis flushed, served by a new statestore process.
 
 A dump is one snapshot, so the restore must be a point-in-time view: every turn acknowledged before the dump began is
 there, no turn that began after the dump ended is, each thread's history is a prefix of what it became on the

@@ -1,4 +1,4 @@
-"""The randomized fault campaign (README, "Fault campaign"): the checker finds 0 anomalies, or the failure reports each
+"""The randomized fault campaign (docs/fault-campaign.md): the checker finds 0 anomalies, or the failure reports each
 one by kind with the operations involved, the seed that replays the run and the replicas' logs."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from tests.campaign.campaign import Plan, run_campaign
 from tests.campaign.cluster import running_cluster
 
-# The replicas seal content at rest (README "Encryption at rest") unless STATESTORE_CAMPAIGN_ENCRYPTION=off: the rest of
+# The replicas seal content at rest (docs/encryption.md) unless STATESTORE_CAMPAIGN_ENCRYPTION=off: the rest of
 # the suite runs in clear, so the campaign's faults meet the sealed paths.
 ENCRYPTION = os.environ.get("STATESTORE_CAMPAIGN_ENCRYPTION", "on") != "off"
 

@@ -1,5 +1,6 @@
-"""Administration (PROTOCOL §5, §8): retention policies (validation, per-tenant overrides, TTL clamping, limits, threads
-and sessions switched off), the audit log, who may call `/admin/v1`, and the `statestore admin …` CLI round trips.
+"""Administration (docs/protocol.md §5, §8): retention policies (validation, per-tenant overrides, TTL clamping, limits,
+threads and sessions switched off), the audit log, who may call `/admin/v1`, and the `statestore admin …` CLI round
+trips.
 
 Its servers run on a database of this module's own: the tests change the default policy, which would reach every
 other module's threads on the shared one. Policies are cleared after each test."""

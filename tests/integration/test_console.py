@@ -6,7 +6,7 @@ conversations after a confirmation that counts them. A bad token, a form without
 another site and a tenant name carrying HTML and script are refused or shown as text.
 
 With STATESTORE_CONSOLE_SCREENSHOTS=<folder> the tests save a screenshot of each page there (docs/console/ holds the
-ones the README shows: `make console-screenshots`)."""
+ones docs/console.md shows: `make console-screenshots`)."""
 
 from __future__ import annotations
 

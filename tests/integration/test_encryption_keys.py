@@ -1,4 +1,4 @@
-"""Encryption at rest, the keys, with real processes on PostgreSQL (README "Encryption at rest"): the server refuses to
+"""Encryption at rest, the keys, with real processes on PostgreSQL (docs/encryption.md): the server refuses to
 start on a master key removed from the ring, a wrong key under the right id, or sealed content with no keys, naming
 the key id; a key store of its own (STATESTORE_KEYSTORE_URL) is made by `statestore migrate`, used, and reached by an
 erasure, which destroys the scope's data keys; `statestore admin encryption rotate` runs while threaded turns are

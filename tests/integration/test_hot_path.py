@@ -1,7 +1,7 @@
-"""Regression guard for the hot path (DESIGN: performance principles): a continue never parses or re-serialises the
-stored history. Every JSON decode and encode inside statestore is counted by size during a continue of a long
-thread; what is parsed must be the new turn and the reply, whatever the history's size. And while the app serves, what
-its startup built is left out of the garbage collector's walks."""
+"""Regression guard for the hot path (docs/architecture.md, "Performance principles"): a continue never parses or
+re-serialises the stored history. Every JSON decode and encode inside statestore is counted by size during a continue of
+a long thread; what is parsed must be the new turn and the reply, whatever the history's size. And while the app serves,
+what its startup built is left out of the garbage collector's walks."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Long conversations (PROTOCOL §9): the context a thread sends, apart from its archive.
+"""Long conversations (docs/protocol.md §9): the context a thread sends, apart from its archive.
 
 Each rule of §9 has a test named after it. The conversations run through the official SDK against a real server on
 PostgreSQL + Redis, and a fake backend that keeps a 20,000-token window (a request over it gets the API's "prompt is

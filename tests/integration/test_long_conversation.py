@@ -1,4 +1,4 @@
-"""A 1,000-turn conversation through the SDK's thread helper (PROTOCOL §2, DESIGN invariant 3).
+"""A 1,000-turn conversation through the SDK's thread helper (docs/protocol.md §2, docs/guarantees.md invariant 3).
 
 The client sends only each new turn; the backend must receive exactly the request a stateless client would have sent
 with the whole history: earlier turns' block `cache_control` markers dropped, the new turn's kept, laid out as
@@ -67,7 +67,7 @@ TOOLS: list[BetaToolParam] = [
         "cache_control": {"type": "ephemeral"},
     },
 ]
-FIXED_MARKERS = 2  # one on system, one on tools: a turn may add one more (PROTOCOL §2: at most 3)
+FIXED_MARKERS = 2  # one on system, one on tools: a turn may add one more (docs/protocol.md §2: at most 3)
 
 PHRASES = (
     "What's the weather in Paris?",

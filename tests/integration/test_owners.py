@@ -1,7 +1,7 @@
-"""Owners (PROTOCOL §7, §8; DESIGN invariants 4 and 5): one owner never sees, continues, lists, deletes or takes over
-another's thread or session, in passthrough mode (the owner is a keyed hash of the client's own credential) and in
-keys mode (statestore's own API keys, per tenant); keys mode refuses missing, wrong, revoked and disabled keys and
-sends the backend the configured credential, never the client's; nothing is stored without opt-in.
+"""Owners (docs/protocol.md §7, §8; docs/guarantees.md invariants 4 and 5): one owner never sees, continues, lists,
+deletes or takes over another's thread or session, in passthrough mode (the owner is a keyed hash of the client's own
+credential) and in keys mode (statestore's own API keys, per tenant); keys mode refuses missing, wrong, revoked and
+disabled keys and sends the backend the configured credential, never the client's; nothing is stored without opt-in.
 
 Both modes run on a database of this module's own, so its tenants and threads meet no other module's."""
 

@@ -1,5 +1,5 @@
-"""What an unmodified official SDK does that statestore must get right (PROTOCOL §1, §2, §7, §10): `thread: null`,
-statestore's own routes out of `/v1` (every other `/v1` path relayed, the Managed Agents API included), cache
+"""What an unmodified official SDK does that statestore must get right (docs/protocol.md §1, §2, §7, §10): `thread:
+null`, statestore's own routes out of `/v1` (every other `/v1` path relayed, the Managed Agents API included), cache
 diagnostics through threads, and usage totals in thread metadata."""
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ def thread_count(server: StatestoreServer, api_key: str) -> int:
     return len(listed.json()["data"])
 
 
-# == thread: null (PROTOCOL §2) ======================================================================================
+# == thread: null (docs/protocol.md §2)
+# ======================================================================================
 
 
 def test_thread_null_is_a_plain_request(
@@ -107,7 +108,7 @@ def test_thread_null_with_a_session_header_is_a_session_turn(
     assert thread_count(server, api_key) == 1
 
 
-# == routes: /v1 belongs to the Messages API (PROTOCOL §1, §7) =====================================================
+# == routes: /v1 belongs to the Messages API (docs/protocol.md §1, §7) =================================================
 
 
 def _session_object(session_id: str) -> dict[str, Any]:
@@ -222,7 +223,7 @@ def test_openapi_document_lists_the_new_paths(pg_server: StatestoreServer) -> No
     assert not [path for path in paths if path.startswith(("/v1/threads", "/v1/sessions"))]
 
 
-# == cache diagnostics (PROTOCOL §10) ===============================================================================
+# == cache diagnostics (docs/protocol.md §10) ==========================================================================
 
 
 @pytest.fixture
@@ -318,7 +319,7 @@ def test_ids_statestore_did_not_mint_pass_through_byte_for_byte(
     assert request.body == body
 
 
-# == usage totals (PROTOCOL §10) ====================================================================================
+# == usage totals (docs/protocol.md §10) ===============================================================================
 
 
 def _usage(input_tokens: int, output_tokens: int, created: int, read: int) -> dict[str, int]:
@@ -366,7 +367,7 @@ def test_turns_that_are_not_stored_add_no_usage(
     )
     thread = server_client.beta.messages.thread(model=MODEL, max_tokens=64)
     first = thread.send(user("one"))
-    # A refusal is returned, not stored; the SDK then replays the thread, a new one (PROTOCOL §2).
+    # A refusal is returned, not stored; the SDK then replays the thread, a new one (docs/protocol.md §2).
     raw = anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=0)
     refused = raw.beta.messages.create(
         model=MODEL,

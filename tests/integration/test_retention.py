@@ -1,6 +1,6 @@
-"""Retention (PROTOCOL §5, §7, §8; DESIGN invariant 4): an expired thread is gone for every read at once; purge (the
-admin API, the CLI, the background purger) removes its rows and cache keys, in batches, and counts them; erasure by
-tenant and by `metadata.user_id`; `DELETE /statestore/v1/threads/{id}` erases at once.
+"""Retention (docs/protocol.md §5, §7, §8; docs/guarantees.md invariant 4): an expired thread is gone for every read at
+once; purge (the admin API, the CLI, the background purger) removes its rows and cache keys, in batches, and counts
+them; erasure by tenant and by `metadata.user_id`; `DELETE /statestore/v1/threads/{id}` erases at once.
 
 Time moves through the injectable clock (STATESTORE_CLOCK_OFFSET_FILE), never by sleeping. The servers run on a
 database of this module's own, since a server whose clock is ahead would purge the threads of every other module."""

@@ -1,4 +1,5 @@
-"""The owner's thread API (PROTOCOL §7): list (newest first, cursor-paged, by session), get, export, delete, sessions.
+"""The owner's thread API (docs/protocol.md §7): list (newest first, cursor-paged, by session), get, export, delete,
+sessions.
 
 Runs on the session's shared servers, PostgreSQL + Redis and the embedded SQLite default: every test is an owner of
 its own (the `api_key` fixture), so it sees only its own threads."""

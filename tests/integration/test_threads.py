@@ -1,5 +1,5 @@
-"""Message threads through the official SDK against a real statestore process (PROTOCOL §2): create, continue, per-turn
-fields, streaming, fork, owners, the async client.
+"""Message threads through the official SDK against a real statestore process (docs/protocol.md §2): create, continue,
+per-turn fields, streaming, fork, owners, the async client.
 
 Every test checks what the backend received: the full rebuilt request, without `thread` and without the threads beta.
 The helpers here are shared by the other `test_threads_*.py` modules.
@@ -162,7 +162,7 @@ class RawThreads:
         assert 0 <= (stored - granted).total_seconds() < 1, (stored, granted)
 
     def info(self, thread_id: str) -> dict[str, Any]:
-        """The thread's metadata from statestore's thread API (PROTOCOL §7)."""
+        """The thread's metadata from statestore's thread API (docs/protocol.md §7)."""
         response = self.http.get(f"/statestore/v1/threads/{thread_id}")
         assert response.status_code == 200, response.text
         info: dict[str, Any] = response.json()
@@ -183,7 +183,7 @@ def ok(response: httpx.Response) -> dict[str, Any]:
 
 
 def thread_error(response: httpx.Response, status: int, error_code: str) -> dict[str, Any]:
-    """The `error` object of a thread rejection, checked against PROTOCOL §4."""
+    """The `error` object of a thread rejection, checked against docs/protocol.md §4."""
     assert response.status_code == status, response.text
     body = response.json()
     assert body["type"] == "error"

@@ -1,5 +1,5 @@
-"""Thread errors and how the SDK recovers from them, against a real statestore process (PROTOCOL §2, §4, §5): unknown
-and expired ids, stale ids, concurrent continues, backend errors and retries, broken streams, refusals and
+"""Thread errors and how the SDK recovers from them, against a real statestore process (docs/protocol.md §2, §4, §5):
+unknown and expired ids, stale ids, concurrent continues, backend errors and retries, broken streams, refusals and
 fallback-served replies. Each checks that what is stored is exactly the turns that completed."""
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ def test_backend_529_then_sdk_retry_keeps_the_conversation(
 
         requests = backend.requests()
         assert len(requests) == 3
-        # The retry is the same rebuilt request, byte for byte (PROTOCOL §2).
+        # The retry is the same rebuilt request, byte for byte (docs/protocol.md §2).
         assert requests[2].body == requests[1].body
         assert forwarded(backend) == {
             "max_tokens": 256,

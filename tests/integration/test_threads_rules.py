@@ -1,5 +1,5 @@
 """The rules of a thread, against a real statestore process: pause_turn, threads turned off, cache_control markers,
-fixed fields, tools added mid-thread with the tool runner, TTLs and sessions (PROTOCOL §2, §3, §5, §6, §8)."""
+fixed fields, tools added mid-thread with the tool runner, TTLs and sessions (docs/protocol.md §2, §3, §5, §6, §8)."""
 
 from __future__ import annotations
 
@@ -465,7 +465,7 @@ def test_thread_field_wins_over_the_session_header(raw: RawThreads, backend: Fak
     ok(_session_post(raw, session, [user("old two")]))
     assert forwarded(backend)["messages"] == [user("old"), said(old), user("old two")]
 
-    # ...and one that completes binds the name to its new thread, though the old one is live (PROTOCOL §6).
+    # ...and one that completes binds the name to its new thread, though the old one is live (docs/protocol.md §6).
     created = raw.create([user("new")], headers={"statestore-session-id": session})
     new = ok(created)
     assert created.headers["statestore-session-id"] == session
@@ -507,7 +507,7 @@ def test_invalid_session_id_is_rejected(raw: RawThreads, backend: FakeBackend, s
     ],
 )
 def test_malformed_thread_field_is_a_plain_400(raw: RawThreads, backend: FakeBackend, thread: Any, beta: bool) -> None:
-    """A `thread` of another shape, or without the threads beta, is a plain 400: no error_code (PROTOCOL §2)."""
+    """A `thread` of another shape, or without the threads beta, is a plain 400: no error_code (docs/protocol.md §2)."""
     body = {"model": MODEL, "max_tokens": 256, "messages": [user("one")], "thread": thread}
     response = raw.post(body, beta=beta)
     assert response.status_code == 400

@@ -1,5 +1,5 @@
 """The official TypeScript SDK (`@anthropic-ai/sdk`, installed in tests/node by `make test`) drives statestore's
-threads: send, stream, and an expired thread that the SDK replays under a new thread (PROTOCOL §2, §5)."""
+threads: send, stream, and an expired thread that the SDK replays under a new thread (docs/protocol.md §2, §5)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """`make run` as the README's first minute uses it: the echo backend and statestore come up, a thread is created and
-continued and a response answered; a port already taken is refused before anything starts, naming the setting that
-moves it. The database is a temporary SQLite file and the owner secret is set, so the checkout is left as it was."""
+continued and a response answered and continued; a port already taken is refused before anything starts, naming the
+setting that moves it. The database is a temporary SQLite file and the owner secret is set, so the checkout is left as
+it was."""
 
 from __future__ import annotations
 
@@ -95,10 +96,21 @@ def test_make_run_serves_the_first_minute(tmp_path: Path) -> None:
             )
             assert continued.status_code == 200, continued.text
             assert continued.json()["content"][0]["text"] == "echo: Only this turn is sent"
-            # The second front door answers through the same echo backend.
-            response = client.post("/v1/responses", json={"model": "echo-1", "input": "Hello"})
+            # The second front door answers through the same echo backend, and continues from a response's id.
+            response = client.post("/v1/responses", json={"model": "echo-1", "input": "Hello, statestore"})
             assert response.status_code == 200, response.text
-            assert response.json()["output"][0]["content"][0]["text"] == "echo: Hello"
+            assert response.json()["output"][0]["content"][0]["text"] == "echo: Hello, statestore"
+            chained = client.post(
+                "/v1/responses",
+                json={
+                    "model": "echo-1",
+                    "input": "Only this turn is sent",
+                    "previous_response_id": response.json()["id"],
+                },
+            )
+            assert chained.status_code == 200, chained.text
+            assert chained.json()["output"][0]["content"][0]["text"] == "echo: Only this turn is sent"
+            assert chained.json()["previous_response_id"] == response.json()["id"]
     finally:
         stop(process)
 

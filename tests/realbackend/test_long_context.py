@@ -1,7 +1,7 @@
 """Long conversations against llama-server's real window (2,048 tokens, one slot): each context strategy keeps a
 thread inside it; a window set too large meets the server's own refusal, which statestore recognises, cuts and sends
 once more before the client sees anything; without a managed context that refusal reaches the client unchanged; and
-`context_window_tokens: auto` takes the window from the server (PROTOCOL §9)."""
+`context_window_tokens: auto` takes the window from the server (docs/protocol.md §9)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def test_each_strategy_keeps_a_thread_inside_the_servers_window(
             assert after <= 0.5 * NARROW + 200
         else:
             # The summary is budgeted at its max_tokens (256); this model's gibberish re-tokenises to more tokens
-            # than it was generated in, so the context after it sits above the target by that much (README).
+            # than it was generated in, so the context after it sits above the target by that much
+            # (docs/real-backends.md).
             assert after <= 0.5 * NARROW + 200 + 300
 
 

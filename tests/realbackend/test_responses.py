@@ -1,6 +1,7 @@
 """The Responses door against llama.cpp's `/v1/chat/completions`: chains, streams and conversations through the `openai`
 SDK, each turn's translated request beside the same messages sent straight to the server, usage as the server counted
-it, and `truncation: "auto"` against its real 2,048-token window, the server's own refusal included (PROTOCOL §9)."""
+it, and `truncation: "auto"` against its real 2,048-token window, the server's own refusal included (docs/protocol.md
+§9)."""
 
 from __future__ import annotations
 

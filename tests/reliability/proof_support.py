@@ -31,7 +31,7 @@ MODEL = "claude-test"
 ADMIN_TOKEN = "adm-" + "Q7v" * 8
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 
-# What each status of statestore's own errors is called in `error.type` (PROTOCOL §4).
+# What each status of statestore's own errors is called in `error.type` (docs/protocol.md §4).
 ERROR_TYPES = {
     400: {"invalid_request_error"},
     401: {"authentication_error"},
@@ -91,8 +91,8 @@ def check_error_shape(
 ) -> dict[str, Any]:
     """Problems with an error response, as a list in `["problems"]`, and its parsed `error` object in `["error"]`.
 
-    The shape is PROTOCOL §4: `{"type": "error", "error": {"type", "message", ...}, "request_id": "req_…"}` with a
-    `request-id` header equal to `request_id`. With `statestore_made`, `error.type` must also be the one statestore
+    The shape is docs/protocol.md §4: `{"type": "error", "error": {"type", "message", ...}, "request_id": "req_…"}` with
+    a `request-id` header equal to `request_id`. With `statestore_made`, `error.type` must also be the one statestore
     uses for that status (a relayed backend error keeps the backend's)."""
     problems: list[str] = []
     content_type = headers.get("content-type", "")

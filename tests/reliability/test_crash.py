@@ -1,10 +1,10 @@
 """Crashes under load: statestore SIGKILLed (and restarted on the same port and database), and its PostgreSQL stopped
 the way a crash stops it (`pg_ctl stop -m immediate`, then WAL recovery on start).
 
-What must hold (DESIGN Invariant 1, PROTOCOL §2 "All or nothing"): every turn whose end a client received — a JSON
-reply, or a stream that delivered `message_stop` — is in the database afterwards; no turn is half-written (positions
-contiguous, every user turn followed by its own reply); a lease held by a dead request runs out after
-`STATESTORE_LEASE_SECONDS`; while the database is down threaded turns get 503 `api_error` quickly; and statestore
+What must hold (docs/guarantees.md invariant 1, docs/protocol.md §2 "All or nothing"): every turn whose end a client
+received — a JSON reply, or a stream that delivered `message_stop` — is in the database afterwards; no turn is
+half-written (positions contiguous, every user turn followed by its own reply); a lease held by a dead request runs out
+after `STATESTORE_LEASE_SECONDS`; while the database is down threaded turns get 503 `api_error` quickly; and statestore
 recovers by itself once the database is back.
 
 The clients are the official SDK's thread helper (`client.beta.messages.thread(...)`), alternating `send` and
@@ -445,7 +445,7 @@ def _probe(raw: RawClient, kind: str, head: str) -> httpx.Response:
         return raw.turn([user("continue while down")], head)
     if kind == "stream":
         return raw.turn([user("stream while down")], head, stream=True)
-    # A session turn (PROTOCOL §6).
+    # A session turn (docs/protocol.md §6).
     body = {"model": MODEL, "max_tokens": 64, "messages": [user("session while down")]}
     return raw.http.post(
         "/v1/messages", content=orjson.dumps(body), headers={"statestore-session-id": "reliability-session"}
@@ -453,8 +453,8 @@ def _probe(raw: RawClient, kind: str, head: str) -> httpx.Response:
 
 
 def test_database_down_threaded_turns_get_503_quickly(crash_pg: PrivatePostgres, backend: FakeBackend) -> None:
-    """PROTOCOL §4: "database unreachable for a threaded turn → 503 api_error". The first probes meet the pool's
-    dead connections, the later ones a refused connect; both must be 503, not 500, and quick."""
+    """docs/protocol.md §4: "database unreachable for a threaded turn → 503 api_error". The first probes meet the
+    pool's dead connections, the later ones a refused connect; both must be 503, not 500, and quick."""
     with running_server(database_url=crash_pg.url, upstream_url=backend.url, env=ENV) as server:
         raw = RawClient(server.url, f"sk-crash-{secrets.token_hex(8)}")
         try:
@@ -488,7 +488,7 @@ def test_database_down_threaded_turns_get_503_quickly(crash_pg: PrivatePostgres,
             )
             assert seen == Counter(
                 {(kind, 503, "api_error"): 3 for kind in ("create", "continue", "stream", "session")}
-            ), f"threaded turns while the database is down must be 503 api_error (PROTOCOL §4); got {dict(seen)}"
+            ), f"threaded turns with the database down must be 503 api_error (docs/protocol.md §4); got {dict(seen)}"
         finally:
             raw.close()
         assert httpx.get(server.url + "/readyz", timeout=10).status_code == 200

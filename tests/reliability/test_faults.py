@@ -1,10 +1,10 @@
 """Faults around a running statestore: the Redis cache lost, stale, evicted, down or hung, and a model backend that
 errors, refuses connections, cuts or stalls its streams, and clients that leave mid-stream.
 
-What must hold (DESIGN Invariants 1 and 3, PROTOCOL §2 and §4): the database is the truth, so a thread keeps working
-whatever happens to Redis and the request rebuilt for a thread state is byte for byte the one rebuilt before the
-fault; a failed turn stores nothing and leaves its id continuable; and 1,000 failed turns leak no file descriptor,
-database connection or lease.
+What must hold (docs/guarantees.md invariants 1 and 3, docs/protocol.md §2 and §4): the database is the truth, so a
+thread keeps working whatever happens to Redis and the request rebuilt for a thread state is byte for byte the one
+rebuilt before the fault; a failed turn stores nothing and leaves its id continuable; and 1,000 failed turns leak no
+file descriptor, database connection or lease.
 
 The byte comparisons pair two requests for the same thread state: a continue that the fake backend answers with a
 scripted 500 (so the head does not move), then the same continue again. Which of the two the cache served and which
@@ -163,7 +163,7 @@ def scripted_failure_body(backend: FakeBackend, raw: RawClient, head_id: str, te
 
 
 def assert_rebuilt_from(body: bytes, raw: RawClient, thread_id: str, text: str) -> None:
-    """`body` is the thread as exported (PROTOCOL §7), plus the new turn: right, not only identical."""
+    """`body` is the thread as exported (docs/protocol.md §7), plus the new turn: right, not only identical."""
     exported = raw.export(thread_id)
     sent = orjson.loads(body)
     assert sent["system"] == exported["system"] == SYSTEM
@@ -365,8 +365,8 @@ def test_evicted_entries_rebuild_the_same_bytes(
 def test_erasure_while_redis_is_down_leaves_no_history_in_redis(
     migrated_pg_url: str, fake_backend: FakeBackend
 ) -> None:
-    """PROTOCOL §7: DELETE erases "every byte of it, in the database and the cache". A Redis that persists (AOF) and
-    is down during the erasure comes back with the thread's history unless statestore retries the deletion (or
+    """docs/protocol.md §7: DELETE erases "every byte of it, in the database and the cache". A Redis that persists (AOF)
+    and is down during the erasure comes back with the thread's history unless statestore retries the deletion (or
     refuses the erasure)."""
     fake_backend.reset()
     with (
@@ -412,7 +412,7 @@ class Fault:
 
 
 def _fault(action: dict[str, Any], stream: bool) -> Fault:
-    """What PROTOCOL §4 says the client gets for `action`, as JSON or as a stream."""
+    """What docs/protocol.md §4 says the client gets for `action`, as JSON or as a stream."""
     if action["kind"] == "error":
         return Fault(action, action["status"], action["error"]["type"])
     if "error_after_events" in action:  # an `error` event mid-stream; as JSON, that error as an HTTP error
@@ -729,7 +729,7 @@ def _settled_descriptors(server: ServerProcess, peers: dict[int, str]) -> Counte
 
 
 # The pools of a process with database_pool_size 10, no overflow: transactions 10, single statements 10 // 4,
-# prepared turns 10 and leases 10 // 2 (deploy/README.md's connection budget).
+# prepared turns 10 and leases 10 // 2 (docs/deployment.md's connection budget).
 POOL_BUDGET = 10 + 2 + 10 + 5
 
 

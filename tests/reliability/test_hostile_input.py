@@ -1,8 +1,9 @@
-"""A catalogue of malformed and abusive requests against a real statestore on PostgreSQL and Redis (DESIGN: "bad input
-gets a clear 4xx in Anthropic's error shape, never a 500"; invariant 4: nothing is stored without a valid opt-in).
+"""A catalogue of malformed and abusive requests against a real statestore on PostgreSQL and Redis (docs/guarantees.md:
+"bad input gets a clear 4xx in the error shape of the API it came through, never a 5xx"; invariant 4: nothing is
+stored without a valid opt-in).
 
-Every case must get a 4xx (never a 5xx) in the shape of PROTOCOL §4 with a `request-id` header, and leave no trace:
-the row counts of every table stay the same (a half-made thread row counts too), the caller's
+Every case must get a 4xx (never a 5xx) in the shape of docs/protocol.md §4 with a `request-id` header, and leave no
+trace: the row counts of every table stay the same (a half-made thread row counts too), the caller's
 `GET /statestore/v1/threads` is unchanged, another owner's thread is untouched, and, unless the case says otherwise,
 the backend received nothing.
 
@@ -666,8 +667,8 @@ def _expires_at(response: httpx.Response) -> datetime:
 async def test_a_huge_ttl_is_clamped_to_the_policy_maximum(
     digits: int, target: Target, http: httpx.AsyncClient
 ) -> None:
-    """PROTOCOL §5: the header is clamped to the policy's maximum (the default policy: 86400 s). Python refuses to
-    convert a string of more than 4300 digits to an int; that must not become a 500."""
+    """docs/protocol.md §5: the header is clamped to the policy's maximum (the default policy: 86400 s). Python refuses
+    to convert a string of more than 4300 digits to an int; that must not become a 500."""
     key = new_key()
     response = await http.post(
         "/v1/messages",

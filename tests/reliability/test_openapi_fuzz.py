@@ -1,6 +1,6 @@
 """Schemathesis over statestore's own OpenAPI (the thread API and the admin API) against a running server with valid
 credentials: whatever it generates, valid (positive) or not (negative), the answer is never a 5xx, and every 4xx has
-Anthropic's error shape with a `request-id` header (PROTOCOL §4).
+Anthropic's error shape with a `request-id` header (docs/protocol.md §4).
 
 The operations are listed at collection from the app's OpenAPI (no server needed), one test per operation and mode,
 and the test fetches the served `/openapi.json` and checks it describes the same operations. Examples are few (see

@@ -1,4 +1,4 @@
-"""Security proofs against real statestore processes (DESIGN invariants 5 and 6, PROTOCOL §7, §8):
+"""Security proofs against real statestore processes (docs/guarantees.md invariants 5 and 6, docs/protocol.md §7, §8):
 
 - owner isolation on every thread route, under concurrency: two owners hammer each other's ids while continuing
   their own threads; every foreign request is a 404 (never a 403, never `in_flight`, never a byte of the other's

@@ -94,7 +94,7 @@ class RecordingClient:
 
 
 class ThreadApi:
-    """statestore's thread API (PROTOCOL §7) and raw thread turns, for one owner, through `base_url`."""
+    """statestore's thread API (docs/protocol.md §7) and raw thread turns, for one owner, through `base_url`."""
 
     def __init__(self, base_url: str, api_key: str) -> None:
         self.http = httpx.Client(
@@ -149,7 +149,7 @@ class ThreadApi:
 
 
 def error_code(response: httpx.Response) -> str | None:
-    """`error.details.error_code` of an error response (PROTOCOL §4), or None."""
+    """`error.details.error_code` of an error response (docs/protocol.md §4), or None."""
     try:
         details = response.json().get("error", {}).get("details") or {}
     except ValueError:

@@ -1,4 +1,4 @@
-"""Helpers for the owner, admin, thread-API and retention tests (PROTOCOL §5, §7, §8): plain HTTP clients for an
+"""Helpers for the owner, admin, thread-API and retention tests (docs/protocol.md §5, §7, §8): plain HTTP clients for an
 owner and for an admin, the error shape, direct looks at the database and at Redis, the `statestore` CLI as a
 subprocess, and the injectable clock.
 
@@ -88,7 +88,7 @@ def passthrough_owner(credential: str) -> str:
 
 
 def error_of(response: httpx.Response, status: int, error_type: str, error_code: str | None = None) -> dict[str, Any]:
-    """The `error` object of an error response, checked against PROTOCOL §4."""
+    """The `error` object of an error response, checked against docs/protocol.md §4."""
     assert response.status_code == status, f"{response.status_code} != {status}: {response.text}"
     body = response.json()
     assert body["type"] == "error", body

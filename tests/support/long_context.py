@@ -1,4 +1,4 @@
-"""Driving long conversations for the PROTOCOL §9 tests (tests/integration/test_long_context.py): a restartable
+"""Driving long conversations for the docs/protocol.md §9 tests (tests/integration/test_long_context.py): a restartable
 server, and a thread or session driven turn by turn (the official SDK, or plain HTTP with keep-alive for the
 3,000-turn runs), noting each turn's `statestore-context` header."""
 

@@ -1,4 +1,4 @@
-"""The rebuild (statestore/threads/assembly.py) against the official SDK (anthropic 2.14.0), PROTOCOL §2 and §3.
+"""The rebuild (statestore/threads/assembly.py) against the official SDK (anthropic 2.14.0), docs/protocol.md §2 and §3.
 
 The reference for "the full request with earlier turns' markers removed" is what the SDK's thread helper sends when it
 replays a thread: `without_cache_control` over the messages up to the last reply, the new turn as given. Strategies

@@ -1,5 +1,5 @@
-"""Passthrough owners (PROTOCOL §8): a keyed hash of the credential, the same on every request, remembered for the
-credentials seen lately without ever mixing two credentials up."""
+"""Passthrough owners (docs/protocol.md §8): a keyed hash of the credential, the same on every request, remembered for
+the credentials seen lately without ever mixing two credentials up."""
 
 from __future__ import annotations
 

@@ -78,7 +78,8 @@ FORM = {
     "max_ttl_seconds": "86400",
     "max_thread_bytes": "1048576",
     "max_messages": "100",
-    # The context policy's fields (PROTOCOL §9), as the rendered form submits them: the optional ones left empty.
+    # The context policy's fields (docs/protocol.md §9), as the rendered form submits them: the optional ones left
+    # empty.
     "context_strategy": "none",
     "context_trigger_ratio": "0.8",
     "context_target_ratio": "0.5",

@@ -1,4 +1,5 @@
-"""PROTOCOL §9's pure rules: where a base may move, one step down to the target, compaction heads, the policy fields."""
+"""docs/protocol.md §9's pure rules: where a base may move, one step down to the target, compaction heads, the policy
+fields."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The context planner of PROTOCOL §9 (statestore/threads/planner.py) with each door's message format: the Messages
-one (threads/context.py) and the Chat Completions one the Responses door renders its items to."""
+"""The context planner of docs/protocol.md §9 (statestore/threads/planner.py) with each door's message format: the
+Messages one (threads/context.py) and the Chat Completions one the Responses door renders its items to."""
 
 from __future__ import annotations
 

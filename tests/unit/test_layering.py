@@ -1,7 +1,7 @@
-"""The packages of statestore/ import downwards only (README, Architecture): the faces in api/ and the Responses door
-over the threaded turn, both over the store and the backend client, the console over the store, with no cycle. Read
-from the source, lazy imports inside functions included, so a shortcut taken anywhere fails here. ALLOWED below is
-the one table of the layering: no other test keeps one, and each of its edges is one the code takes."""
+"""The packages of statestore/ import downwards only (docs/architecture.md, "Layout"): the faces in api/ and the
+Responses door over the threaded turn, both over the store and the backend client, the console over the store, with no
+cycle. Read from the source, lazy imports inside functions included, so a shortcut taken anywhere fails here. ALLOWED
+below is the one table of the layering: no other test keeps one, and each of its edges is one the code takes."""
 
 from __future__ import annotations
 
@@ -70,7 +70,9 @@ def test_every_allowed_import_is_one_the_code_makes() -> None:
         for target in targets
         if target not in made.get(package, {})
     }
-    assert not unused, "allowed but never imported (drop it from ALLOWED and the README):\n" + "\n".join(sorted(unused))
+    assert not unused, "allowed but never imported (drop it from ALLOWED and docs/architecture.md):\n" + "\n".join(
+        sorted(unused)
+    )
 
 
 def test_the_allowed_graph_has_no_cycle() -> None:

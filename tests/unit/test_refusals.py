@@ -1,5 +1,5 @@
 """Each backend's too-long refusal recognised in its own dialect, with the numbers it states; other errors, and the
-same words under a status that is not a refusal, are not (PROTOCOL §9)."""
+same words under a status that is not a refusal, are not (docs/protocol.md §9)."""
 
 from __future__ import annotations
 

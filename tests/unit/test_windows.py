@@ -1,5 +1,5 @@
-"""`context_window_tokens: auto` (PROTOCOL §9, "Windows discovered"): the policy value, the window each backend
-states where it states it, what a refusal teaches, and the window a refused turn is cut to."""
+"""`context_window_tokens: auto` (docs/protocol.md §9, "context_window_tokens: auto"): the policy value, the window each
+backend states where it states it, what a refusal teaches, and the window a refused turn is cut to."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Background responses on real processes (RESPONSES.md, "Turns that outlive their connection"): two replicas of
+"""Background responses on real processes (docs/responses.md, "Background responses"): two replicas of
 statestore on one PostgreSQL database and one Redis prefix, the `openai` SDK as the client. A turn created on one
 replica is polled, resumed and cancelled on the other; a replica killed mid-turn leaves nothing stuck."""
 

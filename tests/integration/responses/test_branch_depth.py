@@ -231,7 +231,7 @@ def test_erasure_of_a_user_id_takes_its_trees_and_leaves_other_branches_whole(
 
 
 def test_expiry_on_the_way(client: openai.OpenAI, admin: AdminApi, clock: ClockFile, backend: FakeBackend) -> None:
-    """A tree is kept while any of its responses lives (RESPONSES.md): a branch from a live response sends its
+    """A tree is kept while any of its responses lives (docs/responses.md): a branch from a live response sends its
     expired ancestors' items, one from an expired response fails, and once every response has expired and the tree
     is purged, none comes back."""
     old = chain(client, turns("old", 10))

@@ -1,5 +1,5 @@
-"""Compaction on the Responses door (RESPONSES.md, "Compaction"), on real processes through the `openai` SDK: a long
-chain compacted past its threshold against a backend with a small window, `responses.compact` and a stateless
+"""Compaction on the Responses door (docs/responses.md, "Compaction"), on real processes through the `openai` SDK: a
+long chain compacted past its threshold against a backend with a small window, `responses.compact` and a stateless
 client continuing from its output, sealed `encrypted_content` (tampered, another owner's, rotated keys), and a
 streamed compaction assembled by the SDK as the JSON call returns it."""
 

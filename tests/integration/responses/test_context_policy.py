@@ -1,4 +1,4 @@
-"""PROTOCOL §9 on the Responses door (`truncation: "auto"`): the same context planner as threads, with the Chat
+"""docs/protocol.md §9 on the Responses door (`truncation: "auto"`): the same context planner as threads, with the Chat
 Completions format: tool-safe boundaries, the chain's own tokens per byte from the backend's usage, and `summarize`
 with the summary stored so later turns start from it. A server in keys mode whose policies apply at once."""
 

@@ -269,7 +269,7 @@ def test_truncation_auto_applies_the_owners_context_window(
     server: StatestoreServer, admin: AdminApi, backend: FakeBackend
 ) -> None:
     """`truncation: "auto"` cuts the oldest turns, in one step, once the context passes trigger x window; the chain
-    itself stays whole, and `"disabled"` still sends all of it (RESPONSES.md, PROTOCOL §9)."""
+    itself stays whole, and `"disabled"` still sends all of it (docs/responses.md, docs/protocol.md §9)."""
     tenant, key = admin.tenant_with_key()
     admin.put_policy(tenant["id"], context_window_tokens=1024, context_trigger_ratio=0.8, context_target_ratio=0.5)
     trigger_bytes = 0.8 * 1024 / 0.25  # the front door's estimate: a quarter of a token per byte

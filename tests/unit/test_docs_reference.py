@@ -1,7 +1,7 @@
-"""The README's reference parts against the code. Its configuration table names every setting the server reads, and
-only those: a setting added without a row, or a row left behind by a removed setting, fails here (a row may shorten a
-sibling setting to its tail: `STATESTORE_DEFAULT_TTL_SECONDS` / `_MAX_TTL_SECONDS`). Every metric it names is served
-with the labels it gives, and every served metric is named."""
+"""The reference pages against the code. docs/configuration.md's settings table names every setting the server reads,
+and only those: a setting added without a row, or a row left behind by a removed setting, fails here (a row may shorten
+a sibling setting to its tail: `STATESTORE_DEFAULT_TTL_SECONDS` / `_MAX_TTL_SECONDS`). Every metric
+docs/observability.md names is served with the labels it gives, and every served metric is named there."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from pathlib import Path
 from statestore.config import Settings
 from statestore.metrics import DECLARED
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+CONFIGURATION = DOCS / "configuration.md"
+OBSERVABILITY = DOCS / "observability.md"
 # Read by the commands rather than the server's settings (statestore/cli.py, store/migrate.py, metrics.py).
 COMMAND_SETTINGS = {
     "STATESTORE_HOST",
@@ -25,7 +27,7 @@ TEST_ONLY = {"STATESTORE_CLOCK_OFFSET_FILE"}
 
 
 def table_rows() -> list[str]:
-    text = README.read_text()
+    text = CONFIGURATION.read_text()
     section = text.split("Everything comes from `STATESTORE_*` environment variables", 1)[1]
     return [line for line in section.splitlines()[:80] if line.startswith("| `")]
 
@@ -59,15 +61,15 @@ def test_every_row_names_a_setting() -> None:
     assert table_rows(), "the configuration table was not found"
 
 
-def test_every_metric_the_readme_names_is_served_with_its_labels() -> None:
-    """Each `name_total{labels}` or `name_seconds{labels}` the README writes is a series /metrics serves, with
-    exactly those labels; and every series is named somewhere in the README."""
+def test_every_metric_the_docs_name_is_served_with_its_labels() -> None:
+    """Each `name_total{labels}` or `name_seconds{labels}` docs/observability.md writes is a series /metrics serves,
+    with exactly those labels; and every series is named there."""
     served = {
         (declared.name if declared.buckets else declared.name + "_total"): set(declared.labels) for declared in DECLARED
     }
     named = {
         name: {label.strip() for label in labels.split(",")}
-        for name, labels in re.findall(r"`([a-z_]+(?:_total|_seconds))\{([a-z_, ]+)\}", README.read_text())
+        for name, labels in re.findall(r"`([a-z_]+(?:_total|_seconds))\{([a-z_, ]+)\}", OBSERVABILITY.read_text())
     }
     assert {name: labels for name, labels in named.items() if served.get(name) != labels} == {}
     assert sorted(set(served) - set(named)) == []
