@@ -27,6 +27,7 @@ from statestore.responses.prepared import PreparedResponse
 from statestore.responses.refusal_retry import send_turn
 from statestore.responses.reply import output_of
 from statestore.responses.request import TurnRequest, read_turn
+from statestore.responses.response_object import completed
 from statestore.responses.stream import SequencedEvents
 from statestore.responses.turn_events import turn_events, with_compaction
 from statestore.responses.turns import ResponseTurns
@@ -199,7 +200,7 @@ async def retrieve_response(
         return streaming_response(200, background.follow(owner, response_id, after), SSE, on_close=_nothing)
     row = await turns.responses.get(owner, response_id, now_ms=resources.clock())
     if row is not None:
-        return bytes_response(200, row.body, JSON)
+        return bytes_response(200, completed(row.body), JSON)
     found = await background.state(owner, response_id)
     if found is None:
         raise response_not_found(response_id)

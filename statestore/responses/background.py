@@ -21,6 +21,7 @@ from statestore.responses.background_turn import Held
 from statestore.responses.errors import BadRequest, OpenAIError, response_not_found
 from statestore.responses.replay import queued_frames, replayed_frames
 from statestore.responses.request import TurnRequest
+from statestore.responses.response_object import completed
 from statestore.responses.turns import ResponseTurns
 from statestore.store.background_store import BackgroundJob, BackgroundStore, NewJob
 from statestore.store.event_log import Event, EventLog, EventLogUnavailable, Superseded
@@ -129,8 +130,8 @@ class BackgroundTurns:
             return None
         if job.status in ("completed", "incomplete"):
             row = await self.turns.responses.get(owner, response_id, now_ms=now)
-            return (job, row.body) if row is not None else None
-        return job, with_status(job.body, job.status) if job.open else job.body
+            return (job, completed(row.body)) if row is not None else None
+        return job, with_status(job.body, job.status) if job.open else completed(job.body)
 
     async def cancel(self, owner: str, response_id: str) -> bytes:
         """Cancel a queued or running background turn (from any replica), and the Response as it ended; a finished

@@ -11,6 +11,7 @@ import orjson
 
 from statestore.content_keys import Scope
 from statestore.responses.replay import final_event_type
+from statestore.responses.response_object import complete
 from statestore.responses.stream import SequencedEvents
 from statestore.store.event_log import Event, EventLog, EventLogUnavailable, Superseded
 
@@ -22,7 +23,9 @@ def decode_headers(raw: bytes | None) -> list[tuple[bytes, bytes]]:
 
 
 def with_status(body: bytes, status: str, error: dict[str, str] | None = None) -> bytes:
-    response = orjson.loads(body)
+    """A background response's Response as queued, now with this status (and error): a turn that ended unfinished
+    has no completed_at, output or usage."""
+    response = complete(orjson.loads(body))
     response["status"] = status
     if error is not None:
         response["error"] = error

@@ -26,6 +26,7 @@ from statestore.responses.refusal_retry import send_turn
 from statestore.responses.replay import run_frames
 from statestore.responses.reply import output_of
 from statestore.responses.request import read_turn
+from statestore.responses.response_object import completed
 from statestore.responses.stream import SequencedEvents
 from statestore.responses.turn_events import turn_events, with_compaction
 from statestore.responses.turns import ResponseTurns
@@ -221,6 +222,7 @@ class TurnRuns:
 
     async def _finish_stored(self, held: Held, body: bytes) -> None:
         held.ending = True
+        body = completed(body)  # stored by an earlier version, perhaps, before its run was taken over
         status = str(orjson.loads(body).get("status", "completed"))
         if held.publisher is not None:
             with contextlib.suppress(Superseded):

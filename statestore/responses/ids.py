@@ -5,7 +5,7 @@ from __future__ import annotations
 from statestore.base62 import random_key
 
 _KEY_LEN = 32
-PREFIXES = ("resp_", "msg_", "fc_", "conv_", "call_", "rs_")
+PREFIXES = ("resp_", "msg_", "fc_", "conv_", "call_", "rs_", "cmp_", "item_")
 
 
 def new_id(prefix: str) -> str:

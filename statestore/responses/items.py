@@ -4,7 +4,8 @@ bytes a rebuild joins.
 A stored item is a pair (its Responses JSON, its rendering). The rendering is one of: a whole chat message; the
 `tool_calls` entry of a function call (consecutive calls join one assistant message, so the join wraps them); or
 nothing (reasoning, and a compaction a turn made, are stored and returned, never sent: the compaction's summary is in
-the head its turn stored).
+the head its turn stored; an item of a kind statestore does not run, schemas.OPAQUE_ITEM_TYPES, has no form in Chat
+Completions). An assistant message's `phase` is kept; it renders as any assistant message.
 """
 
 from __future__ import annotations
@@ -50,13 +51,26 @@ def _parts(
 
 def _normalised(item: ItemParam | TurnItemParam) -> dict[str, Any]:
     """An item as stored and returned: its id minted when absent, its status filled in, its parts in the form its
-    role's messages carry."""
-    if isinstance(item, MessageParam | AssistantMessageParam):
+    role's messages carry. An item of a kind statestore does not run is kept as it came."""
+    if isinstance(item, dict):
+        return item if item.get("id") is not None else {**item, "id": new_id("item_")}
+    if isinstance(item, AssistantMessageParam):
+        message = {
+            "type": "message",
+            "id": item.id or new_id("msg_"),
+            "role": item.role,
+            "content": _parts(item.content, True),
+            "status": item.status or "completed",
+        }
+        if item.phase is not None:
+            message["phase"] = item.phase
+        return message
+    if isinstance(item, MessageParam):
         return {
             "type": "message",
             "id": item.id or new_id("msg_"),
             "role": item.role,
-            "content": _parts(item.content, isinstance(item, AssistantMessageParam)),
+            "content": _parts(item.content, False),
             "status": item.status or "completed",
         }
     if isinstance(item, FunctionCallParam):
@@ -79,12 +93,14 @@ def _normalised(item: ItemParam | TurnItemParam) -> dict[str, Any]:
         }
     if isinstance(item, CompactionItemParam):
         # Rendered only once opened for its owner (responses/compaction.py); as an output item it renders nothing.
-        return {
+        compaction = {
             "type": "compaction",
             "id": item.id or new_id("cmp_"),
             "encrypted_content": item.encrypted_content,
-            "created_by": item.created_by,
         }
+        if item.created_by is not None:  # a string when present (the SDK's and the specification's type)
+            compaction["created_by"] = item.created_by
+        return compaction
     out: dict[str, Any] = {"type": "reasoning", "id": item.id or new_id("rs_"), "summary": item.summary}
     if item.content is not None:
         out["content"] = item.content

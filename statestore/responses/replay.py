@@ -9,6 +9,7 @@ from typing import Any
 
 import orjson
 
+from statestore.responses.response_object import unfinished
 from statestore.responses.stream import SequencedEvents
 
 _FINAL = {"completed": "response.completed", "incomplete": "response.incomplete", "failed": "response.failed"}
@@ -55,7 +56,7 @@ def _item_events(index: int, item: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _frames(body: bytes, *, first: int, created: bool) -> list[bytes]:
     response = orjson.loads(body)
-    skeleton = {**response, "status": "in_progress", "output": [], "usage": None, "error": None}
+    skeleton = unfinished(response, "in_progress")
     events: list[dict[str, Any]] = [{"type": "response.created", "response": skeleton}] if created else []
     events.append({"type": "response.in_progress", "response": skeleton})
     for index, item in enumerate(response.get("output") or []):
@@ -79,9 +80,7 @@ def replayed_frames(body: bytes, *, after: int) -> list[bytes]:
     them (created and queued, then the run's own from 2), else as a streamed create would have."""
     response = orjson.loads(body)
     if response.get("background"):
-        queued = orjson.dumps(
-            {**response, "status": "queued", "output": [], "usage": None, "error": None, "incomplete_details": None}
-        )
+        queued = orjson.dumps(unfinished(response, "queued"))
         frames = [*queued_frames(queued), *_frames(body, first=2, created=False)]
     else:
         frames = _frames(body, first=0, created=True)

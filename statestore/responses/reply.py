@@ -1,4 +1,5 @@
-"""A Chat Completions reply translated into a Response: output items, usage, status, and the Response object."""
+"""A Chat Completions reply translated into a Response's parts: its output items, usage and status (the object that
+holds them is responses/response_object.py's)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ from typing import Any
 
 from statestore.responses.errors import BackendError
 from statestore.responses.ids import new_id
-from statestore.responses.request import TurnRequest
 
 
 def usage_of(chat_usage: object) -> dict[str, Any]:
@@ -85,41 +85,3 @@ def output_of(completion: object) -> tuple[list[dict[str, Any]], str, dict[str, 
         output.append(call_item(call.get("id"), function["name"], arguments if isinstance(arguments, str) else "{}"))
     status, incomplete = status_of(choices[0].get("finish_reason"))
     return output, status, incomplete, usage_of(completion.get("usage"))
-
-
-def response_object(
-    response_id: str,
-    turn: TurnRequest,
-    *,
-    created_at: int,
-    status: str,
-    output: list[dict[str, Any]],
-    usage: dict[str, Any] | None,
-    incomplete_details: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    return {
-        "id": response_id,
-        "object": "response",
-        "created_at": created_at,
-        "status": status,
-        "background": turn.background,
-        "error": None,
-        "incomplete_details": incomplete_details,
-        "instructions": turn.instructions,
-        "max_output_tokens": turn.echo.get("max_output_tokens"),
-        "model": turn.model,
-        "output": output,
-        "parallel_tool_calls": turn.echo.get("parallel_tool_calls", True),
-        "previous_response_id": turn.previous_response_id,
-        "conversation": {"id": turn.conversation_id} if turn.conversation_id else None,
-        "reasoning": {"effort": None, "summary": None},
-        "store": turn.store,
-        "temperature": turn.echo.get("temperature"),
-        "text": turn.echo.get("text", {"format": {"type": "text"}}),
-        "tool_choice": turn.echo.get("tool_choice", "auto"),
-        "tools": turn.echo.get("tools", []),
-        "top_p": turn.echo.get("top_p"),
-        "truncation": turn.truncation,
-        "usage": usage,
-        "metadata": turn.metadata,
-    }

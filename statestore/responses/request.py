@@ -15,6 +15,7 @@ from statestore.responses.request_schemas import (
     ResponseCreateRequest,
     TextParam,
 )
+from statestore.responses.response_object import ECHO_DEFAULTS
 from statestore.responses.schemas import FormatJsonObject, FormatText, FunctionChoice
 from statestore.responses.validation import read_body
 
@@ -34,8 +35,8 @@ class TurnRequest:
     # `context_management` asked for compaction (docs/responses.md), past this many tokens (None: the policy's trigger).
     compaction: bool = False
     compact_threshold: int | None = None
-    # Echoed into the Response object as the client sent them.
-    echo: dict[str, Any] = field(default_factory=dict)
+    # What the Response object says of the request (responses/response_object.py): as sent, else the defaults.
+    echo: dict[str, Any] = field(default_factory=lambda: dict(ECHO_DEFAULTS))
     # The Chat Completions request's fields other than `messages`.
     chat_params: dict[str, Any] = field(default_factory=dict)
 
@@ -117,25 +118,38 @@ def _tool(tool: FunctionToolParam) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _response_format(text: TextParam | None) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the format as echoed in the Response, as sent to the backend): a JSON schema format is echoed with its
+    `description` and `strict` (null and false when left out, as the backend takes them), and sent as given."""
     fmt = text.format if text is not None else None
     if fmt is None or isinstance(fmt, FormatText):
-        return {"format": {"type": "text"}}, None
-    echoed = {"format": fmt.model_dump(by_alias=True, exclude_none=True)}
+        return ECHO_DEFAULTS["text"], None
+    given = fmt.model_dump(by_alias=True, exclude_none=True)
     if isinstance(fmt, FormatJsonObject):
-        return echoed, {"type": "json_object"}
-    schema = {k: v for k, v in echoed["format"].items() if k in ("name", "schema", "description", "strict")}
-    return echoed, {"type": "json_schema", "json_schema": schema}
+        return {"format": given}, {"type": "json_object"}
+    schema = {k: v for k, v in given.items() if k in ("name", "schema", "description", "strict")}
+    echoed = {**given, "description": given.get("description"), "strict": given.get("strict", False)}
+    return {"format": echoed}, {"type": "json_schema", "json_schema": schema}
+
+
+# Sent to the backend as they are, and echoed; absent, the Response says the defaults (ECHO_DEFAULTS).
+_SAMPLING = ("temperature", "top_p", "presence_penalty", "frequency_penalty")
+# Echoed as sent, never sent: no backend field does what they ask (response_object.py says why).
+_ECHOED_ONLY = ("top_logprobs", "max_tool_calls", "safety_identifier", "prompt_cache_key")
 
 
 def _translate_params(body: ResponseCreateRequest, turn: TurnRequest) -> None:
     params: dict[str, Any] = {"model": turn.model}
-    echo: dict[str, Any] = {"temperature": body.temperature, "top_p": body.top_p}
-    for name in ("temperature", "top_p"):
-        if echo[name] is not None:
-            params[name] = echo[name]
+    echo = dict(ECHO_DEFAULTS)
+    for name in _SAMPLING:
+        value = getattr(body, name)
+        if value is not None:
+            params[name] = echo[name] = value
+    for name in _ECHOED_ONLY:
+        value = getattr(body, name)
+        if value is not None:
+            echo[name] = value
     if body.max_output_tokens is not None:
-        params["max_tokens"] = body.max_output_tokens
-    echo["max_output_tokens"] = body.max_output_tokens
+        params["max_tokens"] = echo["max_output_tokens"] = body.max_output_tokens
     translated = [_tool(tool) for tool in body.tools or ()]
     echo["tools"] = [echoed for echoed, _ in translated]
     if translated:
@@ -144,14 +158,13 @@ def _translate_params(body: ResponseCreateRequest, turn: TurnRequest) -> None:
     if isinstance(choice, FunctionChoice):
         echo["tool_choice"] = {"type": "function", "name": choice.name}
         params["tool_choice"] = {"type": "function", "function": {"name": choice.name}}
-    else:
-        echo["tool_choice"] = choice or "auto"
-        if choice is not None:
-            params["tool_choice"] = choice
+    elif choice is not None:
+        params["tool_choice"] = echo["tool_choice"] = choice
     parallel = body.parallel_tool_calls
-    echo["parallel_tool_calls"] = True if parallel is None else parallel
-    if parallel is not None and translated:
-        params["parallel_tool_calls"] = parallel
+    if parallel is not None:
+        echo["parallel_tool_calls"] = parallel
+        if translated:
+            params["parallel_tool_calls"] = parallel
     echo["text"], response_format = _response_format(body.text)
     if response_format is not None:
         params["response_format"] = response_format

@@ -11,13 +11,25 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, WrapValidator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    WithJsonSchema,
+    WrapValidator,
+)
 from pydantic_core import PydanticCustomError
 
 from statestore.responses.schemas import (
+    OPAQUE_ITEM_TYPES,
     FunctionChoice,
     ItemId,
     ItemStatus,
+    MessagePhase,
     ResponseStreamEvent,
     TextFormat,
 )
@@ -116,6 +128,7 @@ class AssistantMessageParam(BaseModel):
         Discriminator(_text_or_array, custom_error_type="invalid_type", custom_error_message=_CONTENT),
     ]
     status: ItemStatus | None = None
+    phase: MessagePhase | None = Field(default=None, description="kept and returned; sent as any assistant message")
 
 
 class FunctionCallParam(BaseModel):
@@ -146,6 +159,32 @@ class ReasoningParam(BaseModel):
     encrypted_content: str | None = None
 
 
+def _opaque(value: dict[str, Any]) -> dict[str, Any]:
+    item_id = value.get("id")
+    if item_id is not None and not (isinstance(item_id, str) and 0 < len(item_id) <= 200):
+        raise PydanticCustomError("invalid_value", "an id of 1 to 200 characters expected")
+    return value
+
+
+OpaqueItemParam = Annotated[
+    dict[str, Any],
+    AfterValidator(_opaque),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "description": "an item of a kind statestore does not run (a hosted or client tool's call or output, "
+            "additional_tools, ...): stored and returned as given (an id minted when it has none), never sent to "
+            "the backend",
+            "properties": {
+                "type": {"enum": sorted(OPAQUE_ITEM_TYPES)},
+                "id": {"type": "string", "minLength": 1, "maxLength": 200},
+            },
+            "required": ["type"],
+        }
+    ),
+]
+
+
 def _item_kind(value: object) -> str | None:
     """An item's tag: its `type`, a message told apart by its role (an item with a role and no type is one)."""
     if not isinstance(value, dict):
@@ -153,6 +192,8 @@ def _item_kind(value: object) -> str | None:
     kind = value.get("type") or ("message" if "role" in value else None)
     if kind == "message":
         return "<assistant>" if value.get("role") == "assistant" else "<message>"
+    if kind in OPAQUE_ITEM_TYPES:
+        return "<opaque>"
     return f"<{kind}>" if isinstance(kind, str) else None
 
 
@@ -161,7 +202,8 @@ ItemParam = Annotated[
     | Annotated[AssistantMessageParam, Tag("<assistant>")]
     | Annotated[FunctionCallParam, Tag("<function_call>")]
     | Annotated[FunctionCallOutputParam, Tag("<function_call_output>")]
-    | Annotated[ReasoningParam, Tag("<reasoning>")],
+    | Annotated[ReasoningParam, Tag("<reasoning>")]
+    | Annotated[OpaqueItemParam, Tag("<opaque>")],
     Discriminator(_item_kind, custom_error_type="unsupported_value", custom_error_message="a supported item expected"),
 ]
 
@@ -182,7 +224,8 @@ TurnItemParam = Annotated[
     | Annotated[FunctionCallParam, Tag("<function_call>")]
     | Annotated[FunctionCallOutputParam, Tag("<function_call_output>")]
     | Annotated[ReasoningParam, Tag("<reasoning>")]
-    | Annotated[CompactionItemParam, Tag("<compaction>")],
+    | Annotated[CompactionItemParam, Tag("<compaction>")]
+    | Annotated[OpaqueItemParam, Tag("<opaque>")],
     Discriminator(_item_kind, custom_error_type="unsupported_value", custom_error_message="a supported item expected"),
 ]
 InputParam = Annotated[
@@ -251,6 +294,8 @@ class ResponseCreateRequest(BaseModel):
     parallel_tool_calls: bool | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(ge=0, le=1)] | None = None
+    presence_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[float, Field(ge=-2, le=2)] | None = None
     max_output_tokens: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
         default=None, description="sent as max_tokens"
     )
@@ -261,21 +306,26 @@ class ResponseCreateRequest(BaseModel):
     context_management: Annotated[list[CompactionParam], Field(max_length=1)] | None = Field(
         default=None, description="compaction past a threshold; not on a conversation"
     )
-    # Accepted so that clients which always send them work; they change nothing here.
-    user: Any = Field(default=None, description="accepted, not used")
-    safety_identifier: Any = Field(default=None, description="accepted, not used")
-    prompt_cache_key: Any = Field(default=None, description="accepted, not used")
-    include: Any = Field(default=None, description="accepted, not used")
-    reasoning: Any = Field(default=None, description="accepted, not used")
     background: bool | None = Field(
         default=None,
         description="run the turn detached from this request: answered at once `queued`, then polled, streamed from "
         "any replica (`GET /v1/responses/{id}?stream=true&starting_after=N`) or cancelled; needs `store`",
     )
-    service_tier: Any = Field(default=None, description="accepted, not used")
+    # Echoed in the Response as sent; nothing a Chat Completions backend is sent does what they ask.
+    top_logprobs: Annotated[int, Field(ge=0, le=20)] | None = Field(
+        default=None, description="echoed; no log probabilities are returned"
+    )
+    max_tool_calls: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description="echoed; statestore runs no built-in tools"
+    )
+    safety_identifier: Annotated[str, Field(max_length=64)] | None = Field(default=None, description="echoed")
+    prompt_cache_key: Annotated[str, Field(max_length=64)] | None = Field(default=None, description="echoed")
+    # Accepted so that clients which always send them work; they change nothing here.
+    user: Any = Field(default=None, description="accepted, not used")
+    include: Any = Field(default=None, description="accepted, not used")
+    reasoning: Any = Field(default=None, description="accepted, not used")
+    service_tier: Any = Field(default=None, description='accepted, not used: the Response says "default"')
     stream_options: Any = Field(default=None, description="accepted, not used")
-    top_logprobs: Any = Field(default=None, description="accepted, not used")
-    max_tool_calls: Any = Field(default=None, description="accepted, not used")
 
 
 class ResponseCompactRequest(BaseModel):

@@ -7,7 +7,7 @@ only describe the wire. Request models reach the document through `request_body`
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, RootModel
 
@@ -18,6 +18,37 @@ Metadata = Annotated[
 ItemStatus = Literal["in_progress", "completed", "incomplete"]
 Role = Literal["user", "system", "developer", "assistant"]
 ItemId = Annotated[str, Field(min_length=1, max_length=200)]
+MessagePhase = Literal["commentary", "final_answer"]
+# Items of the kinds the `openai` SDK sends that statestore does not run (hosted tools' calls, client tools' calls and
+# outputs, tools added mid-conversation): stored and returned as given, never sent to a Chat Completions backend,
+# which has no form for them. Items that ask for something to be done (`item_reference`, `compaction_trigger`,
+# `configuration_update`) are refused rather than kept undone.
+OpaqueItemType = Literal[
+    "additional_tools",
+    "apply_patch_call",
+    "apply_patch_call_output",
+    "code_interpreter_call",
+    "computer_call",
+    "computer_call_output",
+    "custom_tool_call",
+    "custom_tool_call_output",
+    "file_search_call",
+    "image_generation_call",
+    "local_shell_call",
+    "local_shell_call_output",
+    "mcp_approval_request",
+    "mcp_approval_response",
+    "mcp_call",
+    "mcp_list_tools",
+    "program",
+    "program_output",
+    "shell_call",
+    "shell_call_output",
+    "tool_search_call",
+    "tool_search_output",
+    "web_search_call",
+]
+OPAQUE_ITEM_TYPES = frozenset(get_args(OpaqueItemType))
 
 
 class OpenAIErrorDetail(BaseModel):
@@ -73,6 +104,9 @@ class MessageItem(BaseModel):
     role: Role
     content: list[ContentPart] = Field(description="user, system, developer: input parts; assistant: output parts")
     status: ItemStatus
+    phase: MessagePhase | None = Field(
+        default=None, description="an assistant message's, as its client sent it; absent otherwise"
+    )
 
 
 class FunctionCallItem(BaseModel):
@@ -116,14 +150,23 @@ class CompactionItem(BaseModel):
     created_by: str | None = None
 
 
+class OpaqueItem(BaseModel):
+    """An item of a kind statestore does not run (OPAQUE_ITEM_TYPES), as its client sent it, with an id minted when
+    it had none. Never sent to the backend."""
+
+    model_config = ConfigDict(extra="allow")
+    type: OpaqueItemType
+    id: str
+
+
 Item = Annotated[
-    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | CompactionItem,
+    MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem | CompactionItem | OpaqueItem,
     Field(discriminator="type"),
 ]
 
 
 class ConversationItem(RootModel[Item]):
-    """One item: a message, a function call, its output, reasoning, or a compaction."""
+    """One item: a message, a function call, its output, reasoning, a compaction, or one statestore does not run."""
 
 
 class ItemList(BaseModel):
@@ -185,7 +228,8 @@ class FormatJsonObject(BaseModel):
 
 
 class FormatJsonSchema(BaseModel):
-    """Sent to the backend as `response_format: {"type": "json_schema", "json_schema": {...}}`."""
+    """Sent to the backend as `response_format: {"type": "json_schema", "json_schema": {...}}`; echoed in the
+    Response with `description` and `strict` (null and false when they were left out)."""
 
     type: Literal["json_schema"]
     name: str
@@ -225,12 +269,17 @@ class ResponseErrorInfo(BaseModel):
 
 
 class Response(BaseModel):
-    """A turn's result, as returned, stored and retrieved. Request fields are echoed as they were sent."""
+    """A turn's result, as returned, stored and retrieved: complete and typed as the Open Responses specification
+    (2026-04-24) says. Request fields are echoed as they were sent; those left out say the values the turn used."""
 
     model_config = ConfigDict(extra="forbid")
     id: str = Field(examples=["resp_4B2mQh0pSa1Y0bXkzGmT8c"])
     object: Literal["response"]
     created_at: int = Field(description="seconds since the epoch")
+    completed_at: int | None = Field(
+        description="seconds since the epoch, when the status is completed; null otherwise (a response stored by an "
+        "earlier version of statestore: its created_at)"
+    )
     status: Literal["completed", "incomplete", "in_progress", "queued", "failed", "cancelled"] = Field(
         description="in_progress only in a stream's response.created and response.in_progress, and while a background "
         "response runs; queued, failed and cancelled only for a background response"
@@ -240,6 +289,7 @@ class Response(BaseModel):
     incomplete_details: IncompleteDetails | None
     instructions: str | None
     max_output_tokens: int | None
+    max_tool_calls: int | None = Field(description="as sent (statestore runs no built-in tools)")
     model: str
     output: list[Item]
     parallel_tool_calls: bool
@@ -247,11 +297,17 @@ class Response(BaseModel):
     conversation: ConversationRef | None
     reasoning: ReasoningConfig
     store: bool
-    temperature: float | None
+    temperature: float = Field(description="as sent, else 1 (the specification's default, Chat Completions' own)")
+    top_p: float = Field(description="as sent, else 1")
+    presence_penalty: float = Field(description="as sent, else 0")
+    frequency_penalty: float = Field(description="as sent, else 0")
+    top_logprobs: int = Field(description="as sent, else 0 (no log probabilities are returned)")
+    service_tier: Literal["default"] = Field(description="the backend is asked for no other tier")
+    safety_identifier: str | None = Field(description="as sent")
+    prompt_cache_key: str | None = Field(description="as sent")
     text: TextConfig
     tool_choice: ToolChoice
     tools: list[EchoedTool]
-    top_p: float | None
     truncation: Literal["auto", "disabled"]
     usage: ResponseUsage | None = Field(description="null only while in progress")
     metadata: dict[str, str]

@@ -33,8 +33,8 @@ from statestore.responses.errors import (
 from statestore.responses.ids import looks_like, new_id
 from statestore.responses.items import join_rendered, stored
 from statestore.responses.prepared import PreparedResponse
-from statestore.responses.reply import response_object
 from statestore.responses.request import TurnRequest
+from statestore.responses.response_object import response_object
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import BRANCH_POINT, CachedHistory
 from statestore.store.conversation_store import ConversationStore, Locked

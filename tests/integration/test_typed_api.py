@@ -1,13 +1,15 @@
 """The typed API: every response of the thread API (/statestore/v1) and the admin API (/admin/v1), as a live server
 sends it, validates against the schema the same server publishes at /openapi.json; so does every request the `openai`
 SDK sends to the Responses and Conversations routes (/v1/responses, /v1/conversations), and every response and
-stream event it receives; /docs works with no network; passthrough mode warns when tenants, keys or tenant policies
-are created (API and CLI)."""
+stream event it receives, whose Response objects (and compactions, and the events the specification defines) also
+validate against the Open Responses specification's document; /docs works with no network; passthrough mode warns
+when tenants, keys or tenant policies are created (API and CLI)."""
 
 from __future__ import annotations
 
 import json
 import re
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -31,7 +33,8 @@ from tests.support.admin_api import (
     start_server,
     unique,
 )
-from tests.support.fake_backend import FakeBackend, chat_action
+from tests.support.fake_backend import FakeBackend, chat_action, error_action
+from tests.support.open_responses import event_problems, problems, response_problems
 from tests.support.server import StatestoreServer
 
 TYPED_PREFIXES = ("/statestore/v1/", "/admin/v1/")
@@ -300,6 +303,14 @@ def test_what_the_openai_sdk_sends_and_receives_matches_the_published_schema(
         assert queued.status == "queued"
         assert [event.type for event in client.responses.retrieve(queued.id, stream=True)][-1] == "response.completed"
         assert client.responses.cancel(queued.id).status == "completed"
+        # ... read while it runs, then cancelled; and one its backend fails.
+        backend.script(chat_action({"role": "assistant", "content": "slow"}, delay_seconds=5))
+        slow = client.responses.create(model="echo-1", input="slowly", background=True)
+        assert _polled(client, slow.id, until={"in_progress"}).status == "in_progress"
+        assert client.responses.cancel(slow.id).status == "cancelled"
+        backend.script({**error_action(500, "server_error", "the model broke"), "path": "/v1/chat/completions"})
+        failing = client.responses.create(model="echo-1", input="fail", background=True)
+        assert _polled(client, failing.id, until={"failed"}).status == "failed"
         assert client.responses.retrieve(answered.id).id == answered.id
         client.responses.input_items.list(answered.id)
         client.responses.input_items.list(answered.id, order="asc", limit=1)
@@ -338,6 +349,7 @@ def test_what_the_openai_sdk_sends_and_receives_matches_the_published_schema(
 
     seen: set[tuple[str, str, int]] = set()
     events = 0
+    specified: set[tuple[str, str, str]] = set()  # (method, route, Response status) checked against the specification
     for exchange in exchanges:
         request = exchange.request
         template = _template(spec, request.url.path)
@@ -352,8 +364,19 @@ def test_what_the_openai_sdk_sends_and_receives_matches_the_published_schema(
         values = _sse_data(exchange.text) if media == "text/event-stream" else [exchange.json()]
         events += len(values) if media == "text/event-stream" else 0
         for value in values:
-            problems = _problems(spec, schema, value)
-            assert not problems, f"{where}: {problems[:5]} in {value}"
+            found = _problems(spec, schema, value)
+            assert not found, f"{where}: {found[:5]} in {value}"
+            if media == "text/event-stream":
+                assert not event_problems(value), f"{where}: {event_problems(value)[:5]} in {value}"
+                response = value.get("response")
+            else:
+                response = value if value.get("object") == "response" else None
+                if value.get("object") == "response.compaction":
+                    assert not problems(value, "CompactResource"), f"{where}: {problems(value, 'CompactResource')}"
+                    specified.add((request.method, template, "compaction"))
+            if response is not None:
+                assert not response_problems(response), f"{where}: {response_problems(response)[:5]} in {response}"
+                specified.add((request.method, template, response["status"]))
         seen.add((request.method, template, exchange.status_code))
 
     documented_operations = {
@@ -365,6 +388,20 @@ def test_what_the_openai_sdk_sends_and_receives_matches_the_published_schema(
     assert {(method, path) for method, path, status in seen if status == 200} == documented_operations
     assert {400, 401, 404} <= {status for _, _, status in seen}
     assert events >= 8
+    # Every route that returns a Response, and every status a Response takes, was checked against the specification.
+    assert {
+        ("POST", "/v1/responses", "completed"),
+        ("POST", "/v1/responses", "incomplete"),
+        ("POST", "/v1/responses", "in_progress"),  # a stream's response.created and response.in_progress
+        ("POST", "/v1/responses", "queued"),
+        ("POST", "/v1/responses/compact", "compaction"),
+        ("GET", "/v1/responses/{response_id}", "completed"),
+        ("GET", "/v1/responses/{response_id}", "queued"),
+        ("GET", "/v1/responses/{response_id}", "in_progress"),
+        ("GET", "/v1/responses/{response_id}", "failed"),
+        ("POST", "/v1/responses/{response_id}/cancel", "completed"),
+        ("POST", "/v1/responses/{response_id}/cancel", "cancelled"),
+    } <= specified, specified
 
     # The schemas are not vacuous: what the server refuses, they refuse too.
     response_schema = {"$ref": "#/components/schemas/Response"}
@@ -380,6 +417,16 @@ def test_what_the_openai_sdk_sends_and_receives_matches_the_published_schema(
             keys_server.url + "/v1/responses", json=refused, headers={"authorization": f"Bearer {secret}"}
         )
         assert sent.status_code == 400, sent.text
+
+
+def _polled(client: openai.OpenAI, response_id: str, *, until: set[str]) -> Any:
+    """The background response, read until its status is one of `until` (10 seconds at most)."""
+    deadline = time.monotonic() + 10
+    while True:
+        response = client.responses.retrieve(response_id)
+        if response.status in until or time.monotonic() > deadline:
+            return response
+        time.sleep(0.05)
 
 
 def test_docs_work_offline(keys_server: StatestoreServer) -> None:

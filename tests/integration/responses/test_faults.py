@@ -66,7 +66,9 @@ async def test_a_client_that_leaves_stores_nothing(
 
 
 HOSTILE: list[tuple[Any, int, str | None]] = [
-    ({"model": "echo-1", "input": [{"type": "computer_call", "id": "x"}]}, 400, "input[0]"),
+    ({"model": "echo-1", "input": [{"type": "telepathy_call", "id": "x"}]}, 400, "input[0]"),
+    ({"model": "echo-1", "input": [{"type": "item_reference", "id": "msg_x"}]}, 400, "input[0]"),
+    ({"model": "echo-1", "input": [{"type": "shell_call", "id": 7}]}, 400, "input[0]"),
     ({"model": "echo-1", "input": [{"role": "wizard", "content": "hi"}]}, 400, "input[0].role"),
     (
         {"model": "echo-1", "input": [{"role": "user", "content": [{"type": "input_audio"}]}]},
