@@ -21,7 +21,14 @@ from starlette.types import ASGIApp
 
 from statestore import __version__, console
 from statestore.api import admin as admin_api
-from statestore.api import health, messages, openai_compaction, openai_conversations, openai_responses
+from statestore.api import (
+    health,
+    messages,
+    openai_compaction,
+    openai_conversations,
+    openai_input_tokens,
+    openai_responses,
+)
 from statestore.api import threads as threads_api
 from statestore.api.front_door import FrontDoor
 from statestore.config import Settings
@@ -137,6 +144,7 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
     app.include_router(messages.router)
     app.include_router(openai_responses.router)
     app.include_router(openai_compaction.router)
+    app.include_router(openai_input_tokens.router)
     app.include_router(openai_conversations.router)
     app.include_router(messages.fallback_router)
 

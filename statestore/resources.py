@@ -45,6 +45,7 @@ from statestore.threads.policy_store import PolicyStore
 from statestore.threads.service import ThreadService
 from statestore.threads.summary import BackendSummaries
 from statestore.upstream.client import Upstream, UpstreamClient
+from statestore.upstream.token_counts import ChatTokenizer, MessagesCounter
 from statestore.upstream.windows import Windows
 
 if TYPE_CHECKING:
@@ -185,6 +186,7 @@ async def build_resources(
                 lease_seconds=settings.lease_seconds,
                 metrics=metrics,
                 windows=Windows(chat_upstream),
+                tokenizer=ChatTokenizer(chat_upstream),
                 seal=compaction_seal(settings),
                 heads=response_heads(settings, cache),
             )
@@ -230,6 +232,7 @@ async def build_resources(
                 metrics=metrics,
                 summaries=BackendSummaries(upstream),
                 windows=Windows(upstream),
+                counter=MessagesCounter(upstream),
                 clock=clock,
                 content=content,
                 claims=claims,

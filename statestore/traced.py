@@ -146,6 +146,16 @@ class TracedRepository(ThreadStore):
     async def session_is_busy(self, *, owner: str, session: str, now_ms: int) -> bool:
         return await self._inner.session_is_busy(owner=owner, session=session, now_ms=now_ms)
 
+    async def read_by_response(
+        self, *, owner: str, thread_id: str, response_id: str, now_ms: int
+    ) -> LeasedThread | None:
+        return await self._inner.read_by_response(
+            owner=owner, thread_id=thread_id, response_id=response_id, now_ms=now_ms
+        )
+
+    async def read_by_session(self, *, owner: str, session: str, now_ms: int) -> LeasedThread | None:
+        return await self._inner.read_by_session(owner=owner, session=session, now_ms=now_ms)
+
     async def renew_lease(self, *, thread_id: str, token: str, lease_until_ms: int) -> bool:
         return await self._inner.renew_lease(thread_id=thread_id, token=token, lease_until_ms=lease_until_ms)
 

@@ -9,13 +9,16 @@ import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from statestore.api import schemas
 from statestore.api.deps import ResourcesDep
 from statestore.api.hot_routes import hot_route
 from statestore.api.relay import relay
 from statestore.api.threaded import serve_threaded_turn
+from statestore.api.threaded_count import counted_response
 from statestore.errors import AuthenticationFailed, InvalidRequest
 from statestore.resources import Resources
 from statestore.store.engine import DATABASE_ERRORS
+from statestore.threads.count import counted_request
 from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
 from statestore.threads.turn import read_turn
 
@@ -88,13 +91,27 @@ async def _relay_body(
     return orjson.dumps(parsed) if changed else body
 
 
-@router.post("/v1/messages/count_tokens")
+@router.post(
+    "/v1/messages/count_tokens",
+    responses={
+        200: {
+            "description": "the backend's answer, as it came; over a thread (a `thread` field or a session header), "
+            "the count of the request the turn would send, with a `statestore-token-count: backend|estimate` header "
+            "(PROTOCOL §11)",
+            "model": schemas.MessageTokensCount,
+        }
+    },
+)
 async def count_tokens(request: Request, resources: ResourcesDep) -> Response:
+    """Count a request's input tokens: a relay, or over a thread, what the turn would send after the context policy."""
     headers = request.headers.raw
     body = await request.body()
     parsed = parse_json_body(headers, body)
-    if parsed.get("thread") is not None:
-        raise InvalidRequest("count_tokens does not take a thread field")
+    turn = read_turn(parsed, headers)
+    if turn is not None:
+        principal = await resources.authenticator.authenticate(headers)
+        counted = await counted_request(resources.threads, turn, principal, headers)
+        return await counted_response(resources.threads.counter, counted, principal, headers, request.url.query)
     if "thread" in parsed:  # "thread": null means no thread (docs/protocol.md §2)
         del parsed["thread"]
         body = orjson.dumps(parsed)

@@ -38,6 +38,14 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return {status: {"model": ErrorResponse, "description": described[status]} for status in statuses}
 
 
+class MessageTokensCount(BaseModel):
+    """`POST /v1/messages/count_tokens`: the backend's answer as it came (other fields it sends are kept); over a
+    thread without a backend count, statestore's estimate."""
+
+    model_config = ConfigDict(extra="allow")
+    input_tokens: int = Field(ge=0)
+
+
 # -- thread API (/statestore/v1) ----------------------------------------------------------------------------------
 
 

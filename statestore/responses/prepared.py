@@ -118,6 +118,13 @@ class PreparedResponse:
         self.sent_bytes = self.fixed_bytes(system) + base.size + len(new)
         return chat_body(self.turn.chat_params, segments, stream=self.turn.stream)
 
+    def estimated_tokens(self) -> int:
+        """statestore's estimate of the prompt `backend_body` sent: its bytes at the chain's own tokens per byte, as
+        the planner's trigger reckons it (threads/planner.py)."""
+        return planner.estimate(
+            known_tokens=0, known_bytes=self.sent_bytes, new_bytes=0, ratio=planner.tokens_per_byte(*self.measured)
+        )
+
     def context_record(
         self, response_id: str, usage: dict[str, Any] | None, *, segment: bytes, reply_bytes: int
     ) -> ContextRecord:

@@ -13,6 +13,7 @@ from statestore.responses.request_schemas import (
     FunctionToolParam,
     ResponseCompactRequest,
     ResponseCreateRequest,
+    ResponseInputTokensRequest,
     TextParam,
 )
 from statestore.responses.response_object import ECHO_DEFAULTS
@@ -43,7 +44,35 @@ class TurnRequest:
 
 def read_turn(raw: bytes) -> TurnRequest:
     """A `POST /v1/responses` body, validated by its model, as a turn; or a 400 naming the field."""
-    body = read_body(ResponseCreateRequest, raw)
+    return _turn_of(read_body(ResponseCreateRequest, raw))
+
+
+def read_count(raw: bytes) -> TurnRequest:
+    """A `POST /v1/responses/input_tokens` body as the turn whose input it counts (never stored, never streamed); or
+    a 400 naming the field. Without a model, none is sent to the tokenizer (a server of one model needs none)."""
+    body = read_body(ResponseInputTokensRequest, raw)
+    # The count's fields are a turn's, validated by the same types: the turn is built as a create's is.
+    turn = _turn_of(
+        ResponseCreateRequest.model_construct(
+            model=body.model or "",
+            input=body.input if body.input is not None else [],
+            instructions=body.instructions,
+            previous_response_id=body.previous_response_id,
+            conversation=body.conversation,
+            tools=body.tools,
+            tool_choice=body.tool_choice,
+            parallel_tool_calls=body.parallel_tool_calls,
+            text=body.text,
+            truncation=body.truncation,
+            store=False,
+        )
+    )
+    if body.model is None:
+        del turn.chat_params["model"]
+    return turn
+
+
+def _turn_of(body: ResponseCreateRequest) -> TurnRequest:
     conversation = body.conversation
     if conversation is not None and body.previous_response_id is not None:
         raise BadRequest(

@@ -345,6 +345,35 @@ class ResponseCompactRequest(BaseModel):
     image: Any = Field(default=None, description="accepted, not used")
 
 
+class ResponseInputTokensRequest(BaseModel):
+    """`POST /v1/responses/input_tokens`: the input tokens of the turn these fields would make, counted over the
+    stored context (the chain of `previous_response_id`, or the `conversation`'s items) after the owner's context
+    policy, by the backend's tokenizer where it has one (RESPONSES.md). Nothing is stored and the model is not run."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = Field(default=None, min_length=1, max_length=256, description="passed to the tokenizer")
+    input: InputParam | None = Field(default=None, description="a user message's text, or items")
+    instructions: str | None = Field(default=None, description="sent as the first system message")
+    previous_response_id: str | None = Field(default=None, description="any stored response of the owner's")
+    conversation: Annotated[
+        Annotated[str, Field(min_length=1)] | ConversationRefParam | None,
+        reported_here('an id or {"id": ...} expected'),
+    ] = Field(default=None, description="a conversation's id, or {id}; not with previous_response_id")
+    tools: Annotated[list[FunctionToolParam], Field(max_length=512)] | None = None
+    tool_choice: Annotated[
+        Literal["auto", "none", "required"] | FunctionChoice | None,
+        reported_here('"auto", "none", "required" or a function expected'),
+    ] = None
+    parallel_tool_calls: bool | None = None
+    text: TextParam | None = Field(default=None, description="format json_schema or json_object: response_format")
+    truncation: Literal["auto", "disabled"] | None = Field(
+        default="disabled", description="auto: counted after the owner's context policy cuts the oldest turns"
+    )
+    # Accepted so that clients which always send them work; they change nothing here.
+    reasoning: Any = Field(default=None, description="accepted, not used")
+    personality: Any = Field(default=None, description="accepted, not used")
+
+
 class ConversationCreateRequest(BaseModel):
     items: Annotated[list[ItemParam], Field(max_length=MAX_ITEMS_PER_REQUEST)] | None = Field(
         default=None, description="initial items"
@@ -363,6 +392,7 @@ class ConversationItemsRequest(BaseModel):
 REQUEST_MODELS: tuple[type[BaseModel], ...] = (
     ResponseCreateRequest,
     ResponseCompactRequest,
+    ResponseInputTokensRequest,
     ConversationCreateRequest,
     ConversationUpdateRequest,
     ConversationItemsRequest,

@@ -324,6 +324,15 @@ class CompactedResponse(BaseModel):
     usage: ResponseUsage = Field(description="the summary request's")
 
 
+class InputTokens(BaseModel):
+    """`POST /v1/responses/input_tokens`: the turn's input tokens; the `statestore-token-count` header says whether the
+    backend's tokenizer counted them (`backend`) or statestore's estimator (`estimate`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    object: Literal["response.input_tokens"]
+    input_tokens: int = Field(ge=0)
+
+
 class ResponseDeleted(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str

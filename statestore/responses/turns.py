@@ -45,6 +45,7 @@ from statestore.store.sealed_cache import CONSOLIDATE_FRAMES
 from statestore.store.thread_claims import CLAIM_FAULTS
 from statestore.threads.ids import new_lease_token
 from statestore.threads.policy_store import PolicyStore
+from statestore.upstream.token_counts import ChatTokenizer
 from statestore.upstream.windows import Windows
 
 
@@ -68,8 +69,11 @@ class ResponseTurns:
         windows: Windows | None = None,
         seal: CompactionSeal | None = None,
         heads: ResponseHeads | None = None,
+        tokenizer: ChatTokenizer | None = None,
     ) -> None:
         self.metrics = metrics
+        # The backend's own tokenizer, for `POST /v1/responses/input_tokens`; None: counts are estimated.
+        self.tokenizer = tokenizer
         # Chain heads' rows kept beside their cached contexts (store/response_heads.py); None: read from the database.
         self.heads = heads
         self.seal = seal  # seals and opens compaction items; None: compaction is unavailable (compaction_seal.py)
@@ -137,19 +141,7 @@ class ResponseTurns:
             window=window_for(policy, turn.truncation, on_conversation=turn.conversation_id is not None),
         )
         if turn.previous_response_id is not None:
-            previous = turn.previous_response_id
-            if not looks_like("resp_", previous):
-                raise previous_response_not_found(previous)
-            parent, cached = await self._parent(previous, principal.owner, now)
-            if parent is None:
-                raise previous_response_not_found(previous)
-            prepared.parent = parent
-            prepared.measured = (parent.context_tokens, parent.context_bytes)
-            cached = cached_chain(parent, cached)
-            prepared.cache_hit = cached is not None
-            prepared.cache_frames = cached.frames if cached is not None else 0
-            prepared.branch_point = cached is not None and cached.version == BRANCH_POINT
-            prepared.context = await chain_context(self.responses, parent, cached)
+            await self._read_chain(prepared, turn.previous_response_id, now)
         elif turn.conversation_id is not None:
             conversation = turn.conversation_id
             if not looks_like("conv_", conversation):
@@ -196,6 +188,58 @@ class ResponseTurns:
                 f"The conversation would exceed this deployment's limit of {policy.max_thread_bytes} bytes.",
                 param="input",
                 code="context_too_large",
+            )
+        return prepared
+
+    async def _read_chain(self, prepared: PreparedResponse, previous: str, now: int) -> None:
+        """The chain `prepared` continues, ending at `previous`: its row, measured size and context."""
+        if not looks_like("resp_", previous):
+            raise previous_response_not_found(previous)
+        parent, cached = await self._parent(previous, prepared.principal.owner, now)
+        if parent is None:
+            raise previous_response_not_found(previous)
+        prepared.parent = parent
+        prepared.measured = (parent.context_tokens, parent.context_bytes)
+        cached = cached_chain(parent, cached)
+        prepared.cache_hit = cached is not None
+        prepared.cache_frames = cached.frames if cached is not None else 0
+        prepared.branch_point = cached is not None and cached.version == BRANCH_POINT
+        prepared.context = await chain_context(self.responses, parent, cached)
+
+    async def prepare_count(self, turn: TurnRequest, principal: Principal) -> PreparedResponse:
+        """What `turn` would send, read without taking anything (no conversation's lease, nothing counted in the
+        metrics, nothing stored): for `POST /v1/responses/input_tokens`. Refused as the turn would be: an unknown
+        previous response (400), conversation (404)."""
+        policy = await with_window(self.windows, await self.policy(principal, storing=False), turn, principal)
+        prepared = PreparedResponse(
+            turn=turn,
+            principal=principal,
+            response_id="",
+            created_at=0,
+            ttl_ms=0,
+            parent=None,
+            context=b"",
+            inputs=stored_inputs(turn.input, self.seal, principal.owner),
+            policy=policy,
+            window=window_for(policy, turn.truncation, on_conversation=turn.conversation_id is not None),
+        )
+        now = self.clock()
+        if turn.previous_response_id is not None:
+            await self._read_chain(prepared, turn.previous_response_id, now)
+        elif turn.conversation_id is not None:
+            conversation = turn.conversation_id
+            state = (
+                await self.conversations.context_state(principal.owner, conversation, now_ms=now)
+                if looks_like("conv_", conversation)
+                else None
+            )
+            if state is None:
+                raise conversation_not_found(conversation)
+            position, tokens, counted = state
+            prepared.measured = (tokens, counted)
+            cached = await self.cache.get(conversation_cache_key(conversation))
+            prepared.context = await conversation_context(
+                self.conversations, principal.owner, conversation, position=position, cached=cached
             )
         return prepared
 

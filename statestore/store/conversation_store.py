@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from sqlalchemy import ColumnElement, and_, delete, insert, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.content_keys import ContentKeys, Scope
@@ -167,6 +167,18 @@ class ConversationStore:
                 await conn.execute(select(conversations.c.id).where(*self._mine(owner, conversation_id, now_ms)))
             ).first()
         raise Locked() if exists is not None else LookupError(conversation_id)
+
+    async def context_state(self, owner: str, conversation_id: str, *, now_ms: int) -> tuple[int, int, int] | None:
+        """What `lease` returns, read without the lease (a token count takes nothing): the next position, and the
+        backend's token count of the last turn with the bytes it counted; None when there is no such conversation."""
+        query = select(
+            conversations.c.next_position,
+            func.coalesce(conversations.c.context_tokens, 0),
+            func.coalesce(conversations.c.context_bytes, 0),
+        ).where(*self._mine(owner, conversation_id, now_ms))
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(query)).first()
+        return (row[0], row[1], row[2]) if row is not None else None
 
     async def renew(self, conversation_id: str, token: str, *, until_ms: int) -> bool:
         """Extend a turn's lease; False when it was lost."""

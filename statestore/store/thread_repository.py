@@ -18,12 +18,14 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.content_keys import ContentKeys
 from statestore.store.leased_log import (
+    LEASED_COLUMNS,
     THREADS,
     LeasedLog,
     Release,
     Renew,
     TakeThreadByResponse,
     TakeThreadBySession,
+    leased_thread,
 )
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.schema import sessions, thread_messages, threads
@@ -159,6 +161,33 @@ class ThreadRepository:
             TakeThreadBySession(owner=owner, session=session, now_ms=now_ms, token=token, until_ms=lease_until_ms)
         )
         return leased if self._content is None else await self._opened(leased)
+
+    async def read_by_response(
+        self, *, owner: str, thread_id: str, response_id: str, now_ms: int
+    ) -> LeasedThread | None:
+        """The live thread whose head is `response_id`, as a continue would lease it, without the lease: a count of
+        the tokens a continue would send (PROTOCOL §11) holds nothing and waits for nothing."""
+        return await self._read(
+            threads.c.id == thread_id,
+            threads.c.owner == owner,
+            threads.c.head_message_id == response_id,
+            threads.c.expires_ms > now_ms,
+        )
+
+    async def read_by_session(self, *, owner: str, session: str, now_ms: int) -> LeasedThread | None:
+        """The session's live thread, as a session turn would lease it, without the lease."""
+        bound = select(sessions.c.thread_id).where(sessions.c.owner == owner, sessions.c.name == session)
+        return await self._read(
+            threads.c.id == bound.scalar_subquery(),
+            threads.c.owner == owner,
+            threads.c.head_message_id.is_not(None),
+            threads.c.expires_ms > now_ms,
+        )
+
+    async def _read(self, *chosen: ColumnElement[bool]) -> LeasedThread | None:
+        async with self._single.connect() as conn:
+            row = (await conn.execute(select(*LEASED_COLUMNS).where(*chosen))).first()
+        return await self._opened(leased_thread(row._mapping)) if row is not None else None
 
     async def session_is_busy(self, *, owner: str, session: str, now_ms: int) -> bool:
         """Whether the session's thread is live but leased (or still being created) by another request."""

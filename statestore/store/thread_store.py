@@ -24,6 +24,16 @@ class ThreadStore(Protocol):
         self, *, owner: str, session: str, token: str, now_ms: int, lease_until_ms: int
     ) -> LeasedThread | None: ...
 
+    async def read_by_response(
+        self, *, owner: str, thread_id: str, response_id: str, now_ms: int
+    ) -> LeasedThread | None:
+        """The live thread whose head is `response_id`, read without taking its lease (a token count)."""
+        ...
+
+    async def read_by_session(self, *, owner: str, session: str, now_ms: int) -> LeasedThread | None:
+        """The session's live thread, read without taking its lease (a token count)."""
+        ...
+
     async def session_is_busy(self, *, owner: str, session: str, now_ms: int) -> bool: ...
 
     async def begin_create(

@@ -40,6 +40,7 @@ from statestore.threads.prepared import CompletedReply, PreparedTurn, Recut, rep
 from statestore.threads.refusal_retry import with_window
 from statestore.threads.summary import Summaries, summarizer
 from statestore.threads.turn import ThreadTurn
+from statestore.upstream.token_counts import MessagesCounter
 from statestore.upstream.windows import Windows
 
 log = logging.getLogger(__name__)
@@ -59,16 +60,19 @@ class ThreadService:
         clock: Callable[[], int] = wall_clock_ms,
         content: ContentKeys | None = None,
         claims: HeadClaims | None = None,
+        counter: MessagesCounter | None = None,
     ) -> None:
         """`summaries`: where a `summarize` policy's summary requests go (docs/protocol.md §9); without it, such a
         policy truncates. `windows`: what the backend states of its windows, for a policy whose window is `auto`.
         `content`: the keys the cache entries are sealed with (the repository seals the rows); None or not enabled
         when encryption is off. `claims`: a continue by response id claims the head in Redis (store/thread_claims.py);
-        None, every turn leases it in the database."""
+        None, every turn leases it in the database. `counter`: the backend's `count_tokens`, for a count over a thread
+        (threads/count.py); None, such counts are estimated."""
         self._content = content if content is not None and content.enabled else None
         self.claims = claims
         self.metrics = metrics
         self.windows = windows
+        self.counter = counter
         self.summaries = summaries
         self.repository = repository
         self.cache = cache

@@ -199,14 +199,16 @@ def test_unknown_routes_and_methods(pg_server: StatestoreServer) -> None:
     assert _error(response)["type"] == "invalid_request_error"
 
 
-def test_count_tokens_refuses_a_thread(client: anthropic.Anthropic, backend: FakeBackend) -> None:
+def test_count_tokens_refuses_a_thread_without_the_threads_beta(
+    client: anthropic.Anthropic, backend: FakeBackend
+) -> None:
     with pytest.raises(anthropic.BadRequestError) as raised:
         client.messages.count_tokens(
             model="claude-test",
             messages=[{"role": "user", "content": "hi"}],
             extra_body={"thread": {"type": "create"}},
         )
-    assert "thread" in raised.value.message
+    assert "message-threads-2026-08-12" in raised.value.message
     assert backend.requests() == []
 
 

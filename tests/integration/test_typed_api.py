@@ -206,7 +206,8 @@ def test_every_responses_and_conversations_operation_documents_its_bodies() -> N
         if path.startswith(OPENAI_PREFIXES)
         for method, operation in item.items()
     ]
-    assert len(operations) == 14  # with POST /v1/responses/compact and /v1/responses/{response_id}/cancel
+    # with POST /v1/responses/compact, /v1/responses/input_tokens and /v1/responses/{response_id}/cancel
+    assert len(operations) == 15
     for method, path, operation in operations:
         schema = operation["responses"]["200"]["content"]["application/json"]["schema"]
         assert schema["$ref"].startswith("#/components/schemas/"), f"{method} {path}: no 200 model ({schema})"
@@ -312,6 +313,10 @@ def test_what_the_openai_sdk_sends_and_receives_matches_the_published_schema(
         failing = client.responses.create(model="echo-1", input="fail", background=True)
         assert _polled(client, failing.id, until={"failed"}).status == "failed"
         assert client.responses.retrieve(answered.id).id == answered.id
+        counted = client.responses.input_tokens.count(
+            model="echo-1", input="how long?", previous_response_id=answered.id, tools=[WEATHER], truncation="auto"
+        )
+        assert counted.input_tokens > 0
         client.responses.input_items.list(answered.id)
         client.responses.input_items.list(answered.id, order="asc", limit=1)
 

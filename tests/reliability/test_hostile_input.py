@@ -281,7 +281,19 @@ CASES: list[Case] = [
     ),
     Case("thread-beta-as-substring", lambda c: turn(c, GOOD, headers={"anthropic-beta": f"x{THREADS_BETA}x"}), 400),
     Case(
-        "count-tokens-with-thread", lambda c: Req("POST", "/v1/messages/count_tokens", thread_headers(c.key), GOOD), 400
+        "count-tokens-over-other-owners-thread",
+        lambda c: Req(
+            "POST",
+            "/v1/messages/count_tokens",
+            thread_headers(c.key),
+            _json(continue_body(c.victim_head, [user("count")])),
+        ),
+        404,
+    ),
+    Case(
+        "count-tokens-with-thread-without-beta",
+        lambda c: Req("POST", "/v1/messages/count_tokens", {**thread_headers(c.key), "anthropic-beta": "other"}, GOOD),
+        400,
     ),
     # -- ids: forged, truncated, over-long, non-ASCII, of another owner ----------------------------------------------
     Case("continue-other-owners-id", lambda c: continuing(c, c.victim_head), 404),

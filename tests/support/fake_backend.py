@@ -25,6 +25,10 @@ a backend received. Control API (JSON):
                              `extends_previous` says whether its body, up to the end of its messages, starts with
                              the previous such request's (the prefix a prompt cache reuses)
 
+With `--tokenizer vllm|llama.cpp` it also serves that server's tokenizer routes (`/tokenize`, `/apply-template`,
+tests/support/fake_tokenizers.py), counting as its usage does; with `--no-count-tokens` it has no
+`/v1/messages/count_tokens` (a 404 `{"detail": "Not Found"}`, as vLLM answers a route it lacks).
+
 Queued actions are consumed one per `POST /v1/messages`, in order. An action with `"path"` (and optionally
 `"method"`, default any) is consumed instead by the first request to that path (any other API a relay carries, such
 as `/v1/sessions`); only `raw`, `error` and `close` make sense there. An action with `"match": "<text>"` is consumed
@@ -84,6 +88,7 @@ import orjson
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from statestore.upstream import echo, echo_chat, echo_context, wire
+from tests.support import fake_tokenizers
 
 _KINDS = frozenset({"echo", "message", "chat", "error", "raw", "close"})
 _NUMBERS = ("delay_seconds", "cut_after_events", "cut_after_bytes", "stall_after_events", "stall_seconds")
@@ -180,8 +185,13 @@ class _ContextWatch:
 
 
 class FakeBackendApp:
-    def __init__(self, echo_app: ASGIApp) -> None:
+    def __init__(self, echo_app: ASGIApp, *, tokenizer: str | None = None, count_tokens: bool = True) -> None:
+        """`tokenizer`: the real server whose tokenizer routes the fake serves (tests/support/fake_tokenizers.py);
+        `count_tokens`: False, `/v1/messages/count_tokens` is a route it does not have (a 404 as vLLM's FastAPI
+        answers one)."""
         self._echo = echo_app
+        self._tokenizer = tokenizer
+        self._count_tokens = count_tokens
         self._requests: list[wire.JSONObject] = []
         self._script: deque[wire.JSONObject] = deque()
         self._context = _ContextWatch()
@@ -202,6 +212,11 @@ class FakeBackendApp:
         action = self._take_action(scope["method"], scope["path"], body)
         if action is not None:
             await self._play(action, body, send)
+            return
+        if await fake_tokenizers.serve(self._tokenizer, scope["path"], body, send, wire.new_request_id()):
+            return
+        if not self._count_tokens and scope["path"] == "/v1/messages/count_tokens":
+            await echo.send_json(send, 404, b'{"detail":"Not Found"}', wire.new_request_id())
             return
         replayed = False
 
@@ -462,8 +477,8 @@ class FakeBackendApp:
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-def create_fake_backend_app() -> ASGIApp:
-    return FakeBackendApp(echo.create_echo_app())
+def create_fake_backend_app(*, tokenizer: str | None = None, count_tokens: bool = True) -> ASGIApp:
+    return FakeBackendApp(echo.create_echo_app(), tokenizer=tokenizer, count_tokens=count_tokens)
 
 
 # ---------------------------------------------------------------- the test-side handle
@@ -573,8 +588,13 @@ class FakeBackend(BackendProcess):
 
     health_path = "/_control/health"
 
-    def __init__(self, *, startup_timeout: float = 15.0) -> None:
-        super().__init__(startup_timeout=startup_timeout)
+    def __init__(
+        self, *, tokenizer: str | None = None, count_tokens: bool = True, startup_timeout: float = 15.0
+    ) -> None:
+        """`tokenizer`: serve that real server's tokenizer routes (tests/support/fake_tokenizers.py); `count_tokens`:
+        False, have no `/v1/messages/count_tokens`."""
+        args = (["--tokenizer", tokenizer] if tokenizer else []) + ([] if count_tokens else ["--no-count-tokens"])
+        super().__init__(*args, startup_timeout=startup_timeout)
         self._client: httpx.Client | None = None
 
     def __enter__(self) -> FakeBackend:
@@ -648,11 +668,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--echo", action="store_true", help="serve the plain echo backend, without the control API")
     parser.add_argument("--delay-seconds", type=float, default=0.0)
     parser.add_argument("--reply-bytes", type=int, default=None)
+    parser.add_argument("--tokenizer", choices=fake_tokenizers.DIALECTS, help="serve this server's tokenizer routes")
+    parser.add_argument("--no-count-tokens", action="store_true", help="have no /v1/messages/count_tokens")
     args = parser.parse_args(argv)
     if args.echo:
         app = echo.create_echo_app(delay_seconds=args.delay_seconds, reply_bytes=args.reply_bytes)
     else:
-        app = create_fake_backend_app()
+        app = create_fake_backend_app(tokenizer=args.tokenizer, count_tokens=not args.no_count_tokens)
     # Bound here, not by uvicorn, so the port is known (and reported) before serving, with no race for it.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
