@@ -13,7 +13,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "statestore"
 
 # Which packages each package may import; modules at the top of statestore/ (config, errors, policy, ...) are shared.
 ALLOWED: dict[str, set[str]] = {
-    "api": {"responses", "threads", "store", "upstream"},
+    "api": {"core", "responses", "threads", "store", "upstream"},
     "console": {"store"},
     "core": set(),
     "encryption": {"store"},
