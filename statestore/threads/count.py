@@ -13,7 +13,13 @@ from collections.abc import Iterable
 import orjson
 
 from statestore.auth import Principal
-from statestore.errors import InternalError, InvalidRequest, ServiceUnavailable, ThreadNotFound
+from statestore.errors import (
+    InternalError,
+    InvalidRequest,
+    ServiceUnavailable,
+    ThreadContinueInFlight,
+    ThreadNotFound,
+)
 from statestore.policy import Policy
 from statestore.records import record
 from statestore.store.cache_entry import thread_key
@@ -27,7 +33,7 @@ from statestore.threads.service import ThreadService
 from statestore.threads.turn import ThreadTurn
 
 # A continue that commits while a count reads its thread leaves the rows ahead of the row read first: the count reads
-# again, and a count by response id then finds its id continued already.
+# again (a count by response id then finds its id continued already), a few times before it gives up.
 _READS = 3
 
 
@@ -55,12 +61,12 @@ async def counted_request(
             await rewrite_previous_id(
                 turn.fields, owner=principal.owner, store=service.repository, now_ms=service.clock()
             )
-        for _ in range(_READS - 1):
+        for _ in range(_READS):
             try:
                 return await _request(service, turn, principal.owner, policy)
             except _Moved:
                 continue
-        return await _request(service, turn, principal.owner, policy, last=True)
+        raise ThreadContinueInFlight("the thread moved on while it was counted; count again")
     except orjson.JSONEncodeError as exc:
         raise InvalidRequest("the request cannot be stored: nested too deeply or holds an unsupported value") from exc
     except UNSTORABLE_VALUE_ERRORS as exc:
@@ -95,9 +101,7 @@ async def _read(service: ThreadService, turn: ThreadTurn, owner: str) -> LeasedT
     return None
 
 
-async def _request(
-    service: ThreadService, turn: ThreadTurn, owner: str, policy: Policy, *, last: bool = False
-) -> CountedRequest:
+async def _request(service: ThreadService, turn: ThreadTurn, owner: str, policy: Policy) -> CountedRequest:
     leased = await _read(service, turn, owner)
     if leased is None:
         return _created(turn, policy)
@@ -106,7 +110,7 @@ async def _request(
     except InternalError:
         # The rows disagree with the row read before them: a turn committed in between, or the thread is broken.
         again = await _read(service, turn, owner)
-        if last or again is None or again.head_position == leased.head_position:
+        if again is None or again.head_position == leased.head_position:
             raise
         raise _Moved from None
 

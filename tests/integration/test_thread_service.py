@@ -31,6 +31,7 @@ from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.thread_repository import ThreadRepository
 from statestore.store.turn_records import TurnUsage
 from statestore.threads import assembly
+from statestore.threads.count import counted_request
 from statestore.threads.policy_store import PolicyStore
 from statestore.threads.prepared import CompletedReply, PreparedTurn
 from statestore.threads.service import ThreadService
@@ -251,3 +252,71 @@ async def test_rebuilds_are_byte_identical_with_and_without_the_cache(service: T
     cold = await service.begin(cont(first.response_id, "two"), OWNER)
     assert cold.upstream_body == warm.upstream_body
     await service.give_back(cold)
+
+
+# -- counting the tokens a turn would send (PROTOCOL §11, threads/count.py) -------------------------------------------
+
+
+async def test_a_count_rebuilds_the_continue_byte_for_byte_and_takes_no_head(service: ThreadService) -> None:
+    first = await service.begin(create("one", system="be brief"), OWNER)
+    await service.commit(first, reply("r1", input_tokens=40, output_tokens=10))
+    counted = await counted_request(service, cont(first.response_id, "two"), OWNER, BETA)
+    held = await service.begin(cont(first.response_id, "two"), OWNER)  # the count took nothing
+    assert counted.body == held.upstream_body
+    # The head held by a continue does not stop a count: it reads the thread as it stands.
+    during = await counted_request(service, cont(first.response_id, "two"), OWNER, BETA)
+    assert during.body == held.upstream_body
+    # The estimate: the 50 tokens the backend counted of the context, and the new message's 32 bytes at the thread's
+    # own ratio (those 50 tokens over some 100 bytes: about half a token a byte, not the default quarter).
+    assert 60 < counted.estimate < 70
+    await service.give_back(held)
+    with pytest.raises(ThreadNotFound):
+        await counted_request(service, cont(first.response_id, "two"), OTHER, BETA)
+
+
+def _overtaking(service: ThreadService, monkeypatch: pytest.MonkeyPatch, previous: str) -> ThreadService:
+    """A service on the same store with an empty cache (a count reads the rows from the database), whose first read
+    of a thread's rows comes after a continue from `previous` committed."""
+    load_context = service.repository.load_context
+    done: list[bool] = []
+
+    async def commit_first(thread_id: str, *, owner: str) -> list[tuple[int, bytes]]:
+        if not done:
+            done.append(True)
+            went_on = await service.begin(cont(previous, "two"), OWNER)
+            await service.commit(went_on, reply("r2"))
+        return await load_context(thread_id, owner=owner)
+
+    monkeypatch.setattr(service.repository, "load_context", commit_first)
+    return ThreadService(
+        repository=service.repository,
+        cache=MemoryHistoryCache(),
+        policies=_StaticPolicies(policy()),
+        lease_seconds=30,
+        metrics=Metrics(),
+    )
+
+
+async def test_a_count_overtaken_by_a_commit_reads_again(
+    service: ThreadService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A continue commits between the count's read of the thread and its read of the rows: the count reads again, and
+    answers as a count made after that commit would."""
+    session = [(b"statestore-session-id", f"count-{secrets.token_hex(4)}".encode())]
+    started = await service.begin(turn({"messages": [{"role": "user", "content": "one"}]}, session), OWNER)
+    await service.commit(started, reply("r1"))
+    counting = _overtaking(service, monkeypatch, started.response_id)
+    on_session = turn({"messages": [{"role": "user", "content": "three"}]}, session)
+    counted = await counted_request(counting, on_session, OWNER, BETA)
+    contents = [message["content"] for message in orjson.loads(counted.body)["messages"]]
+    assert contents == ["one", [{"type": "text", "text": "r1"}], "two", [{"type": "text", "text": "r2"}], "three"]
+
+
+async def test_a_count_from_an_id_continued_meanwhile_is_refused_as_its_continue_would_be(
+    service: ThreadService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = await service.begin(create("one"), OWNER)
+    await service.commit(first, reply("r1"))
+    counting = _overtaking(service, monkeypatch, first.response_id)
+    with pytest.raises(ThreadAlreadyContinued):
+        await counted_request(counting, cont(first.response_id, "three"), OWNER, BETA)
