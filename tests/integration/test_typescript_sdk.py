@@ -1,5 +1,6 @@
 """The official TypeScript SDK (`@anthropic-ai/sdk`, installed in tests/node by `make test`) drives statestore's
-threads: send, stream, and an expired thread that the SDK replays under a new thread (docs/protocol.md §2, §5)."""
+threads: send, stream, and an expired thread that the SDK replays under a new thread (docs/protocol.md §2, §5); and counts the
+tokens a continue would send (§11)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,17 @@ def test_typescript_thread_send_stream_and_replay(
     replay = forwarded(backend, 2)
     assert replay["system"] == "Be brief."
     assert replay["messages"] == [user("one"), said(echo("one")), user("two"), said(echo("two")), user("three")]
+
+
+def test_typescript_count_tokens_over_a_thread(pg_server: StatestoreServer, backend: FakeBackend) -> None:
+    seen = run_node(
+        NODE_TESTS / "token_counts.mjs", {"STATESTORE_URL": pg_server.url, "API_KEY": f"sk-ts-{secrets.token_hex(8)}"}
+    )
+    assert seen["source"] == "backend"
+    assert seen["counted"] == seen["input_tokens"] > 0
+    # Counted again from the id the continue moved past: refused as that continue would be.
+    assert seen["refused"] == {"status": 400, "code": "thread_already_continued"}
+    counts = [request for request in backend.requests() if request.path == "/v1/messages/count_tokens"]
+    assert len(counts) == 1
+    assert counts[0].json()["messages"][-1] == user("two")
+    assert "thread" not in counts[0].json()
