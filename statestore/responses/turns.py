@@ -191,11 +191,12 @@ class ResponseTurns:
             )
         return prepared
 
-    async def _read_chain(self, prepared: PreparedResponse, previous: str, now: int) -> None:
-        """The chain `prepared` continues, ending at `previous`: its row, measured size and context."""
+    async def _read_chain(self, prepared: PreparedResponse, previous: str, now: int, *, turn: bool = True) -> None:
+        """The chain `prepared` continues, ending at `previous`: its row, measured size and context. `turn`: False for
+        a count, which the metrics of turns leave out."""
         if not looks_like("resp_", previous):
             raise previous_response_not_found(previous)
-        parent, cached = await self._parent(previous, prepared.principal.owner, now)
+        parent, cached = await self._parent(previous, prepared.principal.owner, now, turn=turn)
         if parent is None:
             raise previous_response_not_found(previous)
         prepared.parent = parent
@@ -225,7 +226,7 @@ class ResponseTurns:
         )
         now = self.clock()
         if turn.previous_response_id is not None:
-            await self._read_chain(prepared, turn.previous_response_id, now)
+            await self._read_chain(prepared, turn.previous_response_id, now, turn=False)
         elif turn.conversation_id is not None:
             conversation = turn.conversation_id
             state = (
@@ -243,7 +244,9 @@ class ResponseTurns:
             )
         return prepared
 
-    async def _parent(self, previous: str, owner: str, now: int) -> tuple[ResponseRow | None, CachedHistory | None]:
+    async def _parent(
+        self, previous: str, owner: str, now: int, *, turn: bool = True
+    ) -> tuple[ResponseRow | None, CachedHistory | None]:
         """The previous response's row and the chain's cached context: the row kept beside that context when there is
         one to serve (store/response_heads.py), else the database's, with the context read beside it."""
         if self.heads is not None:
@@ -251,7 +254,8 @@ class ResponseTurns:
                 head = await self.heads.read(previous, owner=owner, now_ms=now)
             except CLAIM_FAULTS:
                 head = None  # Redis away: the database's row, and the cache read as before
-            self.metrics.count_response_parent("cache" if head is not None and head.row is not None else "database")
+            if turn:
+                self.metrics.count_response_parent("cache" if head is not None and head.row is not None else "database")
             if head is not None:
                 return head.row or await self.responses.get(owner, previous, now_ms=now), head.cached
         # The cached context is read beside the response, and taken when it is the row's context now (cached_chain).

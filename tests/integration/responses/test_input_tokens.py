@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -34,6 +35,12 @@ def count(client: openai.OpenAI, **fields: Any) -> tuple[int, str]:
 
 def tokenizer_requests(backend: FakeBackend) -> list[RecordedRequest]:
     return [request for request in backend.requests() if request.path in TOKENIZER_PATHS]
+
+
+def parent_reads(server: StatestoreServer) -> float:
+    """`response_parents_total`, all reads: the Responses continues that read their previous response."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("response_parents_total"))
 
 
 @dataclass
@@ -113,11 +120,15 @@ def test_a_count_over_a_chain_is_the_input_of_the_turn_it_counts(door: Door) -> 
         turn: dict[str, Any] = {"model": "echo-1", "instructions": "Be brief.", "tools": [WEATHER]}
         first = client.responses.create(input="what is the weather in Paris?", **turn)
         door.backend.reset()
+        parents = parent_reads(door.server)
         tokens, source = count(client, input="and in Rome?", previous_response_id=first.id, **turn)
         assert source == "backend"
         asked = tokenizer_requests(door.backend)
+        assert parent_reads(door.server) == parents  # a count is no turn: the turns' metrics leave it out
         second = client.responses.create(input="and in Rome?", previous_response_id=first.id, **turn)
         assert second.usage is not None and second.usage.input_tokens == tokens
+        if door.name.startswith("vllm"):  # chain heads are read from Redis there, and the turn's read is counted
+            assert parent_reads(door.server) == parents + 1
         # The tokenizer read the very request the turn then sent, with the credential the turn's request carried.
         sent = last_chat_request(door.backend)
         chat = sent.json()
