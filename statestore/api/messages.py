@@ -97,7 +97,7 @@ async def _relay_body(
         200: {
             "description": "the backend's answer, as it came; over a thread (a `thread` field or a session header), "
             "the count of the request the turn would send, with a `statestore-token-count: backend|estimate` header "
-            "(PROTOCOL §11)",
+            "(docs/protocol.md §11)",
             "model": schemas.MessageTokensCount,
         }
     },

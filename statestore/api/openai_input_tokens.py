@@ -1,4 +1,4 @@
-"""`POST /v1/responses/input_tokens` (RESPONSES.md, "Counting tokens over stored context"): the input tokens of the
+"""`POST /v1/responses/input_tokens` (docs/responses.md, "Counting tokens over stored context"): the input tokens of the
 turn a request would make, over its stored context (a chain or a conversation) after the owner's context policy,
 without running the model: the backend's own tokenizer where it has one, else statestore's estimator; the
 `statestore-token-count` header says which."""

@@ -348,7 +348,8 @@ class ResponseCompactRequest(BaseModel):
 class ResponseInputTokensRequest(BaseModel):
     """`POST /v1/responses/input_tokens`: the input tokens of the turn these fields would make, counted over the
     stored context (the chain of `previous_response_id`, or the `conversation`'s items) after the owner's context
-    policy, by the backend's tokenizer where it has one (RESPONSES.md). Nothing is stored and the model is not run."""
+    policy, by the backend's tokenizer where it has one (docs/responses.md). Nothing is stored and the model is not
+    run."""
 
     model_config = ConfigDict(extra="forbid")
     model: str | None = Field(default=None, min_length=1, max_length=256, description="passed to the tokenizer")

@@ -1,5 +1,5 @@
 """The Response object, built here and nowhere else: the JSON answer of a turn, every streamed event's `response`, a
-stored or background response as served (RESPONSES.md, "The open standard: Open Responses"). Complete and typed as
+stored or background response as served (docs/responses.md, "The Open Responses specification"). Complete and typed as
 the Open Responses specification (2026-04-24) requires and the `openai` SDK reads it: every field present, and the
 sampling fields the numbers the turn was sampled with.
 

@@ -166,7 +166,7 @@ class ThreadRepository:
         self, *, owner: str, thread_id: str, response_id: str, now_ms: int
     ) -> LeasedThread | None:
         """The live thread whose head is `response_id`, as a continue would lease it, without the lease: a count of
-        the tokens a continue would send (PROTOCOL §11) holds nothing and waits for nothing."""
+        the tokens a continue would send (docs/protocol.md §11) holds nothing and waits for nothing."""
         return await self._read(
             threads.c.id == thread_id,
             threads.c.owner == owner,

@@ -1,4 +1,4 @@
-"""A count of the tokens a threaded turn would send (PROTOCOL §11): the request rebuilt as `ThreadService.begin`
+"""A count of the tokens a threaded turn would send (docs/protocol.md §11): the request rebuilt as `ThreadService.begin`
 rebuilds it (stored system, tools and messages, the owner's context policy, then the new messages), read without
 taking the head. Nothing is held and nothing is written (not even the cache), so a count never waits for a continue in
 flight, nor makes one wait.

@@ -1,5 +1,6 @@
-"""Counting a request's prompt with the backend's own tokenizer, without running the model (PROTOCOL §11, RESPONSES.md).
-What a backend offers for it is learned from its first count and remembered, so later counts do not probe again.
+"""Counting a request's prompt with the backend's own tokenizer, without running the model (docs/protocol.md §11,
+docs/responses.md). What a backend offers for it is learned from its first count and remembered, so later counts do not
+probe again.
 
 Chat Completions backends (the Responses door), asked with the chat request a turn would send:
   * vLLM: `POST /tokenize` takes the request's `model`, `messages` and `tools`, applies the model's chat template and

@@ -83,7 +83,7 @@ def test_thread_null_on_count_tokens(server_client: anthropic.Anthropic, backend
 def test_thread_object_on_count_tokens_needs_the_threads_beta(
     server_client: anthropic.Anthropic, backend: FakeBackend
 ) -> None:
-    """As on /v1/messages (PROTOCOL §2): a count over a thread is counted (test_thread_token_counts.py)."""
+    """As on /v1/messages (docs/protocol.md §2): a count over a thread is counted (test_thread_token_counts.py)."""
     with pytest.raises(anthropic.BadRequestError) as refused:
         server_client.messages.count_tokens(
             model=MODEL, messages=[plain("count me")], extra_body={"thread": {"type": "create"}}

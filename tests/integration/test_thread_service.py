@@ -254,7 +254,7 @@ async def test_rebuilds_are_byte_identical_with_and_without_the_cache(service: T
     await service.give_back(cold)
 
 
-# -- counting the tokens a turn would send (PROTOCOL §11, threads/count.py) -------------------------------------------
+# -- counting the tokens a turn would send (docs/protocol.md §11, threads/count.py) ------------------------------------
 
 
 async def test_a_count_rebuilds_the_continue_byte_for_byte_and_takes_no_head(service: ThreadService) -> None:

@@ -1,5 +1,5 @@
-"""Counting the tokens a threaded turn would send (PROTOCOL §11): `POST /v1/messages/count_tokens` with a `thread`
-field or a session header, through the official SDK against real server processes, on PostgreSQL + Redis and on
+"""Counting the tokens a threaded turn would send (docs/protocol.md §11): `POST /v1/messages/count_tokens` with a
+`thread` field or a session header, through the official SDK against real server processes, on PostgreSQL + Redis and on
 SQLite.
 
 The fake backend's `count_tokens` counts as its usage does (a token per 4 bytes of the JSON of system, tools and

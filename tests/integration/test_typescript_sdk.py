@@ -1,6 +1,6 @@
 """The official TypeScript SDK (`@anthropic-ai/sdk`, installed in tests/node by `make test`) drives statestore's
-threads: send, stream, and an expired thread that the SDK replays under a new thread (docs/protocol.md §2, §5); and counts the
-tokens a continue would send (§11)."""
+threads: send, stream, and an expired thread that the SDK replays under a new thread (docs/protocol.md §2, §5); and
+counts the tokens a continue would send (§11)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-// The official TypeScript SDK counts the tokens a thread's continue would send (PROTOCOL §11): `countTokens` with the
+// The official TypeScript SDK counts the tokens a thread's continue would send (docs/protocol.md §11): `countTokens` with the
 // `thread` field (the SDK passes a body field it does not type), then that continue. Prints one JSON line of what it
 // saw, for the pytest side (tests/integration/test_typescript_sdk.py).
 //

@@ -1,6 +1,6 @@
-"""Token counts over stored context against llama.cpp's server (PROTOCOL §11, RESPONSES.md): its own tokenizer counts
-what a turn would send (the Responses door through `/apply-template` and `/tokenize`, the Messages door through its
-`/v1/messages/count_tokens`), and each count is the prompt the server then counted for that very turn."""
+"""Token counts over stored context against llama.cpp's server (docs/protocol.md §11, docs/responses.md): its own
+tokenizer counts what a turn would send (the Responses door through `/apply-template` and `/tokenize`, the Messages door
+through its `/v1/messages/count_tokens`), and each count is the prompt the server then counted for that very turn."""
 
 from __future__ import annotations
 

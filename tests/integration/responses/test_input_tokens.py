@@ -1,4 +1,4 @@
-"""`client.responses.input_tokens.count` over stored context (RESPONSES.md, "Counting tokens over stored context"):
+"""`client.responses.input_tokens.count` over stored context (docs/responses.md, "Counting tokens over stored context"):
 the turn a request would make, counted over its chain or conversation after the owner's context policy, without
 running the model, by the backend's own tokenizer (vLLM's chat `/tokenize`; llama.cpp's `/apply-template` then
 `/tokenize`) or statestore's estimator, which a header names.
