@@ -209,7 +209,9 @@ class Retention:
 async def run_purger(retention: Retention, interval_seconds: float) -> None:
     """The server's background purge loop: an expired thread's rows and cache keys are gone within one interval
     (plus the time a backlog takes) of its expiry. Cache entries a deletion could not reach are retried every second
-    in between. Failures are logged and retried on the next tick."""
+    in between. Failures are logged and retried on the next tick: a database outage as a warning, anything else as an
+    error naming the exception's type and where it was raised, never its message (it may quote stored content). Only
+    cancellation ends the loop."""
     tick = min(interval_seconds, 1.0)
     next_purge = time.monotonic() + interval_seconds
     while True:
@@ -222,3 +224,15 @@ async def run_purger(retention: Retention, interval_seconds: float) -> None:
                 await retention.settle_cache_debt()
         except DATABASE_ERRORS as exc:
             log.warning("purge failed; retrying next interval", extra={"error": type(exc).__name__})
+        except Exception as exc:
+            log.error("purge failed unexpectedly; retrying next interval", extra=_failure(exc))
+
+
+def _failure(exc: BaseException) -> dict[str, str]:
+    """The type of a failure and the innermost frame it came from: enough to find the bug, no content."""
+    where = ""
+    trace = exc.__traceback__
+    while trace is not None:
+        where = f"{trace.tb_frame.f_code.co_filename}:{trace.tb_lineno}"
+        trace = trace.tb_next
+    return {"error": type(exc).__name__, "where": where}
