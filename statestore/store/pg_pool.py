@@ -19,7 +19,6 @@ from typing import Any
 
 import asyncpg
 
-from statestore.store import pg_arrays
 from statestore.waiters import wake_first
 
 
@@ -34,7 +33,6 @@ class LeanPool:
         # Waiters get a connection, or None: a place came free and they may open one.
         self._waiters: deque[asyncio.Future[asyncpg.Connection | None]] = deque()
         self._closed = False
-        pg_arrays.install()  # every process that binds hot statements' arrays (store/pg_arrays.py)
 
     def acquire(self) -> _Lent:
         return _Lent(self)
