@@ -33,13 +33,13 @@ from statestore.api import threads as threads_api
 from statestore.api.front_door import FrontDoor
 from statestore.config import Settings
 from statestore.encryption.setup import start_problem
-from statestore.errors import InvalidRequest, MethodNotAllowed, NotFound, ServiceUnavailable, StatestoreError
+from statestore.errors import InvalidRequest, MethodNotAllowed, NotFound, StatestoreError
 from statestore.metrics import Metrics
 from statestore.middleware import BodySizeLimitMiddleware, RequestContextMiddleware, error_response
 from statestore.resources import build_resources
 from statestore.responses.request_schemas import add_components
 from statestore.retention import run_purger
-from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS, missing_sqlite_database
+from statestore.store.engine import missing_sqlite_database
 from statestore.store.migrate import pending_revision
 from statestore.tracing import TRACER_NAME, provider_from_environment
 
@@ -160,25 +160,8 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
             return _error_response(request, NotFound(f"no route {request.method} {request.url.path}"))
         return _error_response(request, InvalidRequest(str(exc.detail)))
 
-    # Starlette picks the handler of the most specific class: the unstorable values below keep their 400.
-    for outage in DATABASE_ERRORS:
-        assert issubclass(outage, Exception)
-
-        @app.exception_handler(outage)
-        async def database_unavailable(request: Request, exc: Exception) -> Response:
-            # A database outage on the thread API or the admin API is a 503 the client may retry, as on a turn;
-            # never a 500.
-            log.warning("database unavailable", extra={"path": request.url.path, "error": type(exc).__name__})
-            return _error_response(request, ServiceUnavailable("the database is unavailable; try again shortly"))
-
-    for unstorable in UNSTORABLE_VALUE_ERRORS:
-
-        @app.exception_handler(unstorable)
-        async def unstorable_value(request: Request, exc: Exception) -> Response:
-            # A value the database cannot hold (a NUL in text, a number out of range) is the request's fault.
-            return _error_response(
-                request, InvalidRequest("the request holds a value statestore cannot store or look up")
-            )
+    # A database or Redis outage, and a value the database cannot hold, are answered by RequestContextMiddleware
+    # (statestore/outages.py), for these routes and the front door's alike: one error path.
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> Response:

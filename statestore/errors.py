@@ -105,9 +105,20 @@ class ThreadUnsupportedRequest(ThreadError):
     error_code = "thread_unsupported_request"
 
 
+# Seconds a client is asked to wait before retrying after an outage: the SDKs honour `retry-after` (and back off on
+# their own without it); a database failover or restart takes seconds, not minutes.
+OUTAGE_RETRY_AFTER_SECONDS = 2
+
+
 class ServiceUnavailable(StatestoreError):
+    """An outage (the database or Redis cannot be reached): retryable, and said so with `retry-after`."""
+
     status = 503
     error_type = "api_error"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": str(OUTAGE_RETRY_AFTER_SECONDS)}
 
 
 class UpstreamUnreachable(StatestoreError):

@@ -12,6 +12,9 @@ Wiring, outermost first (Starlette's `add_middleware` puts the last one added ou
 ExceptionMiddleware, so an unhandled exception reaches RequestContextMiddleware, which answers with an
 error body before ServerErrorMiddleware could send its plain-text or HTML 500.
 
+An outage (a database or Redis that cannot be reached) that no route handled is a 503 with `retry-after` here
+(statestore/outages.py), on the hot routes as on the others, authentication included.
+
 Every error body the server writes is rendered here (`send_error`, `error_response`), in the shape of the API whose
 route it answers (`shaped_for`: OpenAI's on the Responses and Conversations routes, Anthropic's elsewhere), and every
 request body is read under the one limit here (`read_body`), by the front door and by this middleware alike.
@@ -27,9 +30,10 @@ from dataclasses import dataclass
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from statestore.errors import InternalError, RequestTooLarge, StatestoreError, StreamBrokenOff
+from statestore.errors import InternalError, RequestTooLarge, ServiceUnavailable, StatestoreError, StreamBrokenOff
 from statestore.logs import new_request_id, request_id_var
 from statestore.metrics import OTHER, Metrics
+from statestore.outages import refusal_for
 from statestore.responses.errors import OPENAI_PATHS, as_openai
 
 RouteResolver = Callable[[Scope], str]
@@ -180,11 +184,16 @@ class RequestContextMiddleware:
                 else:
                     logger.error("request failed after its response started", exc_info=exc)
                 raise
-            if isinstance(exc, StatestoreError):
-                error: StatestoreError = exc
-            else:
+            refusal = refusal_for(exc)
+            if refusal is None:
                 logger.error("unhandled exception", exc_info=exc)
-                error = InternalError("internal error")
+                error: StatestoreError = InternalError("internal error")
+            else:
+                if isinstance(refusal, ServiceUnavailable) and refusal is not exc:
+                    logger.warning(
+                        "store unavailable", extra={"route": self._route(scope), "error": type(exc).__name__}
+                    )
+                error = refusal
             await send_error(watch_send, error, scope)
         else:
             if exchange.status is None and not exchange.client_disconnected:

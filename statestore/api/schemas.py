@@ -33,9 +33,13 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         403: "not allowed",
         404: "not found (another owner's thread is also 404)",
         409: "conflict",
-        503: "the database is unavailable",
+        503: "the database (or a Redis it needs) is unavailable: retry after `retry-after` seconds",
     }
-    return {status: {"model": ErrorResponse, "description": described[status]} for status in statuses}
+    described_503 = {"headers": {"retry-after": {"description": "seconds to wait", "schema": {"type": "integer"}}}}
+    return {
+        status: {"model": ErrorResponse, "description": described[status], **(described_503 if status == 503 else {})}
+        for status in statuses
+    }
 
 
 class MessageTokensCount(BaseModel):

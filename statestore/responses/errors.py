@@ -32,6 +32,11 @@ class OpenAIError(StatestoreError):
             self.status = status  # type: ignore[misc]
         self.param = param
         self.code = code
+        self.carried: dict[str, str] = {}  # the headers of the error this one renders (as_openai)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return self.carried
 
     def body(self, request_id: str) -> bytes:
         return orjson.dumps(
@@ -83,6 +88,7 @@ def as_openai(error: StatestoreError) -> OpenAIError:
     if isinstance(error, OpenAIError):
         return error
     converted = OpenAIError(error.message, status=error.status)
+    converted.carried = error.headers  # retry-after on an outage, x-should-retry: false on an erased conversation
     converted.error_type = _OPENAI_TYPES.get(error.error_type, "server_error")  # type: ignore[misc]
     if error.status == 401:
         converted.code = "invalid_api_key"
