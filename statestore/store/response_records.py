@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import field
-from typing import Literal
+from dataclasses import field, fields
+from typing import Any, Literal, Protocol
 
 from statestore.records import record
 
@@ -43,6 +43,22 @@ class ResponseRow:
     expires_ms: int = 0
     # Whose it is (the read names it): sealed content is bound to its owner (store/response_sealing.py).
     owner: str = ""
+
+
+class Columns(Protocol):
+    """A read's row by its columns' names: an asyncpg Record, or a SQLAlchemy Row's `_mapping`."""
+
+    def __getitem__(self, name: str, /) -> Any: ...
+
+
+# What a read of a response selects, each column labelled as the field it fills (the owner is the read's own).
+READ_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ResponseRow) if f.name != "owner")
+
+
+def read_row(found: Columns, owner: str) -> ResponseRow:
+    """The row a read found, taken by its columns' names: the two reads (asyncpg's GET_RESPONSE and SQLite's
+    select) cannot swap two fields by listing their columns in another order; a column left unlabelled fails."""
+    return ResponseRow(**{name: found[name] for name in READ_COLUMNS}, owner=owner)
 
 
 @record

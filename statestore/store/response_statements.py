@@ -101,15 +101,15 @@ class OfRuns:
     ends: list[int]
 
 
-# With the version of the conversation its chain began on, if it did (-1: that conversation is gone): see
-# responses/context.py chain_count.
+# Its columns named as ResponseRow's fields (store/response_records.py read_row). With the version of the
+# conversation its chain began on, if it did (-1: that conversation is gone): see responses/context.py chain_count.
 GET_RESPONSE: Final = PgStatement(
     GetResponse,
     """
 SELECT r.id, r.root_id, r.depth, r.chain_bytes, r.body,
-    CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END,
-    coalesce(r.context_tokens, 0), coalesce(r.context_bytes, 0), r.context_kept, r.context_head_id, holder.context_head,
-    r.context_runs, r.expires_ms
+    CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END AS conversation_version,
+    coalesce(r.context_tokens, 0) AS context_tokens, coalesce(r.context_bytes, 0) AS context_bytes, r.context_kept,
+    r.context_head_id, holder.context_head, r.context_runs, r.expires_ms
 FROM responses r
 LEFT JOIN responses root ON root.id = r.root_id
 LEFT JOIN conversations c ON c.id = root.conversation_id

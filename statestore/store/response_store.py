@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.content_keys import CLEAR, ContentKeys, ContentSealer
 from statestore.store.leased_log import LeasedLog
-from statestore.store.response_records import NewResponse, ResponseRow, stored_row
+from statestore.store.response_records import Columns, NewResponse, ResponseRow, read_row, stored_row
 from statestore.store.response_runs import Row, Runs, decode, segments_of
 from statestore.store.response_sealing import (
     active,
@@ -65,8 +65,7 @@ class ResponseStore:
         found = await self._get(owner, response_id, now_ms=now_ms)
         if found is None:
             return None
-        # The read's thirteen columns (mypy cannot count a record's), then whose it is.
-        row = ResponseRow(*found, owner=owner)  # type: ignore[misc]
+        row = read_row(found, owner)
         if self._keys is None:
             return row
         values, data = [row.body], [response_data(owner, row.id, "body")]
@@ -77,7 +76,7 @@ class ResponseStore:
         head = opened[1] if len(opened) > 1 else row.context_head
         return dataclasses.replace(row, body=opened[0], context_head=head)
 
-    async def _get(self, owner: str, response_id: str, *, now_ms: int) -> Sequence[Any] | None:
+    async def _get(self, owner: str, response_id: str, *, now_ms: int) -> Columns | None:
         if self._pg is not None:
             return await self._pg.get(GetResponse(response_id=response_id, owner=owner, now_ms=now_ms))
         root = responses.alias("root")
@@ -92,9 +91,9 @@ class ResponseStore:
                 responses.c.depth,
                 responses.c.chain_bytes,
                 responses.c.body,
-                version,
-                func.coalesce(responses.c.context_tokens, 0),
-                func.coalesce(responses.c.context_bytes, 0),
+                version.label("conversation_version"),
+                func.coalesce(responses.c.context_tokens, 0).label("context_tokens"),
+                func.coalesce(responses.c.context_bytes, 0).label("context_bytes"),
                 responses.c.context_kept,
                 responses.c.context_head_id,
                 holder.c.context_head,
@@ -109,7 +108,8 @@ class ResponseStore:
             .where(responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms)
         )
         async with self.engine.connect() as conn:
-            return (await conn.execute(query)).first()
+            found = (await conn.execute(query)).first()
+        return None if found is None else found._mapping
 
     async def chain_segments(self, head: ResponseRow) -> list[list[tuple[str, bytes]]] | None:
         """The (kind, rendering) of the items of each response of the chain ending at `head`, oldest first, from the
