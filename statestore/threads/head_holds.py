@@ -13,7 +13,7 @@ from collections.abc import Callable
 import anyio
 
 from statestore.core.lease_keeper import LeaseKeeper
-from statestore.errors import ServiceUnavailable
+from statestore.core.lost_commit import settle_lost_commit
 from statestore.metrics import Metrics
 from statestore.records import record
 from statestore.store.cache import HistoryCache
@@ -152,31 +152,32 @@ class HeadHolds:
         return keeper
 
     async def settle_lost_commit(self, prepared: PreparedTurn, error: BaseException) -> bool:
-        """A commit whose connection failed may have committed all the same (the database committed, the reply to
-        statestore was lost). Fence it first: give the head back, so a commit still on its way finds its lease gone
-        and changes nothing. Then the reply's row decides: there, the turn was stored and is answered as such;
-        absent, it never will be. Returns True (stored) or raises ServiceUnavailable."""
-        fence: str | None = None
-        try:
+        """A commit whose connection failed, settled as every door settles one (core/lost_commit.py): the thread's
+        fence is its head given back (a create's row abandoned), so a commit still on its way finds its lease gone and
+        changes nothing; then the reply's row decides. Returns True (stored) or raises ServiceUnavailable."""
+
+        async def fence() -> str | None:
             if prepared.creating:
                 await self.repository.abandon_create(thread_id=prepared.thread_id, token=prepared.lease_token)
-            else:
-                fence = await self._fence(prepared)
-            stored = await self.repository.is_stored(thread_id=prepared.thread_id, response_id=prepared.response_id)
-        except DATABASE_ERRORS:
-            # The lease runs out by itself; until the database answers, whether the turn was stored is unknown.
-            raise ServiceUnavailable("the thread store is unavailable; the turn may not have been stored") from error
-        if stored:
-            log.warning("a commit reported as failed had been stored", extra={"thread_id": prepared.thread_id})
-            return True
-        prepared.outcome = "given_back"
-        self.metrics.count_thread_turn("create" if prepared.creating else "continue", "not_stored")
-        with anyio.CancelScope(shield=True):
+                return None
+            return await self._fence(prepared)
+
+        async def not_stored(fenced: str | None) -> None:
+            prepared.outcome = "given_back"
+            self.metrics.count_thread_turn("create" if prepared.creating else "continue", "not_stored")
             if prepared.claim is not None:
                 await self.give_back(prepared.thread_id, prepared.lease_token, claim=prepared.claim, lease=False)
-            if fence is not None:
-                await self.give_back(prepared.thread_id, fence)
-        raise ServiceUnavailable("the thread store is unavailable; the turn was not stored") from error
+            if fenced is not None:
+                await self.give_back(prepared.thread_id, fenced)
+
+        return await settle_lost_commit(
+            error,
+            fence=fence,
+            is_stored=lambda: self.repository.is_stored(thread_id=prepared.thread_id, response_id=prepared.response_id),
+            not_stored=not_stored,
+            store="the thread store",
+            log_id=prepared.thread_id,
+        )
 
     async def _fence(self, prepared: PreparedTurn) -> str | None:
         """After a continue's commit failed on its way: make sure a commit still on its way changes nothing, so that
