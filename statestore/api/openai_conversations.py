@@ -15,6 +15,7 @@ from statestore.api.responses import bytes_response
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
 from statestore.responses.context import conversation_cache_key
+from statestore.responses.conversation_append import append_items
 from statestore.responses.errors import NotFound, conversation_locked, conversation_not_found
 from statestore.responses.ids import looks_like, new_id
 from statestore.responses.items import normalise_input, stored
@@ -147,12 +148,7 @@ async def add_items(conversation_id: str, request: Request, resources: Resources
     conversations = turns_of(resources).conversations
     body = read_body(request_schemas.ConversationItemsRequest, await request.body())
     rows = [stored(item) for item in normalise_input(body.items)]
-    try:
-        await conversations.append(owner, _checked(conversation_id), rows, now_ms=resources.clock())
-    except Locked:
-        raise conversation_locked() from None
-    except LookupError:
-        raise conversation_not_found(conversation_id) from None
+    await append_items(conversations, owner, _checked(conversation_id), rows, now_ms=resources.clock())
     # The append moved the position, so the cached context no longer matches; it goes all the same, unread.
     await resources.cache.delete(conversation_cache_key(conversation_id))
     return page([row.body for row in rows], False)

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from statestore.errors import StatestoreError, StreamBrokenOff
+from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenOff
 from statestore.responses.prepared import PreparedResponse
 from statestore.responses.stream import ChunkTranslator, SequencedEvents
 from statestore.responses.turns import ResponseTurns
@@ -63,6 +63,8 @@ async def turn_events(
     prepared.committing = True  # from here on a cancel lets the turn complete (responses/background_runs.py)
     try:
         committed = await turns.commit(prepared, response, body)
+    except ServiceUnavailable as exc:  # a commit whose answer was lost, settled as not stored (or not known)
+        raise StreamBrokenOff(f"{exc.message}; completion withheld") from exc
     except DATABASE_ERRORS as exc:
         raise StreamBrokenOff(f"the turn was not committed ({type(exc).__name__}); completion withheld") from exc
     if not committed:

@@ -10,6 +10,7 @@ from typing import Any
 from statestore.auth import Principal
 from statestore.clock import Clock
 from statestore.core.lease_keeper import LeaseKeeper
+from statestore.core.lost_commit import settle_lost_commit
 from statestore.metrics import Metrics, ResponseTurnKind, ThreadTurnOutcome
 from statestore.policy import Policy
 from statestore.responses.backend_window import with_window
@@ -38,6 +39,7 @@ from statestore.responses.response_object import response_object
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import BRANCH_POINT, CachedHistory
 from statestore.store.conversation_store import ConversationStore, Locked
+from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 from statestore.store.response_heads import ResponseHeads, cached_chain, encode_head
 from statestore.store.response_records import NewResponse, ResponseRow
 from statestore.store.response_store import ResponseStore
@@ -319,7 +321,14 @@ class ResponseTurns:
             ),
         )
         self._stop_keeper(prepared)
-        committed = await self.responses.commit(new, conversation_lease=prepared.lease)
+        try:
+            committed = await self.responses.commit(new, conversation_lease=prepared.lease)
+        except UNSTORABLE_VALUE_ERRORS:
+            raise  # the request's fault (a 400), refused by the statement: nothing was stored
+        except DATABASE_ERRORS as exc:
+            await self._settle(prepared, exc)
+            # Stored: answered as stored. Its cache entries are left unwritten; the next turn reads the database.
+            return True
         prepared.done = True
         self._count(prepared, "stored" if committed is not None else "not_stored")
         if committed is None:
@@ -361,6 +370,32 @@ class ResponseTurns:
                 parent_row=prepared.parent if self.heads is not None else None,
             )
         return True
+
+    async def _settle(self, prepared: PreparedResponse, error: BaseException) -> None:
+        """The commit's answer was lost: settled as on every door (core/lost_commit.py), so that a retry never stores
+        the turn twice. A conversation's fence is its lease given back, which a commit still on its way needs; a
+        chain's, its response id waited out (ResponseStore.is_stored). Returns when the turn was stored; raises
+        ServiceUnavailable otherwise."""
+        conversation, lease = prepared.turn.conversation_id, prepared.lease
+
+        async def fence() -> None:
+            prepared.done = True  # whatever the settling finds, there is nothing left to give back
+            if conversation is not None and lease is not None:
+                await self.conversations.release(conversation, lease)
+
+        async def not_stored(_: None) -> None:
+            self._count(prepared, "not_stored")
+
+        log_id = conversation or (prepared.parent.root_id if prepared.parent else prepared.response_id)
+        await settle_lost_commit(
+            error,
+            fence=fence,
+            is_stored=lambda: self.responses.is_stored(prepared.response_id),
+            not_stored=not_stored,
+            store="the response store",
+            log_id=log_id,
+        )
+        self._count(prepared, "stored")
 
     @staticmethod
     def _stop_keeper(prepared: PreparedResponse) -> None:

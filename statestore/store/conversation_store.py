@@ -19,7 +19,7 @@ from statestore.store.leased_log import CONVERSATIONS, LeasedLog, Release, Renew
 from statestore.store.response_commit import item_rows
 from statestore.store.response_records import ConversationRow, StoredItem
 from statestore.store.response_sealing import active, conversation_data, conversation_item_data, seal_items
-from statestore.store.response_statements import PgResponseStatements
+from statestore.store.response_statements import AppendItems, PgResponseStatements, item_arrays
 from statestore.store.schema import conversation_items, conversations
 
 
@@ -205,19 +205,34 @@ class ConversationStore:
         opened = await self._opened_items(owner, conversation_id, rows, at=1, column="rendered")
         return [(row[0], value) for row, value in zip(rows, opened, strict=True)]
 
-    async def append(self, owner: str, conversation_id: str, items: Sequence[StoredItem], *, now_ms: int) -> None:
-        """Append items unless a turn holds the conversation (Locked) or it does not exist (LookupError)."""
-        sealer = None
+    async def commit_append(
+        self, owner: str, conversation_id: str, items: Sequence[StoredItem], *, token: str, position: int
+    ) -> bool:
+        """Append items taken for with `lease` (its `token` the append's turn id, `position` what it returned), the
+        lease given back with them; False, with nothing stored, when the lease is no longer the append's. Once stored
+        the lease is gone, so the same append carried out again (a commit replayed) stores nothing."""
         if self._keys is not None:
-            scope = await self._scope(owner, conversation_id, now_ms)
-            if scope is None:
-                raise LookupError(conversation_id)
+            scope = await self._scope(owner, conversation_id, 0)
+            if scope is None:  # deleted meanwhile
+                return False
             sealer = await self._keys.sealer(scope)
+            items = seal_items(sealer, items, owner, conversation_id, position, conversation=True)
+        if self._pg is not None:
+            item_ids, bodies, kinds, rendered = item_arrays(items)
+            append = AppendItems(
+                conversation_id=conversation_id,
+                token=token,
+                count=len(items),
+                item_ids=item_ids,
+                bodies=bodies,
+                kinds=kinds,
+                rendered=rendered,
+            )
+            return await self._pg.append_items(append) is not None
         async with self.engine.begin() as conn:
             claimed = await conn.execute(
                 update(conversations)
-                .where(*self._mine(owner, conversation_id, now_ms), self._free(now_ms))
-                # A lease that ran out is taken over: the turn that held it can no longer commit on stale context.
+                .where(conversations.c.id == conversation_id, conversations.c.lease_token == token)
                 .values(
                     next_position=conversations.c.next_position + len(items), lease_token=None, lease_expires_ms=None
                 )
@@ -225,15 +240,22 @@ class ConversationStore:
             )
             end = claimed.scalar_one_or_none()
             if end is None:
-                exists = (
-                    await conn.execute(select(conversations.c.id).where(*self._mine(owner, conversation_id, now_ms)))
-                ).first()
-                raise Locked() if exists is not None else LookupError(conversation_id)
-            first = end - len(items)
-            if sealer is not None:
-                items = seal_items(sealer, items, owner, conversation_id, first, conversation=True)
-            rows = [{**row, "conversation_id": conversation_id} for row in item_rows(items, first)]
+                await conn.rollback()
+                return False
+            rows = [{**row, "conversation_id": conversation_id} for row in item_rows(items, end - len(items))]
             await conn.execute(insert(conversation_items), rows)
+        return True
+
+    async def holds_append(self, conversation_id: str, *, position: int, item_id: str) -> bool:
+        """Whether an append whose items begin at `position` with `item_id` was stored: after its commit's answer was
+        lost and its lease given back (which waits out a commit still running in the database)."""
+        query = select(conversation_items.c.position).where(
+            conversation_items.c.conversation_id == conversation_id,
+            conversation_items.c.position == position,
+            conversation_items.c.item_id == item_id,
+        )
+        async with self.engine.connect() as conn:
+            return (await conn.execute(query)).first() is not None
 
     async def items(
         self, owner: str, conversation_id: str, *, now_ms: int, descending: bool, after: str | None, limit: int

@@ -86,6 +86,20 @@ class CommitConversationTurn(ResponseTurnRow):
 
 
 @dataclass(slots=True, kw_only=True)
+class AppendItems:
+    """Items appended to a conversation (`POST /v1/conversations/{id}/items`), only while the append holds the lease
+    `token`, its turn id: once stored, the lease is gone, so the same append carried out again stores nothing."""
+
+    conversation_id: str
+    token: str
+    count: int
+    item_ids: list[str]
+    bodies: list[bytes]
+    kinds: list[str]
+    rendered: list[bytes]
+
+
+@dataclass(slots=True, kw_only=True)
 class OfResponse:
     response_id: str
 
@@ -193,6 +207,26 @@ SELECT start FROM claimed
     durable=True,
 )
 
+# An append's commit, as a turn's on a conversation (COMMIT_CONVERSATION_TURN) without a response: the items' first
+# position, or no row when the append no longer holds the lease.
+APPEND_ITEMS: Final = PgStatement(
+    AppendItems,
+    """
+WITH claimed AS (
+    UPDATE conversations SET next_position = next_position + :count, lease_token = NULL, lease_expires_ms = NULL
+    WHERE id = :conversation_id AND lease_token = :token
+    RETURNING next_position - :count AS start
+), items AS (
+    INSERT INTO conversation_items (conversation_id, position, item_id, body, kind, rendered)
+    SELECT :conversation_id, claimed.start + (m.ord - 1)::integer, m.item_id, m.body, m.kind, m.rendered
+    FROM claimed, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
+        WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
+)
+SELECT start FROM claimed
+""",
+    durable=True,
+)
+
 LOAD_CONVERSATION: Final = PgStatement(
     OfConversation,
     "SELECT kind, rendered, position FROM conversation_items WHERE conversation_id = :conversation_id"
@@ -281,3 +315,8 @@ class PgResponseStatements:
     async def conversation_items(self, conversation_id: str) -> list[asyncpg.Record]:
         """(kind, rendered, position) of a conversation's items, in order."""
         return await self._pg.fetch(LOAD_CONVERSATION, OfConversation(conversation_id=conversation_id))
+
+    async def append_items(self, append: AppendItems) -> int | None:
+        """The first position of the items appended (APPEND_ITEMS); None when the lease was no longer held."""
+        start: int | None = await self._pg.fetchval(APPEND_ITEMS, append)
+        return start

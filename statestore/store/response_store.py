@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import and_, case, delete, func, literal, null, select, union_all
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.content_keys import CLEAR, ContentKeys, ContentSealer
@@ -228,6 +229,32 @@ class ResponseStore:
         sealed = new if self._keys is None else seal_response(new, await self._keys.sealer(scope_of(new)))
         stored = await self.log.commit_response(sealed, conversation_lease)
         return stored_row(new, stored) if stored is not None else None
+
+    async def is_stored(self, response_id: str) -> bool:
+        """Whether the response was stored, a commit of it still running in the database waited out first: the read
+        is an insert of the same id, which waits on the primary key until that commit ends and is rolled back (it
+        stores nothing). After a commit whose answer was lost, so that its settling (core/lost_commit.py) reads an
+        outcome no commit still on its way can change."""
+        insert = postgresql.insert if self.engine.dialect.name == "postgresql" else sqlite.insert
+        probe = (
+            insert(responses)
+            .values(
+                id=response_id,
+                owner="",
+                root_id=response_id,
+                depth=0,
+                chain_bytes=0,
+                body=b"",
+                created_ms=0,
+                expires_ms=0,
+            )
+            .on_conflict_do_nothing(index_elements=[responses.c.id])
+            .returning(responses.c.id)
+        )
+        async with self.engine.connect() as conn:
+            placed = (await conn.execute(probe)).first()
+            await conn.rollback()
+        return placed is None
 
     async def input_items(self, owner: str, response_id: str, *, now_ms: int) -> list[bytes] | None:
         """The response's input item bodies, from wherever they are stored; None when there is no such response."""

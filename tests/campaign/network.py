@@ -63,12 +63,16 @@ class LinkFaults:
     # Once: the connection whose client sends these bytes gets no more replies and is reset shortly after, while
     # what it sent still reaches the server (a request the server carried out, its answer lost on the way back).
     lose_reply_after: bytes | None = None
+    # Once, PostgreSQL only: the connection whose client sends these bytes loses the reply that ends their
+    # transaction (the first ReadyForQuery that reports the connection idle), and is reset: a COMMIT, or a statement
+    # that commits by itself, carried out, its acknowledgement lost.
+    lose_commit_reply_after: bytes | None = None
 
     def clear(self) -> None:
         self.stalled = self.refuse = False
         self.latency = 0.0
         self.bytes_per_second = 0
-        self.lose_reply_after = None
+        self.lose_reply_after = self.lose_commit_reply_after = None
 
 
 class _Pipes:
@@ -88,10 +92,15 @@ class _Pipes:
 LOSE_REPLY_DELAY = 0.3
 
 
+# PostgreSQL's ReadyForQuery with transaction status idle: what ends the reply to a transaction's last statement.
+READY_IDLE = b"Z\x00\x00\x00\x05I"
+
+
 @dataclass
 class _Link:
     client: asyncio.StreamWriter
     replies_lost: bool = False
+    commit_armed: bool = False  # lose_commit_reply_after: the marker went by; the reply ending its transaction goes
 
 
 async def _pump(
@@ -112,6 +121,15 @@ async def _pump(
                     # Later than the server needs to carry out what it was sent; then the client sees a reset.
                     cut = functools.partial(_abort, link.client, reset=True)
                     asyncio.get_running_loop().call_later(LOSE_REPLY_DELAY, cut)
+                committing = faults.lose_commit_reply_after
+                if to_server and committing is not None and committing in data:
+                    faults.lose_commit_reply_after = None
+                    link.commit_armed = True
+                if not to_server and link.commit_armed and READY_IDLE in data:
+                    # The server has committed (it says the connection is idle again): the client never hears it.
+                    link.commit_armed = False
+                    link.replies_lost = True
+                    _abort(link.client, reset=True)
                 while faults.stalled:
                     await asyncio.sleep(0.05)
                 if faults.latency:

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import urlsplit
 
+import asyncpg
 import httpx
+import openai
 import orjson
 import pytest
 
 from statestore.store.migrate import upgrade
 from tests.campaign.network import FaultProxy, NetworkLoop
 from tests.reliability.support import RawClient, sse_data, user
+from tests.support.admin_api import run_async
 from tests.support.fake_backend import FakeBackend
 from tests.support.server import StatestoreServer
 
@@ -99,3 +103,97 @@ def test_a_background_turn_whose_commit_reply_was_lost_ends_as_stored(
             "/v1/responses", json={"model": "echo-1", "input": "after", "previous_response_id": response_id}
         )
         assert after.status_code == 200, after.text
+
+
+def _copies(database_url: str, marker: str) -> int:
+    """How many stored responses carry `marker` (in their output, as the echo backend answers it)."""
+
+    async def count() -> int:
+        conn = await asyncpg.connect(database_url.replace("+asyncpg", ""))
+        try:
+            found = await conn.fetchval(
+                "SELECT count(*) FROM responses WHERE position($1::bytea IN body) > 0", marker.encode()
+            )
+            return int(found)
+        finally:
+            await conn.close()
+
+    return run_async(count)
+
+
+def _texts(client: openai.OpenAI, conversation_id: str) -> list[str]:
+    """The conversation's items as text, in order (a user's input as sent, a reply as the echo backend made it)."""
+    texts = []
+    for item in client.conversations.items.list(conversation_id, order="asc", limit=100).data:
+        content = item.content  # type: ignore[union-attr]
+        texts.append(content if isinstance(content, str) else "".join(part.text for part in content))  # type: ignore[union-attr]
+    return texts
+
+
+@pytest.mark.parametrize("kind", ["create", "continue", "conversation", "stream"])
+def test_a_response_whose_commit_reply_was_lost_is_stored_once(
+    lossy_server: tuple[StatestoreServer, FaultProxy], fresh_pg_url: str, kind: str
+) -> None:
+    """Through the SDK, whose retries are on: a turn whose commit's answer was lost is settled (fenced, then looked
+    for) and answered as stored, so the SDK has nothing to retry and no second copy is made (a sibling on a chain, the
+    input and reply twice on a conversation)."""
+    server, proxy = lossy_server
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=f"sk-lost-{secrets.token_hex(6)}", timeout=30)
+    with client:
+        extra: dict[str, Any] = {}
+        before: list[str] = []
+        if kind == "continue":
+            extra["previous_response_id"] = client.responses.create(model="echo-1", input="one").id
+        elif kind == "conversation":
+            conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "zero"}])
+            client.responses.create(model="echo-1", input="one", conversation=conversation.id)
+            extra["conversation"] = conversation.id
+            before = _texts(client, conversation.id)
+            assert before == ["zero", "one", "echo: one"]
+        marker = f"lost-response-{secrets.token_hex(4)}"
+        # Nothing is written before the commit, the first statement that carries the turn's text.
+        proxy.faults.lose_reply_after = marker.encode()
+        if kind == "stream":
+            events = list(client.responses.create(model="echo-1", input=marker, stream=True))
+            last = events[-1]
+            assert last.type == "response.completed", last
+            reply = last.response
+        else:
+            reply = client.responses.create(model="echo-1", input=marker, **extra)
+        assert proxy.faults.lose_reply_after is None, "the commit never went through the proxy"
+        assert reply.output_text == f"echo: {marker}"
+        assert _copies(fresh_pg_url, marker) == 1
+        assert client.responses.retrieve(reply.id).output_text == f"echo: {marker}"
+        if kind == "conversation":
+            assert _texts(client, conversation.id) == [*before, marker, f"echo: {marker}"]
+            after = client.responses.create(model="echo-1", input="after", conversation=conversation.id)
+        else:
+            after = client.responses.create(model="echo-1", input="after", previous_response_id=reply.id)
+        assert after.output_text == "echo: after"
+
+
+def test_an_append_whose_commit_reply_was_lost_adds_its_items_once(
+    lossy_server: tuple[StatestoreServer, FaultProxy],
+) -> None:
+    """`POST /v1/conversations/{id}/items` commits under its own turn id and is settled as a turn is: the SDK's
+    request is answered with the items stored, once."""
+    server, proxy = lossy_server
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=f"sk-lost-{secrets.token_hex(6)}", timeout=30)
+    with client:
+        conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "zero"}])
+        marker = f"lost-append-{secrets.token_hex(4)}"
+        # The acknowledgement of the transaction that carries the items is lost, however many statements it has.
+        proxy.faults.lose_commit_reply_after = marker.encode()
+        added = client.conversations.items.create(
+            conversation.id,
+            items=[
+                {"type": "message", "role": "user", "content": marker},
+                {"type": "message", "role": "assistant", "content": "two"},
+            ],
+        )
+        assert proxy.faults.lose_commit_reply_after is None, "the commit never went through the proxy"
+        assert len(added.data) == 2
+        assert _texts(client, conversation.id) == ["zero", marker, "two"]
+        # The conversation is free again, and goes on from there.
+        client.responses.create(model="echo-1", input="after", conversation=conversation.id)
+        assert _texts(client, conversation.id) == ["zero", marker, "two", "after", "echo: after"]

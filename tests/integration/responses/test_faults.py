@@ -141,3 +141,36 @@ async def test_a_value_the_database_cannot_hold_is_the_requests_fault(
     assert answer.status_code == 400, answer.text
     assert answer.json()["error"]["type"] == "invalid_request_error"
     assert (await rows.counts(api_key))["responses"] == 0
+
+
+@pytest.mark.parametrize("where", ["continue", "conversation", "append"])
+def test_a_value_the_database_cannot_hold_is_refused_before_any_settling(
+    any_openai_client: openai.OpenAI, request: pytest.FixtureRequest, where: str
+) -> None:
+    """A commit the database refuses for a value of the request (a NUL in text, on PostgreSQL) is a 400 on each
+    commit path, never the 503 of a commit whose answer was lost (which would be settled): nothing is stored and the
+    conversation is free. SQLite holds the value: there the same requests are stored, once."""
+    client = any_openai_client
+    postgres = request.node.callspec.params["any_openai_client"] == "postgres"
+    conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "zero"}])
+    head = client.responses.create(model="echo-1", input="one")
+    nul = {"user_id": "a\u0000b"}
+    try:
+        if where == "append":
+            item = {"type": "message", "id": "msg_a\u0000b", "role": "user", "content": "two"}
+            client.conversations.items.create(conversation.id, items=[item])  # type: ignore[list-item]
+        elif where == "continue":
+            client.responses.create(model="echo-1", input="two", metadata=nul, previous_response_id=head.id)
+        else:
+            client.responses.create(model="echo-1", input="two", metadata=nul, conversation=conversation.id)
+        stored = True
+    except openai.BadRequestError as exc:
+        assert exc.status_code == 400, exc
+        stored = False
+    assert stored is not postgres
+    items = client.conversations.items.list(conversation.id, order="asc").data
+    added = {"continue": 0, "conversation": 2, "append": 1}[where] if stored else 0
+    assert len(items) == 1 + added
+    # the conversation was given back: the next turn goes through
+    after = client.responses.create(model="echo-1", input="ok", conversation=conversation.id)
+    assert after.output_text == "echo: ok"
