@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     # Generous: a long extended-thinking stream can be silent between events for minutes.
     upstream_read_timeout: float = Field(default=600.0, gt=0)
     upstream_max_connections: int = Field(default=200, ge=1)
+    # How long a request waits for one of those connections to come free (a turn holds its lease meanwhile); then 503.
+    upstream_pool_timeout_seconds: float = Field(default=30.0, gt=0)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
 
     auth_mode: Literal["passthrough", "keys"] = "passthrough"

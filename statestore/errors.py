@@ -131,6 +131,11 @@ class UpstreamTimeout(StatestoreError):
     error_type = "timeout_error"
 
 
+class UpstreamBusy(ServiceUnavailable):
+    """No connection to the model backend came free within STATESTORE_UPSTREAM_POOL_TIMEOUT_SECONDS (all of
+    STATESTORE_UPSTREAM_MAX_CONNECTIONS in use): the request was not sent, so a retry is safe."""
+
+
 class StreamBrokenOff(Exception):
     """A response that already started cannot be completed (the backend's stream broke off, or the turn could not be
     committed): raising it makes the server cut the client's connection, which is how a client learns a stream is

@@ -130,6 +130,7 @@ async def build_resources(
             connect_timeout=settings.upstream_connect_timeout,
             read_timeout=settings.upstream_read_timeout,
             max_connections=settings.upstream_max_connections,
+            pool_timeout=settings.upstream_pool_timeout_seconds,
             metrics=metrics,
         )
         stack.push_async_callback(upstream.aclose)
@@ -138,6 +139,7 @@ async def build_resources(
             connect_timeout=settings.upstream_connect_timeout,
             read_timeout=settings.upstream_read_timeout,
             max_connections=settings.upstream_max_connections,
+            pool_timeout=settings.upstream_pool_timeout_seconds,
             metrics=metrics,
         )
         stack.push_async_callback(chat_upstream.aclose)

@@ -11,9 +11,9 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import Literal, Protocol
 
-from statestore.errors import UpstreamTimeout, UpstreamUnreachable
+from statestore.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnreachable
 from statestore.metrics import Metrics, upstream_outcome
-from statestore.upstream.http1 import Connection, ConnectionPool
+from statestore.upstream.http1 import Connection, ConnectionPool, PoolExhausted
 
 THREADS_BETA = "message-threads-2026-08-12"
 
@@ -171,6 +171,7 @@ class UpstreamClient:
         read_timeout: float,
         max_connections: int,
         keepalive_seconds: float = 4.0,
+        pool_timeout: float = 30.0,
         metrics: Metrics | None = None,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
@@ -182,6 +183,7 @@ class UpstreamClient:
             read_timeout=read_timeout,
             max_connections=max_connections,
             keepalive_seconds=keepalive_seconds,
+            pool_timeout=pool_timeout,
             ssl_context=ssl_context,
         )
 
@@ -196,6 +198,9 @@ class UpstreamClient:
         head = pool.request_head(method, path_and_query, headers, body)
         try:
             connection = await pool.exchange(method, head, body)
+        except PoolExhausted as exc:
+            self._observe_failure(route, "timeout", started)
+            raise UpstreamBusy("every connection to the model backend is in use; try again shortly") from exc
         except TimeoutError as exc:
             self._observe_failure(route, "timeout", started)
             raise UpstreamTimeout("the model backend did not answer in time") from exc

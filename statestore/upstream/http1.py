@@ -37,6 +37,11 @@ class ConnectionClosed(ConnectionError):
     """The backend closed the connection, or sent what is not HTTP/1.1, before the response ended."""
 
 
+class PoolExhausted(TimeoutError):
+    """Every connection stayed in use for the pool timeout: no connection came free for this request, which was not
+    sent."""
+
+
 class Connection(asyncio.Protocol):
     """One connection and the response being read on it. Its consumer waits on `_waiter`; every parser event wakes
     it."""
@@ -220,6 +225,11 @@ def _expire(waiter: asyncio.Future[None]) -> None:
         waiter.set_exception(TimeoutError())
 
 
+def _exhausted(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(PoolExhausted())
+
+
 class ConnectionPool:
     """Connections to one origin, reused last-in first-out (the warmest first), at most `max_connections` open."""
 
@@ -231,6 +241,7 @@ class ConnectionPool:
         read_timeout: float,
         max_connections: int,
         keepalive_seconds: float,
+        pool_timeout: float = 30.0,
         ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         url = urlsplit(base_url)
@@ -247,6 +258,8 @@ class ConnectionPool:
         self._ssl = (ssl_context or ssl.create_default_context()) if self._tls else None
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        # A request waits this long for a connection to come free: a turn waiting holds its lease meanwhile.
+        self.pool_timeout = pool_timeout
         self._max = max_connections
         self._keepalive = keepalive_seconds
         self._idle: list[Connection] = []
@@ -306,12 +319,19 @@ class ConnectionPool:
                 return await self._connect()
             waiter = self.loop.create_future()
             self._waiters.append(waiter)
+            timer = self.loop.call_later(self.pool_timeout, _exhausted, waiter)
             try:
                 await waiter
+            except PoolExhausted:
+                # Timed out while still in line (a wake would have settled the future first): leave the line.
+                self._waiters.remove(waiter)
+                raise
             except BaseException:
                 if waiter.done() and not waiter.cancelled():
                     self._wake_one()  # woken and cancelled at once: the freed connection goes to the next in line
                 raise
+            finally:
+                timer.cancel()
 
     async def _connect(self) -> Connection:
         self._open += 1

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from statestore.errors import UpstreamTimeout, UpstreamUnreachable
+from statestore.errors import UpstreamBusy, UpstreamTimeout, UpstreamUnreachable
 from statestore.upstream.client import StreamInterrupted, UpstreamClient
 from statestore.upstream.http1 import Connection, ConnectionPool
 
@@ -309,6 +309,27 @@ async def test_the_pool_limit_queues_requests_and_a_cancelled_waiter_passes_its_
     await held.read()
     await held.aclose()
     response = await asyncio.wait_for(queued[1], 2)
+    assert await response.read() == b'{"ok":true}'
+    await response.aclose()
+    assert backend.connections == 1
+    await client.aclose()
+
+
+async def test_a_request_waits_for_a_connection_at_most_the_pool_timeout(backends: list[Backend]) -> None:
+    """Every connection in use past the pool timeout: the waiting request is refused with a retryable 503, unsent,
+    and leaves the line; the pool serves the next request once the connection is back."""
+    client, backend = await make(backends, replying(OK, OK), max_connections=1, pool_timeout=0.2)
+    held = await client.send("POST", "/v1/messages", [], b"{}")
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(UpstreamBusy) as refused:
+        await asyncio.wait_for(client.send("POST", "/v1/messages", [], b"{}"), 5)
+    assert 0.15 <= asyncio.get_running_loop().time() - started < 2
+    assert refused.value.status == 503 and refused.value.headers["retry-after"]
+    assert len(backend.heads) == 1  # the refused request never reached the backend
+    assert not client._pool._waiters
+    await held.read()
+    await held.aclose()
+    response = await asyncio.wait_for(client.send("POST", "/v1/messages", [], b"{}"), 2)
     assert await response.read() == b'{"ok":true}'
     await response.aclose()
     assert backend.connections == 1
