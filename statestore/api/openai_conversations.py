@@ -12,6 +12,7 @@ from starlette.responses import Response
 from statestore.api.deps import ResourcesDep
 from statestore.api.openai_responses import JSON, header, json_response, list_params, page, turns_of
 from statestore.api.responses import bytes_response
+from statestore.core.policy_enforcement import TurnMeasures
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
 from statestore.responses.context import conversation_cache_key
@@ -19,6 +20,7 @@ from statestore.responses.conversation_append import append_items
 from statestore.responses.errors import NotFound, conversation_locked, conversation_not_found
 from statestore.responses.ids import looks_like, new_id
 from statestore.responses.items import normalise_input, stored
+from statestore.responses.turns import enforced
 from statestore.responses.validation import read_body
 from statestore.store.conversation_store import Locked
 from statestore.store.response_records import ConversationRow
@@ -60,7 +62,7 @@ async def create_conversation(request: Request, resources: ResourcesDep) -> Resp
     policy = await turns.policy(principal, storing=True)
     now = resources.clock()
     row = ConversationRow(new_id("conv_"), orjson.dumps(metadata), int(time.time()) * 1000)
-    ttl = policy.ttl_for(header(request.headers.raw, b"statestore-ttl"), None)
+    ttl = enforced(policy, TurnMeasures(requested_ttl=header(request.headers.raw, b"statestore-ttl")))
     await turns.conversations.create(
         conversation_id=row.id,
         owner=principal.owner,

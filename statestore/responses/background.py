@@ -15,6 +15,7 @@ import orjson
 from statestore.auth import Principal
 from statestore.clock import Clock
 from statestore.content_keys import Scope
+from statestore.core.policy_enforcement import TurnMeasures
 from statestore.responses.background_events import final_frame, with_status
 from statestore.responses.background_runs import BackgroundRunner
 from statestore.responses.background_turn import Held
@@ -22,7 +23,7 @@ from statestore.responses.errors import BadRequest, OpenAIError, response_not_fo
 from statestore.responses.replay import queued_frames, replayed_frames
 from statestore.responses.request import TurnRequest
 from statestore.responses.response_object import completed
-from statestore.responses.turns import ResponseTurns
+from statestore.responses.turns import ResponseTurns, enforced
 from statestore.store.background_store import BackgroundJob, BackgroundStore, NewJob
 from statestore.store.event_log import Event, EventLog, EventLogUnavailable, Superseded
 
@@ -55,13 +56,8 @@ class BackgroundTurns:
         """Queue the turn: (its id, the Response as queued, the events that said so: response.created,
         response.queued)."""
         policy = await self.turns.policy(principal, storing=True)
-        bound = policy.max_background_turns
-        if bound == 0:
-            raise BadRequest(
-                "Background responses are disabled by this deployment's policy.",
-                param="background",
-                code="background_disabled",
-            )
+        enforced(policy, TurnMeasures(background=True))
+        bound = policy.max_background_turns  # counted and checked as the turn is queued (BackgroundStore.admit)
         ttl = next((value for name, value in headers if name == b"statestore-ttl"), None)
         # The same checks as a foreground turn, answered now: the previous response, the conversation and its lease.
         prepared = await self.turns.prepare(turn, principal, ttl)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import orjson
 
+from statestore.core.policy_enforcement import PolicyRefusal
 from statestore.errors import StatestoreError
 
 # The routes whose errors are in OpenAI's shape.
@@ -95,3 +96,32 @@ def as_openai(error: StatestoreError) -> OpenAIError:
     elif error.error_code is not None:
         converted.code = error.error_code  # e.g. content_erased: what a client can act on, in OpenAI's field for it
     return converted
+
+
+def policy_error(refusal: PolicyRefusal) -> BadRequest:
+    """A policy's refusal (core/policy_enforcement.py) in OpenAI's shape, naming the request field it concerns."""
+    if refusal.field == "threads_enabled":
+        return BadRequest(
+            "Storing responses is disabled by this deployment's retention policy; send store: false.",
+            param="store",
+            code="storage_disabled",
+        )
+    if refusal.field == "max_messages":
+        return BadRequest(
+            f"The conversation would exceed this deployment's limit of {refusal.limit} messages.",
+            param="input",
+            code="too_many_messages",
+        )
+    if refusal.field == "max_thread_bytes":
+        return BadRequest(
+            f"The conversation would exceed this deployment's limit of {refusal.limit} bytes.",
+            param="input",
+            code="context_too_large",
+        )
+    if refusal.field == "max_background_turns":
+        return BadRequest(
+            "Background responses are disabled by this deployment's policy.",
+            param="background",
+            code="background_disabled",
+        )
+    return BadRequest(refusal.message)

@@ -25,6 +25,14 @@ from statestore.responses.request import TurnRequest, chat_body
 from statestore.store.response_records import ContextRecord, ResponseRow, StoredItem
 from statestore.threads import planner
 
+# The fewest bytes a rendered Chat Completions message takes (`{"role":"user","content":""}` is 28): a context of N
+# bytes carries at most N / this messages.
+_FEWEST_MESSAGE_BYTES = 24
+
+
+def _count(joined: bytes) -> int:
+    return len(orjson.loads(b"[" + joined + b"]")) if joined else 0
+
 
 @dataclass(slots=True)
 class PreparedResponse:
@@ -109,6 +117,16 @@ class PreparedResponse:
             summarize=summarize,
             force=forced is not None,
         )
+
+    def messages_sent(self, limit: int) -> int | None:
+        """The messages the rebuilt request carries (its context as the previous turn left it, the new inputs, and
+        the reply), when they could number more than `limit`; None when they cannot, which costs no parse."""
+        base = self.base
+        new_bytes = sum(len(i.rendered) for i in self.inputs)
+        if (base.size + new_bytes) // _FEWEST_MESSAGE_BYTES + 1 <= limit:
+            return None
+        new = join_rendered((i.kind, i.rendered) for i in self.inputs)
+        return (1 if base.head else 0) + _count(base.context) + _count(new) + 1
 
     def backend_body(self) -> bytes:
         system = self.system_message()

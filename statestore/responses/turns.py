@@ -11,6 +11,7 @@ from statestore.auth import Principal
 from statestore.clock import Clock
 from statestore.core.lease_keeper import LeaseKeeper
 from statestore.core.lost_commit import settle_lost_commit
+from statestore.core.policy_enforcement import PolicyRefusal, TurnMeasures, enforce
 from statestore.metrics import Metrics, ResponseTurnKind, ThreadTurnOutcome
 from statestore.policy import Policy
 from statestore.responses.backend_window import with_window
@@ -26,9 +27,9 @@ from statestore.responses.context import (
     window_for,
 )
 from statestore.responses.errors import (
-    BadRequest,
     conversation_locked,
     conversation_not_found,
+    policy_error,
     previous_response_not_found,
 )
 from statestore.responses.ids import looks_like, new_id
@@ -55,6 +56,14 @@ def turn_kind(turn: TurnRequest) -> ResponseTurnKind:
     if turn.previous_response_id is not None:
         return "continue"
     return "conversation" if turn.conversation_id is not None else "create"
+
+
+def enforced(policy: Policy, measures: TurnMeasures) -> int:
+    """`enforce` for a Responses turn: the TTL it gets, or the refusal in OpenAI's shape."""
+    try:
+        return enforce(policy, measures)
+    except PolicyRefusal as refusal:
+        raise policy_error(refusal) from None
 
 
 class ResponseTurns:
@@ -89,12 +98,7 @@ class ResponseTurns:
 
     async def policy(self, principal: Principal, *, storing: bool) -> Policy:
         policy = await self.policies.for_tenant(principal.tenant_id)
-        if storing and not policy.threads_enabled:
-            raise BadRequest(
-                "Storing responses is disabled by this deployment's retention policy; send store: false.",
-                param="store",
-                code="storage_disabled",
-            )
+        enforced(policy, TurnMeasures(stores=storing))
         return policy
 
     async def prepare(
@@ -135,7 +139,7 @@ class ResponseTurns:
             principal=principal,
             response_id=response_id or new_id("resp_"),
             created_at=created_at or int(time.time()),
-            ttl_ms=policy.ttl_for(ttl_header, None) * 1000,
+            ttl_ms=enforced(policy, TurnMeasures(stores=turn.store, requested_ttl=ttl_header)) * 1000,
             parent=None,
             context=b"",
             inputs=stored_inputs(turn.input, self.seal, principal.owner),
@@ -184,13 +188,13 @@ class ResponseTurns:
                 raise
         segment = sum(len(i.rendered) for i in prepared.inputs)
         chain = prepared.parent.chain_bytes if prepared.parent else len(prepared.context)
-        if turn.store and chain + segment > policy.max_thread_bytes:
-            await self._refuse(prepared)
-            raise BadRequest(
-                f"The conversation would exceed this deployment's limit of {policy.max_thread_bytes} bytes.",
-                param="input",
-                code="context_too_large",
-            )
+        if turn.store:
+            measures = TurnMeasures(messages=prepared.messages_sent(policy.max_messages), size=chain + segment)
+            try:
+                enforce(policy, measures)
+            except PolicyRefusal as refusal:
+                await self._refuse(prepared)
+                raise policy_error(refusal) from None
         return prepared
 
     async def _read_chain(self, prepared: PreparedResponse, previous: str, now: int, *, turn: bool = True) -> None:

@@ -127,7 +127,9 @@ def _created(turn: ThreadTurn, policy: Policy) -> CountedRequest:
     system_bytes = assembly.encode(system) if turn.has_system else None
     tools_bytes = assembly.encode(tools) if turn.has_tools else None
     fixed = len(system_bytes or b"") + len(tools_bytes or b"")
-    rules.check_limits(policy, messages=len(new.stored) + 1, size=fixed + sum(map(len, new.stored)))
+    rules.check_limits(
+        policy, messages=len(new.stored) + 1, size=fixed + sum(map(len, new.stored)), ttl_header=None, current_ttl=None
+    )
     body = assembly.build_body(
         turn.fields, system=system_bytes, tools=tools_bytes, history=b"", new_messages=new.forwarded
     )
@@ -153,6 +155,8 @@ async def _continued(service: ThreadService, leased: LeasedThread, turn: ThreadT
         policy,
         messages=(moved.messages if moved else leased.context_messages) + len(new.stored) + 1,
         size=fixed + (moved.size if moved else leased.context_bytes) + sum(map(len, new.stored)),
+        ttl_header=None,
+        current_ttl=None,
     )
     if moved is not None:
         history = moved.joined

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from statestore.core.policy_enforcement import PolicyRefusal, TurnMeasures, enforce
 from statestore.errors import (
     InvalidRequest,
     RequestTooLarge,
@@ -52,11 +53,30 @@ def check_markers(count: int) -> None:
         )
 
 
-def check_limits(policy: Policy, *, messages: int, size: int) -> None:
-    if messages > policy.max_messages:
-        raise InvalidRequest(f"the thread would exceed its limit of {policy.max_messages} messages")
-    if size > policy.max_thread_bytes:
-        raise RequestTooLarge(f"the thread would exceed its limit of {policy.max_thread_bytes} bytes")
+def thread_error(refusal: PolicyRefusal) -> StatestoreError:
+    """A policy's refusal (core/policy_enforcement.py) in the Messages door's shape."""
+    if refusal.field == "max_messages":
+        return InvalidRequest(f"the thread would exceed its limit of {refusal.limit} messages")
+    if refusal.field == "max_thread_bytes":
+        return RequestTooLarge(f"the thread would exceed its limit of {refusal.limit} bytes")
+    if refusal.field == "threads_enabled":
+        return ThreadUnsupportedRequest("threads are turned off for this owner", unsupported=[])
+    return ThreadUnsupportedRequest(refusal.message, unsupported=[])
+
+
+def enforced(policy: Policy, measures: TurnMeasures) -> int:
+    """`enforce` for a threaded turn: the TTL it gets, or the refusal as a thread error."""
+    try:
+        return enforce(policy, measures)
+    except PolicyRefusal as refusal:
+        raise thread_error(refusal) from None
+
+
+def check_limits(policy: Policy, *, messages: int, size: int, ttl_header: bytes | None, current_ttl: int | None) -> int:
+    """The policy's bounds on what the rebuilt request carries (the limits count what is sent, not the archive), and
+    the TTL the thread gets."""
+    measures = TurnMeasures(messages=messages, size=size, requested_ttl=ttl_header, current_ttl=current_ttl)
+    return enforced(policy, measures)
 
 
 def check_fixed_fields(leased: LeasedThread, turn: ThreadTurn) -> None:
@@ -76,7 +96,5 @@ def check_fixed_fields(leased: LeasedThread, turn: ThreadTurn) -> None:
 
 
 def check_policy(policy: Policy, turn: ThreadTurn) -> None:
-    if not policy.threads_enabled:
-        raise ThreadUnsupportedRequest("threads are turned off for this owner", unsupported=[])
-    if turn.session is not None and not policy.sessions_enabled:
-        raise ThreadUnsupportedRequest("sessions are turned off for this owner", unsupported=[])
+    """Before anything is taken: whether the owner may store threads, and name sessions."""
+    enforced(policy, TurnMeasures(session=turn.session is not None))

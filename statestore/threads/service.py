@@ -165,8 +165,13 @@ class ThreadService:
         system_bytes = assembly.encode(system) if turn.has_system else None
         tools_bytes = assembly.encode(tools) if turn.has_tools else None
         fixed_bytes = len(system_bytes or b"") + len(tools_bytes or b"")
-        rules.check_limits(policy, messages=len(new.stored) + 1, size=fixed_bytes + sum(map(len, new.stored)))
-        ttl = policy.ttl_for(turn.ttl_header, None)
+        ttl = rules.check_limits(
+            policy,
+            messages=len(new.stored) + 1,
+            size=fixed_bytes + sum(map(len, new.stored)),
+            ttl_header=turn.ttl_header,
+            current_ttl=None,
+        )
         thread = NewThread(
             id=new_thread_id(),
             owner=principal.owner,
@@ -245,12 +250,13 @@ class ThreadService:
                     self.repository, leased, turn, policy, new.forwarded, summarize=summarize
                 )
             # Limits count what the rebuild sends, not the archive.
-            rules.check_limits(
+            ttl = rules.check_limits(
                 policy,
                 messages=(moved.messages if moved else leased.context_messages) + len(new.stored) + 1,
                 size=fixed_bytes + (moved.size if moved else leased.context_bytes) + sum(map(len, new.stored)),
+                ttl_header=turn.ttl_header,
+                current_ttl=leased.ttl_seconds,
             )
-            ttl = policy.ttl_for(turn.ttl_header, leased.ttl_seconds)
             # The row keeps the first user id a turn gave (COALESCE): this turn's rows go under the scope it will hold.
             sealer = await self._sealer(
                 leased.owner, leased.tenant_id, leased.metadata_user_id or turn.metadata_user_id

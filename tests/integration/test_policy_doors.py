@@ -1,0 +1,110 @@
+"""The retention policy binds both doors (docs/policies.md), on both storage set-ups, with the official SDKs as
+clients: a thread, a Responses chain and a conversation under one owner's policy are refused, and stored, alike.
+
+Found by a review: with `max_messages: 4` a thread was refused at its third turn while a Responses chain went on (four
+turns, eight messages, all 200).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import anthropic
+import openai
+import pytest
+
+from tests.support.admin_api import ADMIN_TOKENS, MODEL, UPSTREAM_KEY, AdminApi, start_server
+from tests.support.fake_backend import FakeBackend
+from tests.support.server import StatestoreServer
+
+KEYS_MODE = {
+    "STATESTORE_AUTH_MODE": "keys",
+    "STATESTORE_UPSTREAM_API_KEY": UPSTREAM_KEY,
+    "STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS,
+}
+
+
+@pytest.fixture(scope="module")
+def postgres_server(
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend
+) -> Iterator[StatestoreServer]:
+    env = {**KEYS_MODE, "STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url}
+    server = start_server(module_db, fake_backend_process.url, redis_url, module_prefix, env)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def sqlite_server(
+    tmp_path_factory: pytest.TempPathFactory, fake_backend_process: FakeBackend
+) -> Iterator[StatestoreServer]:
+    from statestore.store.migrate import upgrade
+
+    url = f"sqlite+aiosqlite:///{Path(tmp_path_factory.mktemp('policy-doors')) / 'statestore.db'}"
+    upgrade(url)
+    env = {**KEYS_MODE, "STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url}
+    server = StatestoreServer(database_url=url, upstream_url=fake_backend_process.url, env=env)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+def server(request: pytest.FixtureRequest) -> StatestoreServer:
+    served: StatestoreServer = request.getfixturevalue(f"{request.param}_server")
+    return served
+
+
+def tenant_under(server: StatestoreServer, **policy: object) -> str:
+    """A key of a new tenant whose policy is the defaults with `policy`."""
+    with AdminApi(server.url) as admin:
+        tenant, key = admin.tenant_with_key()
+        admin.put_policy(tenant["id"], **policy)
+    return key
+
+
+def test_max_messages_refuses_the_third_turn_on_every_door(server: StatestoreServer, backend: FakeBackend) -> None:
+    key = tenant_under(server, max_messages=4)
+    with anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0) as claude:
+        thread = claude.beta.messages.thread(model=MODEL, max_tokens=64)
+        thread.send({"role": "user", "content": "one"})
+        thread.send({"role": "user", "content": "two"})
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            thread.send({"role": "user", "content": "three"})
+        assert "limit of 4 messages" in refused.value.message
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) as gpt:
+        first = gpt.responses.create(model=MODEL, input="one")
+        second = gpt.responses.create(model=MODEL, input="two", previous_response_id=first.id)
+        with pytest.raises(openai.BadRequestError) as chained:
+            gpt.responses.create(model=MODEL, input="three", previous_response_id=second.id)
+        assert (chained.value.code, chained.value.param) == ("too_many_messages", "input")
+        assert "limit of 4 messages" in chained.value.message
+        # A branch from an earlier response carries fewer messages: it is served.
+        assert gpt.responses.create(model=MODEL, input="two again", previous_response_id=first.id).output_text
+
+        conversation = gpt.conversations.create()
+        gpt.responses.create(model=MODEL, input="one", conversation=conversation.id)
+        gpt.responses.create(model=MODEL, input="two", conversation=conversation.id)
+        with pytest.raises(openai.BadRequestError) as appended:
+            gpt.responses.create(model=MODEL, input="three", conversation=conversation.id)
+        assert appended.value.code == "too_many_messages"
+        # Refused with nothing stored, and the conversation's lease given back: it holds its four items.
+        assert len(gpt.conversations.items.list(conversation.id).data) == 4
+        # A turn that stores nothing is no stored conversation's: the limit does not apply to it.
+        assert gpt.responses.create(model=MODEL, input="solo", store=False).output_text
+
+
+def test_threads_off_refuses_storing_on_every_door(server: StatestoreServer, backend: FakeBackend) -> None:
+    key = tenant_under(server, threads_enabled=False)
+    with anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0) as claude:
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.beta.messages.thread(model=MODEL, max_tokens=64).send({"role": "user", "content": "one"})
+        assert "threads are turned off" in refused.value.message
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) as gpt:
+        with pytest.raises(openai.BadRequestError) as stored:
+            gpt.responses.create(model=MODEL, input="one")
+        assert (stored.value.code, stored.value.param) == ("storage_disabled", "store")
+        with pytest.raises(openai.BadRequestError) as conversation:
+            gpt.conversations.create()
+        assert conversation.value.code == "storage_disabled"
+        assert gpt.responses.create(model=MODEL, input="one", store=False).output_text == "echo: one"
