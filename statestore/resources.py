@@ -110,17 +110,26 @@ async def build_resources(
     policy cache off so each command reads what is stored now."""
     metrics = metrics or Metrics()
     async with AsyncExitStack() as stack:
-        engine = create_engine(settings, pool_size=pool_size)
-        stack.push_async_callback(engine.dispose)
         postgres = settings.database_url.startswith("postgresql")
-        # On PostgreSQL the hot statements run on asyncpg (store/pg_hot_path.py): this engine keeps the cold ones.
-        single_size = max(2, (pool_size or settings.database_pool_size) // 4) if postgres else pool_size
-        single_statements = create_engine(settings, autocommit=True, pool_size=single_size)
-        stack.push_async_callback(single_statements.dispose)
+        # The connection budget (docs/deployment.md): on PostgreSQL the hot statements' pool holds N connections
+        # (store/pg_hot_path.py), this engine the cold paths' N // 2, single statements and transactions alike, less
+        # the one of a key store of its own.
+        own_keystore = 1 if settings.keystore_url else 0
+        cold_size = pool_size or (max(1, settings.database_pool_size // 2 - own_keystore) if postgres else None)
+        engine = create_engine(settings, pool_size=cold_size)
+        stack.push_async_callback(engine.dispose)
+        if postgres:
+            # Cold on PostgreSQL: the same pool, AUTOCOMMIT set on each checkout (a flag of the driver's adapter).
+            single_statements = engine.execution_options(isolation_level="AUTOCOMMIT")
+        else:
+            # SQLite's leases run here: an engine of its own, so a checkout does not switch isolation levels.
+            single_statements = create_engine(settings, autocommit=True, pool_size=pool_size)
+            stack.push_async_callback(single_statements.dispose)
         clock = clock_from(settings.clock_offset_file)
         keystore_engine = engine
         if settings.keystore_url:
-            keystore_engine = create_engine(settings.keystore_url, pool_size=2)
+            # Keys are read once and cached (store/keystore.py): one connection serves them.
+            keystore_engine = create_engine(settings.keystore_url, pool_size=own_keystore)
             stack.push_async_callback(keystore_engine.dispose)
         content = content_keys(settings, keystore_engine, clock)
         cache = create_cache(settings.redis_url, settings.redis_prefix, content)

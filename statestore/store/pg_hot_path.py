@@ -4,10 +4,11 @@ asyncpg prepared statements, each bound from its typed parameter object (store/s
 SQLAlchemy Core keeps the schema, the migrations, SQLite and every cold path; these few statements are the ones a
 turn cannot avoid, and SQLAlchemy's execution layers cost more CPU than the statements themselves (bench/README.md).
 
-Two pools, told apart by durability. Taking, renewing and giving back a lease commit asynchronously
-(`synchronous_commit = off`): a lease lost in a crash is harmless, because the turn's commit checks the lease token,
-and a lease the database forgets only frees the log sooner. The turn's commit waits for its WAL flush as usual,
-so a turn the client has seen the end of is durable (docs/guarantees.md, invariant 1): one durable flush per turn.
+One pool, its connections told apart by durability (store/pg_pool.py). Taking, renewing and giving back a lease
+commit asynchronously (`synchronous_commit = off`): a lease lost in a crash is harmless, because the turn's commit
+checks the lease token, and a lease the database forgets only frees the log sooner. The turn's commit waits for its
+WAL flush as usual, so a turn the client has seen the end of is durable (docs/guarantees.md, invariant 1): one
+durable flush per turn.
 """
 
 from __future__ import annotations
@@ -27,60 +28,47 @@ def asyncpg_dsn(sqlalchemy_url: str) -> str:
 
 
 class PgHotPath:
-    """The two pools and the four ways of running a statement on them; asyncpg prepares each statement once per
-    connection and reuses it (its statement cache)."""
+    """The pool and the four ways of running a statement on it; asyncpg prepares each statement once per connection
+    and reuses it (its statement cache)."""
 
-    def __init__(self, leases: LeanPool, durable: LeanPool) -> None:
-        self._leases = leases
-        self._durable = durable
+    def __init__(self, pool: LeanPool) -> None:
+        self._pool = pool
 
     @classmethod
     async def open(cls, settings: Settings) -> PgHotPath | None:
-        """The pools, or None when the database is not PostgreSQL. Connections are made on first use."""
+        """The pool, or None when the database is not PostgreSQL. Connections are made on first use."""
         if not settings.database_url.startswith("postgresql"):
             return None
-        dsn = asyncpg_dsn(settings.database_url)
         # The bounds mirror the engine's: a hung database fails a turn within the timeout (503), it never holds it.
-        timeout = settings.database_timeout_seconds
-        # Lease statements are short and never wait for a flush: half the connections serve them.
-        leases = LeanPool(
-            dsn,
-            max_size=max(2, settings.database_pool_size // 2),
-            timeout=timeout,
-            server_settings={"application_name": "statestore", "synchronous_commit": "off"},
-        )
-        durable = LeanPool(
-            dsn,
+        # STATESTORE_DATABASE_POOL_SIZE connections for the hot statements, the leases' and the commits' together.
+        pool = LeanPool(
+            asyncpg_dsn(settings.database_url),
             max_size=settings.database_pool_size,
-            timeout=timeout,
+            timeout=settings.database_timeout_seconds,
             server_settings={"application_name": "statestore"},
         )
-        return cls(leases, durable)
+        return cls(pool)
 
     async def aclose(self) -> None:
-        await self._leases.close()
-        await self._durable.close()
-
-    def _pool(self, statement: PgStatement[Any]) -> LeanPool:
-        return self._durable if statement.durable else self._leases
+        await self._pool.close()
 
     async def execute(self, statement: PgStatement[P], params: P) -> str:
         """The command's status (`UPDATE 1`)."""
-        async with self._pool(statement).acquire() as conn:
+        async with self._pool.acquire(durable=statement.durable) as conn:
             status: str = await conn.execute(statement.sql, *statement.bind(params))
         return status
 
     async def fetchval(self, statement: PgStatement[P], params: P) -> Any:
-        async with self._pool(statement).acquire() as conn:
+        async with self._pool.acquire(durable=statement.durable) as conn:
             return await conn.fetchval(statement.sql, *statement.bind(params))
 
     async def fetchrow(self, statement: PgStatement[P], params: P) -> asyncpg.Record | None:
-        async with self._pool(statement).acquire() as conn:
+        async with self._pool.acquire(durable=statement.durable) as conn:
             row: asyncpg.Record | None = await conn.fetchrow(statement.sql, *statement.bind(params))
         return row
 
     async def fetch(self, statement: PgStatement[P], params: P) -> list[asyncpg.Record]:
-        async with self._pool(statement).acquire() as conn:
+        async with self._pool.acquire(durable=statement.durable) as conn:
             rows: list[asyncpg.Record] = await conn.fetch(statement.sql, *statement.bind(params))
         return rows
 

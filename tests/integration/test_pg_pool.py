@@ -5,6 +5,7 @@ whose state is unknown. Only SELECTs, on connections of its own."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import asyncpg
 import pytest
@@ -115,4 +116,54 @@ async def test_arrays_bind_as_asyncpg_publishes_it(dsn: str) -> None:
         for refused in ("ab", {"a": 1}):
             with pytest.raises(asyncpg.DataError, match="sized iterable container expected"):
                 await conn.fetchval("SELECT $1::integer[]", refused)
+    await pool.close()
+
+
+async def test_leases_and_commits_share_one_bound_each_on_its_setting(dsn: str) -> None:
+    pool = LeanPool(dsn, max_size=2, timeout=5, server_settings={})
+    async with pool.acquire(durable=False) as lease, pool.acquire() as commit:
+        assert await lease.fetchval("SHOW synchronous_commit") == "off"
+        assert await commit.fetchval("SHOW synchronous_commit") == "on"  # the server's own
+        pids = {lease.get_server_pid(), commit.get_server_pid()}
+    async with pool.acquire(durable=False) as lease:
+        assert lease.get_server_pid() in pids
+        assert await lease.fetchval("SHOW synchronous_commit") == "off"
+    busy = 0
+    most = 0
+
+    async def use(durable: bool) -> None:
+        nonlocal busy, most
+        async with pool.acquire(durable=durable) as conn:
+            busy += 1
+            most = max(most, busy)
+            expected = "on" if durable else "off"
+            assert await conn.fetchval("SELECT current_setting('synchronous_commit'), pg_sleep(0.01)") == expected
+            busy -= 1
+
+    # Commits alone, then leases alone: the idle connections of the other kind are switched, never added to.
+    await asyncio.gather(*[use(True) for _ in range(6)])
+    await asyncio.gather(*[use(False) for _ in range(6)])
+    await asyncio.gather(*[use(n % 3 == 0) for _ in range(2) for n in range(9)])
+    assert most == 2
+    async with pool.acquire() as conn:
+        assert conn.get_server_pid() in pids  # the same two connections throughout
+    await pool.close()
+
+
+async def test_a_connection_that_cannot_be_switched_gives_its_place_back(dsn: str) -> None:
+    pool = LeanPool(dsn, max_size=1, timeout=5, server_settings={})
+    async with pool.acquire() as conn:
+        pid = conn.get_server_pid()
+    killer = await asyncpg.connect(dsn)
+    assert await killer.fetchval("SELECT pg_terminate_backend($1)", pid)
+    await killer.close()
+    # Switched to a lease's setting before the socket's end reached it, the switch fails and takes the connection
+    # with it, however asyncpg words the lost connection; if the end came first, the pool saw it closed and made a new
+    # one.
+    with contextlib.suppress(Exception):
+        async with pool.acquire(durable=False):
+            pass
+    async with pool.acquire(durable=False) as conn:  # its place was given back: a new one is made in it
+        assert conn.get_server_pid() != pid
+        assert await conn.fetchval("SHOW synchronous_commit") == "off"
     await pool.close()

@@ -256,8 +256,8 @@ def test_expiry_on_the_way(client: openai.OpenAI, admin: AdminApi, clock: ClockF
 class _Recording(PgHotPath):
     """The hot path, remembering each statement it ran and its bound values."""
 
-    def __init__(self, leases: LeanPool, durable: LeanPool) -> None:
-        super().__init__(leases, durable)
+    def __init__(self, pool: LeanPool) -> None:
+        super().__init__(pool)
         self.ran: list[tuple[str, tuple[Any, ...]]] = []
 
     async def fetch(self, statement: PgStatement[P], params: P) -> list[asyncpg.Record]:
@@ -279,10 +279,7 @@ async def _pg_rebuild_reads(url: str, owner: str, head_id: str) -> tuple[int, in
     """(statements, rows read, items sent) of the database rebuild of `head_id`'s chain on PostgreSQL."""
     dsn = asyncpg_dsn(url)
     settings = {"application_name": "statestore-test"}
-    pg = _Recording(
-        LeanPool(dsn, max_size=1, timeout=10, server_settings=settings),
-        LeanPool(dsn, max_size=1, timeout=10, server_settings=settings),
-    )
+    pg = _Recording(LeanPool(dsn, max_size=1, timeout=10, server_settings=settings))
     engine = create_engine(url)
     try:
         store = ResponseStore(engine, LeasedLog(engine, engine, pg), PgResponseStatements(pg))

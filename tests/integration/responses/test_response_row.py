@@ -59,10 +59,7 @@ async def _read(url: str, response_id: str) -> ResponseRow | None:
         else:
             dsn = asyncpg_dsn(url)
             settings = {"application_name": "statestore-test"}
-            pg = PgHotPath(
-                LeanPool(dsn, max_size=1, timeout=10, server_settings=settings),
-                LeanPool(dsn, max_size=1, timeout=10, server_settings=settings),
-            )
+            pg = PgHotPath(LeanPool(dsn, max_size=1, timeout=10, server_settings=settings))
             store = ResponseStore(engine, LeasedLog(engine, engine, pg), PgResponseStatements(pg))
         return await store.get(OWNER, response_id, now_ms=NOW)
     finally:
