@@ -6,7 +6,7 @@ A door calls `enforce` as soon as it knows a measure (whether the turn stores, b
 and bytes the rebuilt request carries, once its stored context is read), so a refusal comes before the backend is
 asked and with nothing held. A measure left out (None) is not checked by that call. The context fields
 (context_strategy, context_window_tokens, the ratios, summary_*) shape what is sent rather than refuse it: the planner
-applies them (threads/planner.py), on both doors.
+applies them (core/planner.py), on both doors.
 """
 
 from __future__ import annotations

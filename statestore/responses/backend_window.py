@@ -4,10 +4,10 @@ Completions backend states for the turn's model, asked with the deployment's cre
 from __future__ import annotations
 
 from statestore.auth import Principal
+from statestore.core import planner
 from statestore.policy import Policy
 from statestore.responses.backend import backend_headers
 from statestore.responses.request import TurnRequest
-from statestore.threads import planner
 from statestore.upstream.windows import Windows
 
 

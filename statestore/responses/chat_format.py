@@ -1,5 +1,5 @@
 """Chat Completions messages (the Responses door's rendering of its items) as the context planner sees them
-(threads/planner.py): their size in a joined context, where a context may start, a summary as a message, and the
+(core/planner.py): their size in a joined context, where a context may start, a summary as a message, and the
 text of a summary reply."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from statestore.threads import planner
+from statestore.core import planner
 
 
 class ChatFormat:

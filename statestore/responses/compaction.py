@@ -13,6 +13,7 @@ from typing import Any
 
 import orjson
 
+from statestore.core import planner
 from statestore.responses.chat_format import CHAT
 from statestore.responses.compaction_seal import CompactionSeal
 from statestore.responses.errors import BadRequest
@@ -20,7 +21,6 @@ from statestore.responses.ids import new_id
 from statestore.responses.items import stored
 from statestore.sealing import Unsealable
 from statestore.store.response_records import StoredItem
-from statestore.threads import planner
 
 CREATED_BY = "statestore"
 # How a summary message (CHAT.summary_message) begins: `{"role":"user","content":"Summary of …`.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from statestore.core import planner
 from statestore.responses import context
 from statestore.responses.chat_format import split
 from statestore.responses.compaction import compacted_head, compaction_item, newest_that_fit, user_messages
@@ -14,7 +15,6 @@ from statestore.responses.compaction_seal import CompactionSeal
 from statestore.responses.context import Base, Move, Summarize
 from statestore.responses.items import join_rendered
 from statestore.responses.prepared import PreparedResponse
-from statestore.threads import planner
 
 
 def compact_threshold(prepared: PreparedResponse) -> int | None:

@@ -9,6 +9,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
 from statestore.content_keys import ContentSealer
+from statestore.core import context_move, planner
 from statestore.policy import Policy
 from statestore.records import record
 from statestore.responses.chat_format import CHAT, split
@@ -22,7 +23,6 @@ from statestore.store.response_heads import encode_head
 from statestore.store.response_records import ResponseRow, StoredItem
 from statestore.store.response_store import ResponseStore
 from statestore.store.thread_claims import Settle
-from statestore.threads import planner
 
 
 def cache_key(response_id: str) -> CacheKey:
@@ -256,33 +256,27 @@ async def plan(
     messages = ([base.head] if base.head else []) + split(base.context)
     added = split(new)
 
-    def cut_under(budget: float) -> planner.Cut | None:
-        return planner.plan_cut(
-            CHAT,
-            messages,
-            has_head=base.head is not None,
-            first_new=added[0] if added else None,
-            fixed_bytes=fixed_bytes,
-            new_bytes=len(new),
-            ratio=ratio,
-            budget_tokens=budget,
-        )
+    ask_summary: context_move.AskSummary | None = None
+    if summarize is not None:
+        send = summarize
 
-    summary: str | None = None
-    failed = False
-    cut: planner.Cut | None = None
-    if window.strategy == "summarize" and summarize is not None:
-        budget = planner.summary_budget(window)
-        cut = cut_under(window.target_tokens - budget)
-        if cut is None:
-            return None
-        summary = await summarize(summary_request(messages[: cut.index], budget))
-        failed = summary is None
-    if summary is None:
-        cut = cut_under(window.target_tokens)
-    if cut is None:
+        async def ask_summary(summarised: list[bytes], budget: int) -> str | None:
+            return await send(summary_request(summarised, budget))
+
+    moved = await context_move.summarize_or_truncate(
+        window,
+        CHAT,
+        messages,
+        has_head=base.head is not None,
+        first_new=added[0] if added else None,
+        fixed_bytes=fixed_bytes,
+        new_bytes=len(new),
+        ratio=ratio,
+        ask_summary=ask_summary,
+    )
+    if moved is None:
         return None
-    kept = b",".join(messages[cut.index :])
-    if summary is not None:
-        return Move(Base(kept, CHAT.summary_message(summary), None, whole=False), "summarized", False)
-    return Move(Base(kept, whole=False), "truncated", failed)
+    kept = b",".join(messages[moved.cut.index :])
+    if moved.summary is not None:
+        return Move(Base(kept, CHAT.summary_message(moved.summary), None, whole=False), "summarized", False)
+    return Move(Base(kept, whole=False), "truncated", moved.summary_failed)

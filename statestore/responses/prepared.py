@@ -9,6 +9,7 @@ from typing import Any
 import orjson
 
 from statestore.auth import Principal
+from statestore.core import planner
 from statestore.core.lease_keeper import LeaseKeeper
 from statestore.metrics import ThreadTurnOutcome
 from statestore.policy import Policy
@@ -23,7 +24,6 @@ from statestore.responses.context import (
 from statestore.responses.items import join_rendered
 from statestore.responses.request import TurnRequest, chat_body
 from statestore.store.response_records import ContextRecord, ResponseRow, StoredItem
-from statestore.threads import planner
 
 # The fewest bytes a rendered Chat Completions message takes (`{"role":"user","content":""}` is 28): a context of N
 # bytes carries at most N / this messages.
@@ -138,7 +138,7 @@ class PreparedResponse:
 
     def estimated_tokens(self) -> int:
         """statestore's estimate of the prompt `backend_body` sent: its bytes at the chain's own tokens per byte, as
-        the planner's trigger reckons it (threads/planner.py)."""
+        the planner's trigger reckons it (core/planner.py)."""
         return planner.estimate(
             known_tokens=0, known_bytes=self.sent_bytes, new_bytes=0, ratio=planner.tokens_per_byte(*self.measured)
         )

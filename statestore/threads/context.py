@@ -1,4 +1,4 @@
-"""The Messages door's side of the context planner (docs/protocol.md §9, threads/planner.py): its message format (sizes,
+"""The Messages door's side of the context planner (docs/protocol.md §9, core/planner.py): its message format (sizes,
 boundaries, the summary as a message), a thread's measured size, the summary request's body and reply, and the
 compaction head. Pure functions; the service loads the rows and sends the summary request.
 
@@ -13,8 +13,9 @@ from typing import Any
 
 import orjson
 
+from statestore.core import planner
 from statestore.store.turn_records import LeasedThread, TurnUsage
-from statestore.threads import assembly, planner
+from statestore.threads import assembly
 
 
 def total_tokens(usage: TurnUsage) -> int:
@@ -91,33 +92,14 @@ class Cut:
     dropped_bytes: int  # stored bytes from the old base up to the new one
 
 
-def plan_cut(
-    rows: list[tuple[int, bytes]],
-    *,
-    head_position: int,
-    first_new_is_boundary: bool,
-    fixed_bytes: int,
-    new_bytes: int,
-    ratio: float,
-    budget_tokens: float,
-) -> Cut | None:
-    """The planner's cut (planner.plan_cut) over a thread's rows as stored: (-1, head) first when there is one, then
-    (position, bytes) from the base on; the new messages' first counts only as being a boundary or not."""
-    has_head = bool(rows) and rows[0][0] < 0
-    cut = planner.plan_cut(
-        MESSAGES,
-        [body for _, body in rows],
-        has_head=has_head,
-        first_new=_A_BOUNDARY if first_new_is_boundary else _NOT_A_BOUNDARY,
-        fixed_bytes=fixed_bytes,
-        new_bytes=new_bytes,
-        ratio=ratio,
-        budget_tokens=budget_tokens,
-    )
-    if cut is None:
-        return None
-    position = rows[cut.index][0] if cut.index < len(rows) else head_position
-    return Cut(position, cut.dropped_bytes)
+def first_new_stand_in(is_boundary: bool) -> bytes:
+    """What the planner is shown of a turn's first new message: only whether it is a boundary counts."""
+    return _A_BOUNDARY if is_boundary else _NOT_A_BOUNDARY
+
+
+def position_at(rows: list[tuple[int, bytes]], index: int, head_position: int) -> int:
+    """The position of the stored row at the planner's `index` (the head's position when the index is past them)."""
+    return rows[index][0] if index < len(rows) else head_position
 
 
 def summary_request(

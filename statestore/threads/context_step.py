@@ -8,11 +8,12 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from statestore.core import context_move, planner
 from statestore.errors import InternalError
 from statestore.policy import Policy
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import ContextAction, ContextMove, LeasedThread, TurnUsage
-from statestore.threads import assembly, context, planner
+from statestore.threads import assembly, context
 from statestore.threads.turn import ThreadTurn
 
 log = logging.getLogger(__name__)
@@ -59,42 +60,38 @@ async def step(
         log.error("thread rows disagree with its head position", extra={"thread_id": leased.id})
         raise InternalError("the stored thread is inconsistent")
     ratio = ratio or context.tokens_per_byte(leased, fixed)
-    target = window.target_tokens
 
-    def cut_under(budget: float) -> context.Cut | None:
-        return context.plan_cut(
-            rows,
-            head_position=leased.head_position,
-            first_new_is_boundary=first_new_is_boundary,
-            fixed_bytes=fixed,
-            new_bytes=new_bytes,
-            ratio=ratio,
-            budget_tokens=budget,
-        )
+    ask_summary: context_move.AskSummary | None = None
+    if summarize is not None:
+        send = summarize
 
-    summary: str | None = None
-    summary_failed = False
-    cut: context.Cut | None = None
-    if window.strategy == "summarize" and summarize is not None:
-        budget = planner.summary_budget(window)
-        cut = cut_under(target - budget)
-        if cut is None:
-            return None
-        summarised = [body for position, body in rows if position < cut.position]
-        body = context.summary_request(
-            model=policy.summary_model or fields.get("model"),
-            max_tokens=budget,
-            system=leased.system,
-            tools=leased.tools,
-            summarised=summarised,
-            instructions=policy.summary_instructions,
-        )
-        summary = await summarize(body)
-        summary_failed = summary is None
-    if summary is None:
-        cut = cut_under(target)
-    if cut is None:
+        async def ask_summary(summarised: list[bytes], budget: int) -> str | None:
+            return await send(
+                context.summary_request(
+                    model=policy.summary_model or fields.get("model"),
+                    max_tokens=budget,
+                    system=leased.system,
+                    tools=leased.tools,
+                    summarised=summarised,
+                    instructions=policy.summary_instructions,
+                )
+            )
+
+    moved = await context_move.summarize_or_truncate(
+        window,
+        context.MESSAGES,
+        [body for _, body in rows],
+        has_head=bool(rows) and rows[0][0] < 0,
+        first_new=context.first_new_stand_in(first_new_is_boundary),
+        fixed_bytes=fixed,
+        new_bytes=new_bytes,
+        ratio=ratio,
+        ask_summary=ask_summary,
+    )
+    if moved is None:
         return None
+    summary, summary_failed = moved.summary, moved.summary_failed
+    cut = context.Cut(context.position_at(rows, moved.cut.index, leased.head_position), moved.cut.dropped_bytes)
     head = context.summary_head(summary) if summary is not None else None
     kept = [body for position, body in rows if position >= cut.position]
     context_rows = [head, *kept] if head is not None else kept

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import orjson
 
 from statestore.auth import Principal
+from statestore.core import planner
 from statestore.errors import (
     InternalError,
     InvalidRequest,
@@ -25,7 +26,7 @@ from statestore.records import record
 from statestore.store.cache_entry import thread_key
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 from statestore.store.turn_records import LeasedThread
-from statestore.threads import assembly, context, context_step, planner, rules
+from statestore.threads import assembly, context, context_step, rules
 from statestore.threads.diagnostics import minted_previous_id, rewrite_previous_id
 from statestore.threads.ids import thread_of_response
 from statestore.threads.refusal_retry import with_window
@@ -40,7 +41,7 @@ _READS = 3
 @record
 class CountedRequest:
     body: bytes  # the request the turn would send, as `count_tokens` takes it
-    estimate: int  # statestore's estimate of its tokens (the context planner's, threads/planner.py)
+    estimate: int  # statestore's estimate of its tokens (the context planner's, core/planner.py)
 
 
 class _Moved(Exception):

@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from statestore.auth import Principal
+from statestore.core import planner
 from statestore.policy import Policy
 from statestore.store.thread_store import ThreadStore
-from statestore.threads import assembly, context_step, planner
+from statestore.threads import assembly, context_step
 from statestore.threads.prepared import PreparedTurn
 from statestore.threads.turn import ThreadTurn
 from statestore.upstream.client import request_headers_for_upstream

@@ -3,12 +3,14 @@ fields."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
 import orjson
 import pytest
 
+from statestore.core import context_move, planner
 from statestore.policy_fields import POLICY_FIELDS, PolicyValueError, validate_values
 from statestore.store.turn_records import LeasedThread, TurnUsage
 from statestore.threads import context
@@ -31,16 +33,25 @@ TOOL_RESULT = row({"role": "user", "content": [{"type": "tool_result", "tool_use
 
 
 def plan(rows: list[tuple[int, bytes]], budget: float, *, first_new_is_boundary: bool = True) -> context.Cut | None:
+    """The truncating step a thread's turn takes (core/context_move.py), over its rows as stored, with a window whose
+    target is `budget`."""
     head_position = max((position for position, _ in rows), default=-1) + 1
-    return context.plan_cut(
-        rows,
-        head_position=head_position,
-        first_new_is_boundary=first_new_is_boundary,
-        fixed_bytes=0,
-        new_bytes=0,
-        ratio=1.0,
-        budget_tokens=budget,
+    moved = asyncio.run(
+        context_move.summarize_or_truncate(
+            planner.Window("truncate", int(budget * 2)),
+            context.MESSAGES,
+            [body for _, body in rows],
+            has_head=bool(rows) and rows[0][0] < 0,
+            first_new=context.first_new_stand_in(first_new_is_boundary),
+            fixed_bytes=0,
+            new_bytes=0,
+            ratio=1.0,
+            ask_summary=None,
+        )
     )
+    if moved is None:
+        return None
+    return context.Cut(context.position_at(rows, moved.cut.index, head_position), moved.cut.dropped_bytes)
 
 
 def test_a_boundary_is_a_user_message_that_is_not_a_tool_result() -> None:

@@ -1,4 +1,4 @@
-"""The context planner of docs/protocol.md §9 (statestore/threads/planner.py) with each door's message format: the
+"""The context planner of docs/protocol.md §9 (statestore/core/planner.py) with each door's message format: the
 Messages one (threads/context.py) and the Chat Completions one the Responses door renders its items to."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from typing import Any
 import orjson
 import pytest
 
+from statestore.core import planner
 from statestore.policy import Policy
 from statestore.responses.chat_format import CHAT, split, summary_text
 from statestore.responses.context import Base, chain_base, kept_after, plan
 from statestore.store.response_records import ResponseRow
-from statestore.threads import planner
 from statestore.threads.context import MESSAGES
 
 

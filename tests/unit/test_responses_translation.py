@@ -8,13 +8,13 @@ import asyncio
 import orjson
 import pytest
 
+from statestore.core import planner
 from statestore.policy import Policy
 from statestore.responses.context import Base, plan, window_for
 from statestore.responses.errors import BadRequest
 from statestore.responses.items import join_rendered, join_segments, stored
 from statestore.responses.request import chat_body, read_turn
 from statestore.responses.stream import ChunkTranslator
-from statestore.threads import planner
 
 
 def _input(items: object) -> list[dict[str, object]]:

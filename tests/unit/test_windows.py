@@ -8,9 +8,9 @@ from typing import Any
 import orjson
 import pytest
 
+from statestore.core import planner
 from statestore.policy import Policy
 from statestore.policy_fields import AUTO, BY_NAME, STORED_AUTO, PolicyValueError, validate_values
-from statestore.threads import planner
 from statestore.upstream.windows import Windows, window_in_models, window_in_props
 
 BASE: dict[str, Any] = {

@@ -14,8 +14,8 @@ import openai
 import orjson
 import pytest
 
+from statestore.core.planner import DEFAULT_SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from statestore.sealing import new_key_text
-from statestore.threads.planner import DEFAULT_SUMMARY_INSTRUCTIONS, SUMMARY_PREFIX
 from tests.integration.responses.conftest import Rows, chat_requests, other_key
 from tests.support.fake_backend import FakeBackend
 from tests.support.server import StatestoreServer

@@ -10,7 +10,7 @@ from typing import Any
 import openai
 import pytest
 
-from statestore.threads.planner import SUMMARY_PREFIX
+from statestore.core.planner import SUMMARY_PREFIX
 from tests.integration.responses.conftest import CHAT_PATH, WEATHER, chat_requests, last_chat_request
 from tests.support.admin_api import ADMIN_TOKENS, UPSTREAM_KEY, AdminApi, ClockFile, start_server
 from tests.support.fake_backend import FakeBackend, chat_action

@@ -17,8 +17,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from statestore.core.planner import DEFAULT_SUMMARY_INSTRUCTIONS
 from statestore.sealing import new_key_text
-from statestore.threads.planner import DEFAULT_SUMMARY_INSTRUCTIONS
 from tests.integration.responses.test_background import final, raw_events
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import own_redis_prefix
