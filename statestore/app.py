@@ -181,4 +181,11 @@ def create_server_app(settings: Settings | None = None, *, tracer_provider: Trac
     provider = tracer_provider or provider_from_environment()
     app = create_app(settings, tracer_provider=provider)
     tracer = provider.get_tracer(TRACER_NAME) if provider is not None else None
-    return FrontDoor(app, metrics=app.state.metrics, max_body_bytes=settings.max_body_bytes, tracer=tracer)
+    return FrontDoor(
+        app,
+        metrics=app.state.metrics,
+        max_body_bytes=settings.max_body_bytes,
+        tracer=tracer,
+        socket_max_seconds=settings.socket_max_seconds,
+        socket_grace_seconds=settings.background_grace_seconds,
+    )

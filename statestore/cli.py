@@ -30,6 +30,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     from statestore.http_protocol import StatestoreHttpProtocol
     from statestore.logs import configure_logging, uvicorn_log_config
+    from statestore.socket_protocol import StatestoreWebSocketProtocol
 
     settings = load_settings()
     if (problem := settings.serving_problem()) is not None:
@@ -56,6 +57,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
         workers=args.workers,
         loop="uvloop" if sys.platform != "win32" else "asyncio",
         http=StatestoreHttpProtocol,
+        # WebSocket mode on /v1/responses (api/responses_socket.py): a message is limited as a body is.
+        ws=StatestoreWebSocketProtocol,
+        ws_max_size=settings.max_body_bytes,
+        ws_ping_interval=settings.socket_ping_seconds,
+        ws_ping_timeout=settings.socket_ping_seconds,
         access_log=False,
         log_config=uvicorn_log_config(),
         timeout_graceful_shutdown=args.graceful_timeout,

@@ -37,6 +37,10 @@ class Settings(BaseSettings):
     # How long a request waits for one of those connections to come free (a turn holds its lease meanwhile); then 503.
     upstream_pool_timeout_seconds: float = Field(default=30.0, gt=0)
     max_body_bytes: int = Field(default=32 * 1024 * 1024, ge=1024)
+    # WebSocket mode on /v1/responses (docs/responses.md): how long one connection may stay open, and how often an idle
+    # one is pinged (an unanswered ping closes it after as long again). A message is limited as a body is.
+    socket_max_seconds: float = Field(default=3600.0, gt=0)
+    socket_ping_seconds: float = Field(default=20.0, gt=0)
 
     auth_mode: Literal["passthrough", "keys"] = "passthrough"
     # Keys the owner hash of a passthrough credential, so a leaked database cannot be used to test credentials.

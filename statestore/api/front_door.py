@@ -1,7 +1,8 @@
 """The server's outermost ASGI app. The hot routes (api/hot_routes.py: `POST /v1/messages`, `POST /v1/responses`)
 are served here through one layer (RequestContextMiddleware: request id, metrics, access log, error bodies in the
 route's shape) with the body read under the one limit (middleware.read_body), and no router or dependency solving;
-every other request goes to the FastAPI app and its middleware."""
+so is WebSocket mode on /v1/responses (api/responses_socket.py); every other request goes to the FastAPI app and its
+middleware."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 # Imported for their registrations in HOT_ROUTES.
 from statestore.api import messages, openai_responses  # noqa: F401
 from statestore.api.hot_routes import HOT_ROUTES, HotHandler
+from statestore.api.responses_socket import PATH as SOCKET_PATH
+from statestore.api.responses_socket import ResponsesSocket
 from statestore.metrics import Metrics
 from statestore.middleware import RequestContextMiddleware, RouteResolver, read_body
 
@@ -46,8 +49,21 @@ def _fixed(route: str) -> RouteResolver:
 
 
 class FrontDoor:
-    def __init__(self, app: FastAPI, *, metrics: Metrics, max_body_bytes: int, tracer: Tracer | None = None) -> None:
+    def __init__(
+        self,
+        app: FastAPI,
+        *,
+        metrics: Metrics,
+        max_body_bytes: int,
+        tracer: Tracer | None = None,
+        socket_max_seconds: float = 3600.0,
+        socket_grace_seconds: float = 10.0,
+    ) -> None:
         self.app = app
+        # WebSocket mode on /v1/responses; every other WebSocket is refused by the FastAPI app (403).
+        self.socket = ResponsesSocket(
+            app, max_message_bytes=max_body_bytes, max_seconds=socket_max_seconds, grace_seconds=socket_grace_seconds
+        )
         self._rest: ASGIApp = app  # every other request
         self.max_body_bytes = max_body_bytes
         self._hot: dict[str, ASGIApp] = {}
@@ -65,6 +81,9 @@ class FrontDoor:
             self._rest = TracedHttp(app, tracer)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and scope["path"] == SOCKET_PATH:
+            await self.socket(scope, receive, send)
+            return
         if scope["type"] == "http" and scope["method"] == "POST":
             hot = self._hot.get(scope["path"])
             if hot is not None:

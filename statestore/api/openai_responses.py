@@ -23,6 +23,7 @@ from statestore.responses.compaction_step import compact
 from statestore.responses.context import cache_key
 from statestore.responses.errors import BackendError, BadRequest, previous_response_not_found, response_not_found
 from statestore.responses.ids import looks_like
+from statestore.responses.kept import KeptResponse
 from statestore.responses.prepared import PreparedResponse
 from statestore.responses.refusal_retry import send_turn
 from statestore.responses.reply import output_of
@@ -32,6 +33,7 @@ from statestore.responses.stream import SequencedEvents
 from statestore.responses.turn_events import turn_events, with_compaction
 from statestore.responses.turns import ResponseTurns
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
+from statestore.upstream.client import UpstreamResponse
 
 router = APIRouter(tags=["responses"], responses=schemas.ERRORS)
 JSON = [(b"content-type", b"application/json")]
@@ -67,7 +69,8 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 async def create_response(
     resources: Resources, headers: list[tuple[bytes, bytes]], _query: str, body: bytes
 ) -> Response:
-    """A `POST /v1/responses`, from its headers and body: the Response (JSON or SSE), or a StatestoreError."""
+    """A `POST /v1/responses`, from its headers and body: the Response (JSON or SSE), or a StatestoreError. The same
+    path also takes a WebSocket (WebSocket mode: `response.create` and `response.steer` events, docs/responses.md)."""
     try:
         return await _turn(resources, headers, body)
     except UNSTORABLE_VALUE_ERRORS as exc:
@@ -81,29 +84,18 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     principal = await resources.authenticator.authenticate(headers)
     turns = turns_of(resources)
     turn = read_turn(body)
-    if turn.compaction and turns.seal is None:
-        raise compaction_unavailable("context_management")
     if turn.background:
+        if turn.compaction and turns.seal is None:
+            raise compaction_unavailable("context_management")
         return await _queue(background_of(resources), turn, principal, headers, body)
-    prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"))
-    # The lease is given back on every way out of here, except a stream's: that one is the stream's to give back.
-    streaming = False
-    try:
-        summarize = summarizer(resources.chat_upstream, headers, principal)
-        if not await compact(prepared, summarize, turns.seal):
-            await prepared.plan_context(summarize)
-        upstream = await send_turn(
-            resources.chat_upstream, headers, principal, prepared, summarize=summarize, windows=turns.windows
+    prepared, upstream = await begin_turn(resources, headers, principal, turn)
+    if turn.stream:
+        # The lease is the stream's to give back, however it ends.
+        events = turn_events(turns, prepared, upstream, SequencedEvents())
+        return streaming_response(
+            200, events, [*SSE, *_context_header(prepared)], on_close=lambda: end_turn(turns, prepared, upstream)
         )
-        if turn.stream:
-
-            async def close() -> None:
-                await upstream.aclose()
-                await turns.give_back(prepared)
-
-            events = turn_events(turns, prepared, upstream, SequencedEvents())
-            streaming = True
-            return streaming_response(200, events, [*SSE, *_context_header(prepared)], on_close=close)
+    try:
         try:
             raw = await upstream.read()
         finally:
@@ -122,8 +114,43 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
             raise BadRequest("The conversation's lease was lost; nothing was stored.", code="conversation_locked")
         return bytes_response(200, encoded, [*JSON, *_context_header(prepared)])
     finally:
-        if not streaming:
-            await turns.give_back(prepared)  # a no-op once the turn is committed
+        await turns.give_back(prepared)  # a no-op once the turn is committed
+
+
+async def begin_turn(
+    resources: Resources,
+    headers: list[tuple[bytes, bytes]],
+    principal: Principal,
+    turn: TurnRequest,
+    *,
+    kept: KeptResponse | None = None,
+) -> tuple[PreparedResponse, UpstreamResponse]:
+    """A foreground turn up to the backend's reply: prepared (owner, policy, context, lease), compacted or planned,
+    and sent. What prepare took is given back if this fails; after it, the caller's (`end_turn`, or a commit).
+    Shared by `POST /v1/responses` and WebSocket mode (api/responses_socket.py); `kept`: the connection's response
+    kept in memory (store: false), which `previous_response_id` may name."""
+    turns = turns_of(resources)
+    if turn.compaction and turns.seal is None:
+        raise compaction_unavailable("context_management")
+    prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"), kept=kept)
+    try:
+        summarize = summarizer(resources.chat_upstream, headers, principal)
+        if not await compact(prepared, summarize, turns.seal):
+            await prepared.plan_context(summarize)
+        upstream = await send_turn(
+            resources.chat_upstream, headers, principal, prepared, summarize=summarize, windows=turns.windows
+        )
+    except BaseException:
+        await turns.give_back(prepared)
+        raise
+    return prepared, upstream
+
+
+async def end_turn(turns: ResponseTurns, prepared: PreparedResponse, upstream: UpstreamResponse) -> None:
+    """A streamed turn is over (committed, failed, or its client gone): the backend's reply closed, the lease given
+    back (a no-op after a commit)."""
+    await upstream.aclose()
+    await turns.give_back(prepared)
 
 
 async def _queue(

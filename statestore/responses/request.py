@@ -18,7 +18,7 @@ from statestore.responses.request_schemas import (
 )
 from statestore.responses.response_object import ECHO_DEFAULTS
 from statestore.responses.schemas import FormatJsonObject, FormatText, FunctionChoice
-from statestore.responses.validation import read_body
+from statestore.responses.validation import read_body, read_value
 
 
 @dataclass(slots=True)
@@ -45,6 +45,11 @@ class TurnRequest:
 def read_turn(raw: bytes) -> TurnRequest:
     """A `POST /v1/responses` body, validated by its model, as a turn; or a 400 naming the field."""
     return _turn_of(read_body(ResponseCreateRequest, raw))
+
+
+def turn_of_event(body: dict[str, Any]) -> TurnRequest:
+    """A `response.create` event's body (WebSocket mode: its `type` taken off) as a turn, validated as a POST's."""
+    return _turn_of(read_value(ResponseCreateRequest, body))
 
 
 def read_count(raw: bytes) -> TurnRequest:

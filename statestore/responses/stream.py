@@ -183,3 +183,23 @@ class SequencedEvents:
         self.next += 1
         data = b'{"type":"%s","response":%s,"sequence_number":%d}' % (kind.encode(), response, number)
         return b"event: " + kind.encode() + b"\ndata: " + data + b"\n\n"
+
+
+class SocketEvents(SequencedEvents):
+    """The same events as WebSocket messages (WebSocket mode on /v1/responses): each event one JSON text, numbered
+    as on SSE; the closing event's Response is kept for the connection (`final`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.final: bytes | None = None
+
+    def frame(self, event: dict[str, Any]) -> bytes:
+        event["sequence_number"] = self.next
+        self.next += 1
+        return orjson.dumps(event)
+
+    def frame_response(self, kind: str, response: bytes) -> bytes:
+        self.final = response
+        number = self.next
+        self.next += 1
+        return b'{"type":"%s","response":%s,"sequence_number":%d}' % (kind.encode(), response, number)

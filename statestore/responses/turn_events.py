@@ -6,7 +6,7 @@ response; a turn that cannot be completed raises StreamBrokenOff, having stored 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -30,7 +30,7 @@ async def turn_events(
     *,
     announce: bool = True,
     before_commit: Callable[[], Awaitable[None]] | None = None,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes]:
     """The turn's SSE frames, numbered by `numbered`. `announce`: open with `response.created` (a background turn's
     was sent when it was queued); `response.in_progress` always comes first of what the run itself sends.
     `before_commit`: awaited just before the commit, which it stops by raising."""

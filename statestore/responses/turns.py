@@ -27,6 +27,7 @@ from statestore.responses.context import (
     window_for,
 )
 from statestore.responses.errors import (
+    BadRequest,
     conversation_locked,
     conversation_not_found,
     policy_error,
@@ -34,6 +35,7 @@ from statestore.responses.errors import (
 )
 from statestore.responses.ids import looks_like, new_id
 from statestore.responses.items import join_rendered, stored
+from statestore.responses.kept import KeptResponse
 from statestore.responses.prepared import PreparedResponse
 from statestore.responses.request import TurnRequest
 from statestore.responses.response_object import response_object
@@ -109,11 +111,13 @@ class ResponseTurns:
         *,
         response_id: str | None = None,
         created_at: int | None = None,
+        kept: KeptResponse | None = None,
     ) -> PreparedResponse:
         """Check the turn and take what it needs (a conversation's lease). `response_id` and `created_at`: a
-        background turn's, run again as it was admitted."""
+        background turn's, run again as it was admitted. `kept`: a WebSocket connection's response kept in memory
+        (responses/kept.py), which `previous_response_id` may name instead of a stored one."""
         try:
-            return await self._prepare(turn, principal, ttl_header, response_id, created_at)
+            return await self._prepare(turn, principal, ttl_header, response_id, created_at, kept=kept)
         except Exception:
             if turn.store:
                 self.metrics.count_response_turn(turn_kind(turn), "rejected")
@@ -131,6 +135,8 @@ class ResponseTurns:
         ttl_header: bytes | None,
         response_id: str | None,
         created_at: int | None,
+        *,
+        kept: KeptResponse | None = None,
     ) -> PreparedResponse:
         policy = await with_window(self.windows, await self.policy(principal, storing=turn.store), turn, principal)
         now = self.clock()
@@ -146,7 +152,18 @@ class ResponseTurns:
             policy=policy,
             window=window_for(policy, turn.truncation, on_conversation=turn.conversation_id is not None),
         )
-        if turn.previous_response_id is not None:
+        if kept is not None and turn.previous_response_id == kept.row.id:
+            if turn.store:
+                raise BadRequest(
+                    "A stored response cannot continue one made with store: false: that one lives only in this "
+                    "connection's memory.",
+                    param="store",
+                    code="invalid_value",
+                )
+            prepared.parent = kept.row
+            prepared.measured = (kept.row.context_tokens, kept.row.context_bytes)
+            prepared.context = kept.context
+        elif turn.previous_response_id is not None:
             await self._read_chain(prepared, turn.previous_response_id, now)
         elif turn.conversation_id is not None:
             conversation = turn.conversation_id

@@ -30,8 +30,13 @@ def read_json(raw: bytes) -> dict[str, Any]:
 
 def read_body(model: type[Model], raw: bytes) -> Model:
     """The body validated by its model, strictly (a "true" is no boolean, a 1 no string), or a 400."""
+    return read_value(model, read_json(raw))
+
+
+def read_value(model: type[Model], value: dict[str, Any]) -> Model:
+    """A body already parsed (a WebSocket event's), validated as `read_body` validates one."""
     try:
-        return model.model_validate(read_json(raw), strict=True)
+        return model.model_validate(value, strict=True)
     except ValidationError as exc:
         raise refusal(exc) from None
 

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import orjson
 import pytest
+import websockets.sync.client
 
 from statestore.threads.ids import thread_of_response
 from tests.packaging.conftest import REPO, run
@@ -77,9 +79,15 @@ def test_installed_wheel_migrates_serves_and_keeps_a_thread(
         redis_prefix=redis_prefix,
         command=[str(installed)],
         cwd=tmp_path,
-        env={"PYTHONPATH": ""},
+        env={"PYTHONPATH": "", "STATESTORE_CHAT_UPSTREAM_URL": fake_backend.url},
     )
     try:
+        # WebSocket mode, on the WebSocket protocol of the uvicorn and websockets installed (the lowest allowed, too).
+        socket_url = server.url.replace("http://", "ws://") + "/v1/responses"
+        with websockets.sync.client.connect(socket_url, additional_headers={"x-api-key": "sk-test-wheel"}) as socket:
+            socket.send(orjson.dumps({"type": "response.create", "model": "echo-1", "input": "Socket"}).decode())
+            events = [orjson.loads(socket.recv(timeout=30)) for _ in range(2)]
+            assert [event["type"] for event in events] == ["response.created", "response.in_progress"]
         with anthropic.Anthropic(base_url=server.url, api_key="sk-test-wheel", max_retries=0) as client:
             thread = client.beta.messages.thread(model="claude-test", max_tokens=64)
             first = thread.send({"role": "user", "content": "Hello"})

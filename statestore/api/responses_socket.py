@@ -1,0 +1,442 @@
+"""WebSocket mode on `/v1/responses` (docs/responses.md, "WebSocket mode"), as the `openai` SDK's
+`client.responses.connect()` speaks it: the credential checked once on the handshake (a refused one gets the API's
+status and error body), then JSON events. `response.create` runs the turn of `POST /v1/responses` with
+`stream: true` (api/openai_responses.py `begin_turn`, responses/turn_events.py), its events sent as messages;
+responses run one after another. `response.steer` queues user input for the running response's continuation
+(responses/steering.py). A `store: false` response lives in this connection's memory only (responses/kept.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+from typing import Any
+
+import orjson
+from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
+
+from statestore import socket_protocol
+from statestore.api.openai_responses import begin_turn, end_turn, turns_of
+from statestore.auth import Principal
+from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenOff
+from statestore.logs import new_request_id
+from statestore.resources import Resources
+from statestore.responses import steering
+from statestore.responses.errors import BackendError, BadRequest, as_openai
+from statestore.responses.kept import KeptResponse, keep
+from statestore.responses.request import turn_of_event
+from statestore.responses.steering import Steer, SteerRefused, SteerTarget
+from statestore.responses.stream import SocketEvents
+from statestore.responses.turn_events import turn_events
+from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
+
+log = logging.getLogger("statestore.responses_socket")
+
+PATH = "/v1/responses"
+GOING_AWAY = 1001
+MESSAGE_TOO_BIG = 1009
+INTERNAL_ERROR = 1011
+_FINISHED_REMEMBERED = 256  # responses this connection finished, told apart from unknown ones when steered late
+Headers = list[tuple[bytes, bytes]]
+# What ends one response with an `error` event, the connection still usable.
+_TURN_FAULTS: tuple[type[BaseException], ...] = (
+    StatestoreError,
+    StreamBrokenOff,
+    *DATABASE_ERRORS,
+    *UNSTORABLE_VALUE_ERRORS,
+)
+Job = tuple[dict[str, Any], list[Steer]]  # a response.create event, and the steering input its `input` carries
+
+
+class ResponsesSocket:
+    """The ASGI app of a WebSocket on /v1/responses."""
+
+    def __init__(self, app: FastAPI, *, max_message_bytes: int, max_seconds: float, grace_seconds: float) -> None:
+        self.app = app
+        self.max_message_bytes = max_message_bytes
+        self.max_seconds = max_seconds
+        self.grace_seconds = grace_seconds
+        self.open: set[Connection] = set()
+        self._draining: asyncio.Future[None] | None = None
+        socket_protocol.DRAINS.append(self.drain)
+
+    def drain(self) -> bool:
+        """Shutdown (statestore/socket_protocol.py): close every connection once its running response is done."""
+        if self._draining is None:
+            self._draining = asyncio.ensure_future(self.aclose(self.grace_seconds))
+        return True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (await receive())["type"] != "websocket.connect":
+            return
+        resources: Resources = self.app.state.resources
+        headers: Headers = scope["headers"]
+        try:
+            principal = await resources.authenticator.authenticate(headers)
+            turns_of(resources)
+        except StatestoreError as exc:
+            await _refuse(scope, send, exc)
+            return
+        except DATABASE_ERRORS:
+            await _refuse(scope, send, ServiceUnavailable("the response store is unavailable; try again shortly"))
+            return
+        if self._draining is not None:
+            await _refuse(scope, send, ServiceUnavailable("the server is shutting down; connect again"))
+            return
+        await send({"type": "websocket.accept"})
+        deadline = asyncio.get_running_loop().time() + self.max_seconds
+        connection = Connection(resources, headers, principal, receive, send, self.max_message_bytes, deadline)
+        self.open.add(connection)
+        try:
+            await connection.run()
+        finally:
+            self.open.discard(connection)
+
+    async def aclose(self, grace_seconds: float) -> None:
+        """Shutdown: every connection stops taking responses; those running finish within `grace_seconds`; then
+        each closes with 1001 (going away)."""
+        connections = list(self.open)
+        for connection in connections:
+            connection.stop()
+        if connections:
+            await asyncio.wait([asyncio.ensure_future(c.stopped.wait()) for c in connections], timeout=grace_seconds)
+        for connection in connections:
+            await connection.close(GOING_AWAY)
+
+
+async def _refuse(scope: Scope, send: Send, error: StatestoreError) -> None:
+    """A refused handshake: the API's status and error body (the ASGI denial response), where the server can send
+    one; else a close."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    shaped = as_openai(error)
+    request_id = new_request_id()
+    body = shaped.body(request_id)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"request-id", request_id.encode()),
+        *((name.encode(), value.encode()) for name, value in error.headers.items()),
+    ]
+    await send({"type": "websocket.http.response.start", "status": shaped.status, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
+def _error_event(error: StatestoreError, numbered: SocketEvents) -> bytes:
+    """An `error` event as the SDK types it (ResponseWsError): the HTTP status the request would have had, and the
+    error's body (with its headers, a retry-after, when it has any)."""
+    shaped = as_openai(error)
+    detail: dict[str, Any] = {
+        "type": shaped.error_type,
+        "code": shaped.code,
+        "message": shaped.message,
+        "param": shaped.param,
+    }
+    if error.headers:
+        detail["headers"] = error.headers
+    return numbered.frame({"type": "error", "status": shaped.status, "error": detail})
+
+
+class Connection:
+    def __init__(  # noqa: PLR0917 - one caller, which names them all
+        self,
+        resources: Resources,
+        headers: Headers,
+        principal: Principal,
+        receive: Receive,
+        send: Send,
+        max_message_bytes: int,
+        deadline: float,
+    ) -> None:
+        self.resources = resources
+        self.headers = headers
+        self.principal = principal
+        self._receive = receive
+        self._send = send
+        self.max_message_bytes = max_message_bytes
+        self.deadline = deadline
+        self.kept: KeptResponse | None = None  # the last store: false response made here
+        self.jobs: collections.deque[Job] = collections.deque()
+        self._wake = asyncio.Event()
+        self.running: tuple[SteerTarget, SocketEvents] | None = None
+        self.waiting: dict[str, SteerTarget] = {}  # completed with calls to answer, steering input queued
+        self.finished: collections.deque[str] = collections.deque(maxlen=_FINISHED_REMEMBERED)
+        self.idle = SocketEvents()  # numbers the events that belong to no response
+        self.stopping = False
+        self.stopped = asyncio.Event()  # no response runs, none will
+        self.closed = False
+        self._sending = asyncio.Lock()
+
+    async def run(self) -> None:
+        worker = asyncio.create_task(self._work())
+        ending = "gone"
+        try:
+            ending = await self._read(worker)
+        finally:
+            if ending == "gone":
+                worker.cancel()  # the client left: its running response is abandoned, nothing stored of it
+            else:
+                self.stop()
+            with contextlib.suppress(asyncio.CancelledError, OSError):
+                await worker
+        if ending == "expired":
+            await self.send_event(
+                _error_event(
+                    BadRequest(
+                        "This connection reached its time limit; open a new connection to continue.",
+                        code="websocket_connection_limit_reached",
+                    ),
+                    self.idle,
+                )
+            )
+            await self.close(1000)
+
+    def stop(self) -> None:
+        """Take no new response: the running one finishes."""
+        self.stopping = True
+        self._wake.set()
+
+    async def close(self, code: int) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        with contextlib.suppress(OSError, RuntimeError):
+            await self._send({"type": "websocket.close", "code": code})
+
+    async def send_event(self, frame: bytes) -> None:
+        if self.closed:
+            raise ConnectionResetError("the connection is closed")
+        async with self._sending:
+            await self._send({"type": "websocket.send", "text": frame.decode()})
+
+    # -- reading ---------------------------------------------------------------------------------------------------
+
+    async def _read(self, worker: asyncio.Task[None]) -> str:
+        """Read events until the client leaves ("gone"), the connection's time is up ("expired") or it is closed
+        here ("closed")."""
+        loop = asyncio.get_running_loop()
+        while True:
+            remaining = self.deadline - loop.time()
+            if remaining <= 0:
+                return "expired"
+            try:
+                message = await asyncio.wait_for(self._receive(), remaining)
+            except TimeoutError:
+                return "expired"
+            if message["type"] == "websocket.disconnect":
+                return "gone"
+            if self.closed or worker.done():
+                return "closed"
+            data = message.get("text")
+            if data is None:
+                data = message.get("bytes") or b""
+            if len(data) > self.max_message_bytes:
+                await self.close(MESSAGE_TOO_BIG)
+                return "gone"
+            await self._take(data)
+
+    async def _take(self, data: str | bytes) -> None:
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            await self._refuse(BadRequest("We could not parse the JSON of your event.", code="invalid_json"))
+            return
+        if not isinstance(event, dict):
+            await self._refuse(BadRequest("An event must be a JSON object.", code="invalid_json"))
+            return
+        kind = event.get("type")
+        if kind == "response.create":
+            self.jobs.append((event, []))
+            self._wake.set()
+        elif kind == "response.steer":
+            await self._steer(event)
+        else:
+            shown = kind[:64] if isinstance(kind, str) else kind
+            await self._refuse(
+                BadRequest(
+                    f"Invalid value for 'type': {shown!r}; expected 'response.create' or 'response.steer'.",
+                    param="type",
+                    code="invalid_value",
+                )
+            )
+
+    async def _refuse(self, error: StatestoreError) -> None:
+        numbered = self.running[1] if self.running is not None else self.idle
+        with contextlib.suppress(OSError):
+            await self.send_event(_error_event(error, numbered))
+
+    # -- steering --------------------------------------------------------------------------------------------------
+
+    async def _steer(self, event: dict[str, Any]) -> None:
+        numbered = self.running[1] if self.running is not None else self.idle
+        try:
+            previous, raw, items = steering.read_steer(event)
+        except SteerRefused as invalid:
+            named = event.get("previous_response_id")
+            failure = steering.failed(named if isinstance(named, str) else "", event.get("input"), **_why(invalid))
+            await self.send_event(numbered.frame(failure))
+            return
+        running = self.running
+        target = running[0] if running is not None and running[0].response_id == previous else None
+        target = target or self.waiting.get(previous)
+        refused: SteerRefused | None = None
+        if target is None:
+            refused = (
+                SteerRefused("response_already_completed", "The response completed; send response.create instead.")
+                if previous in self.finished
+                else SteerRefused("response_not_found", f"No response with id '{previous}' runs on this connection.")
+            )
+        elif not target.supported:
+            refused = SteerRefused(
+                "steering_not_supported", "Responses on a conversation or compacting their context cannot be steered."
+            )
+        elif len(target.queued) >= steering.MAX_PENDING:
+            refused = SteerRefused("too_many_pending_steers", "Too much steering input is pending for this response.")
+        if refused is not None:
+            await self.send_event(numbered.frame(steering.failed(previous, raw, **_why(refused))))
+            return
+        assert target is not None
+        steer = steering.new_steer(previous, raw, items)
+        target.queued.append(steer)
+        await self.send_event(numbered.frame(steering.accepted(steer)))
+        if target.waiting:
+            await self.send_event(numbered.frame(steering.pending(steer, target.required)))
+
+    # -- responses -------------------------------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        try:
+            while True:
+                while not self.jobs and not self.stopping:
+                    self._wake.clear()
+                    await self._wake.wait()
+                if self.stopping:
+                    return
+                event, steers = self.jobs.popleft()
+                successor = await self._create(event, steers)
+                if successor is not None:
+                    self.jobs.appendleft(successor)
+        except (OSError, asyncio.CancelledError):
+            raise  # the client left mid-send, or cancelled as it left
+        except Exception:
+            log.exception("WebSocket connection failed")
+            await self.close(INTERNAL_ERROR)
+        finally:
+            self.stopped.set()
+
+    async def _create(self, event: dict[str, Any], steers: list[Steer]) -> Job | None:
+        """Run one `response.create`; the automatic successor its steering input asks for, if any."""
+        body = {name: value for name, value in event.items() if name != "type"}
+        try:
+            if body.get("background") is True:
+                raise BadRequest(
+                    "Unsupported parameter: 'background' is not supported in WebSocket mode.",
+                    param="background",
+                    code="unsupported_parameter",
+                )
+            if "stream_id" in body:
+                raise BadRequest(
+                    "Unsupported parameter: 'stream_id': responses on one connection run one after another.",
+                    param="stream_id",
+                    code="unsupported_parameter",
+                )
+            body["stream"] = True  # implicit over a socket
+            previous = body.get("previous_response_id")
+            waiting = self.waiting.pop(previous, None) if isinstance(previous, str) else None
+            if waiting is not None and waiting.queued:
+                # Accepted steering input goes first, in submission order (the SDK's response.steer.pending).
+                steers = [*waiting.queued, *steers]
+                body["input"] = [*_as_messages([s.raw for s in waiting.queued]), *_as_items(body.get("input"))]
+            turn = turn_of_event(body)
+        except StatestoreError as exc:
+            previous = event.get("previous_response_id")
+            self._evict(previous if isinstance(previous, str) else None)
+            await self._refuse(exc)
+            await self._steers_failed(steers, "successor_creation_failed", exc.message)
+            return None
+        turns = turns_of(self.resources)
+        try:
+            prepared, upstream = await begin_turn(self.resources, self.headers, self.principal, turn, kept=self.kept)
+        except _TURN_FAULTS as exc:
+            self._evict(turn.previous_response_id)
+            error = _statestore_error(exc)
+            await self._refuse(error)
+            await self._steers_failed(steers, "successor_creation_failed", error.message)
+            return None
+        numbered = SocketEvents()
+        target = SteerTarget(prepared.response_id, supported=turn.conversation_id is None and not turn.compaction)
+        self.running = (target, numbered)
+        events = turn_events(turns, prepared, upstream, numbered)
+        completed = False
+        try:
+            async for frame in events:
+                await self.send_event(frame)
+            completed = True
+        except _TURN_FAULTS as exc:
+            await self._refuse(_statestore_error(exc))
+        finally:
+            self.running = None
+            self.finished.append(prepared.response_id)
+            await events.aclose()
+            await end_turn(turns, prepared, upstream)
+        queued = target.queued
+        final = numbered.final
+        if not completed or final is None:
+            self._evict(turn.previous_response_id)
+            await self._steers_failed(queued, "response_not_active", "The response failed; the input was not used.")
+            return None
+        if not turn.store and turn.conversation_id is None:
+            self.kept = keep(prepared, orjson.loads(final), final)  # replaces an older one
+        if not queued:
+            return None
+        required = steering.required_input(final)
+        if required:
+            target.waiting = True
+            target.required = required
+            self.waiting[prepared.response_id] = target
+            for steer in queued:
+                await self.send_event(numbered.frame(steering.pending(steer, required)))
+            return None
+        # The automatic successor: the response's own settings, continued with the queued input.
+        inputs = _as_messages([s.raw for s in queued])
+        return {**event, "previous_response_id": prepared.response_id, "input": inputs}, list(queued)
+
+    def _evict(self, previous: str | None) -> None:
+        """A continuation that failed drops the connection's kept response it continued."""
+        if self.kept is not None and previous == self.kept.row.id:
+            self.kept = None
+
+    async def _steers_failed(self, steers: list[Steer], code: str, message: str) -> None:
+        for steer in steers:
+            failure = steering.failed(steer.previous_response_id, steer.raw, code, message, steer.id)
+            with contextlib.suppress(OSError):
+                await self.send_event(self.idle.frame(failure))
+
+
+def _why(refused: SteerRefused) -> dict[str, str]:
+    return {"code": refused.code, "message": refused.message}
+
+
+def _statestore_error(exc: BaseException) -> StatestoreError:
+    if isinstance(exc, StatestoreError):
+        return exc
+    if isinstance(exc, StreamBrokenOff):
+        return BackendError(str(exc), code="stream_broken_off")
+    if isinstance(exc, UNSTORABLE_VALUE_ERRORS):
+        return BadRequest("The request holds a value that cannot be stored.", code="invalid_value")
+    return ServiceUnavailable("the response store is unavailable; try again shortly")
+
+
+def _as_items(value: Any) -> list[Any]:
+    """A create's `input` as a list of items (a string is one user message)."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [{"role": "user", "content": value}]
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _as_messages(inputs: list[Any]) -> list[Any]:
+    return [item for value in inputs for item in _as_items(value)]
