@@ -67,12 +67,15 @@ class LinkFaults:
     # transaction (the first ReadyForQuery that reports the connection idle), and is reset: a COMMIT, or a statement
     # that commits by itself, carried out, its acknowledgement lost.
     lose_commit_reply_after: bytes | None = None
+    # Once: the chunk from the client that carries these bytes never reaches the server, and the connection is reset
+    # (a request lost on its way: nothing of it carried out).
+    drop_request_with: bytes | None = None
 
     def clear(self) -> None:
         self.stalled = self.refuse = False
         self.latency = 0.0
         self.bytes_per_second = 0
-        self.lose_reply_after = self.lose_commit_reply_after = None
+        self.lose_reply_after = self.lose_commit_reply_after = self.drop_request_with = None
 
 
 class _Pipes:
@@ -121,6 +124,12 @@ async def _pump(
                     # Later than the server needs to carry out what it was sent; then the client sees a reset.
                     cut = functools.partial(_abort, link.client, reset=True)
                     asyncio.get_running_loop().call_later(LOSE_REPLY_DELAY, cut)
+                dropping = faults.drop_request_with
+                if to_server and dropping is not None and dropping in data:
+                    faults.drop_request_with = None
+                    _abort(writer, reset=True)
+                    _abort(link.client, reset=True)
+                    return
                 committing = faults.lose_commit_reply_after
                 if to_server and committing is not None and committing in data:
                     faults.lose_commit_reply_after = None

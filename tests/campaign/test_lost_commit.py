@@ -197,3 +197,46 @@ def test_an_append_whose_commit_reply_was_lost_adds_its_items_once(
         # The conversation is free again, and goes on from there.
         client.responses.create(model="echo-1", input="after", conversation=conversation.id)
         assert _texts(client, conversation.id) == ["zero", marker, "two", "after", "echo: after"]
+
+
+@pytest.mark.parametrize("kind", ["continue", "conversation", "append"])
+def test_a_commit_lost_on_its_way_is_a_503_that_says_not_stored(
+    lossy_server: tuple[StatestoreServer, FaultProxy], fresh_pg_url: str, kind: str
+) -> None:
+    """A commit whose connection failed before the database had it: settled as not stored, a 503 that says so, with
+    nothing of it stored and the conversation free, so the same request sent again is stored once."""
+    server, proxy = lossy_server
+    client = openai.OpenAI(
+        base_url=f"{server.url}/v1", api_key=f"sk-lost-{secrets.token_hex(6)}", timeout=30, max_retries=0
+    )
+    with client:
+        conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "zero"}])
+        head = client.responses.create(model="echo-1", input="one")
+        marker = f"dropped-{secrets.token_hex(4)}"
+
+        def send() -> None:
+            if kind == "append":
+                item = {"type": "message", "role": "user", "content": marker}
+                client.conversations.items.create(conversation.id, items=[item])  # type: ignore[list-item]
+            elif kind == "conversation":
+                client.responses.create(model="echo-1", input=marker, conversation=conversation.id)
+            else:
+                client.responses.create(model="echo-1", input=marker, previous_response_id=head.id)
+
+        proxy.faults.drop_request_with = marker.encode()
+        with pytest.raises(openai.InternalServerError) as refused:
+            send()
+        assert proxy.faults.drop_request_with is None, "the commit never went through the proxy"
+        assert refused.value.status_code == 503
+        assert "was not stored" in refused.value.message
+        assert refused.value.response.headers.get("retry-after")
+        assert _copies(fresh_pg_url, marker) == 0
+        assert _texts(client, conversation.id) == ["zero"]
+        send()  # the retry the 503 invites: stored once
+        expected = {
+            "continue": ["zero"],
+            "conversation": ["zero", marker, f"echo: {marker}"],
+            "append": ["zero", marker],
+        }
+        assert _texts(client, conversation.id) == expected[kind]
+        assert _copies(fresh_pg_url, marker) == (0 if kind == "append" else 1)
