@@ -15,8 +15,9 @@ import websockets.sync.client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.integration.responses.conftest import WEATHER, Rows, chat_requests, other_key
+from tests.integration.test_typescript_sdk import run_node
 from tests.support.fake_backend import FakeBackend, chat_action
-from tests.support.server import StatestoreServer
+from tests.support.server import REPO, StatestoreServer
 
 FINAL = ("response.completed", "response.incomplete", "response.failed", "error")
 
@@ -415,11 +416,33 @@ def test_shutdown_lets_the_running_response_finish_then_closes_with_1001(
 
 def test_the_docs_example_runs(responses_sqlite_server: StatestoreServer, capsys: pytest.CaptureFixture[str]) -> None:
     """docs/responses.md's WebSocket mode example, as written, against a server."""
-    from tests.support.server import REPO
-
     page = (REPO / "docs" / "responses.md").read_text()
     section = page[page.index("## WebSocket mode") :]
     example = section[section.index("```python\n") + len("```python\n") : section.index("```\n", 10)]
     assert "client.responses.connect()" in example
     exec(compile(example.replace("http://127.0.0.1:8080", responses_sqlite_server.url), "responses.md", "exec"), {})
     assert capsys.readouterr().out == "echo: And again\n"
+
+
+def test_typescript_responses_over_a_websocket(
+    responses_server: StatestoreServer, backend: FakeBackend, api_key: str
+) -> None:
+    """`ResponsesWS` of the `openai` TypeScript SDK: a chain on one connection, a store: false continuation kept on
+    it, and a steered response continued by its automatic successor."""
+    backend.script(
+        {"kind": "echo", "path": "/v1/chat/completions"},
+        {"kind": "echo", "path": "/v1/chat/completions"},
+        {"kind": "echo", "path": "/v1/chat/completions", "stall_after_events": 1, "stall_seconds": 1.0},
+    )
+    seen = run_node(
+        REPO / "tests" / "node" / "responses_socket.mjs", {"STATESTORE_URL": responses_server.url, "API_KEY": api_key}
+    )
+    assert seen["first"][:2] == ["response.created", "response.in_progress"]
+    assert seen["first"][-1] == "response.completed"
+    assert seen["firstText"] == "echo: hello" and seen["secondText"] == "echo: unstored"
+    assert "response.steer.accepted" in seen["third"] and seen["third"][-1] == "response.completed"
+    assert seen["successor"]["previous"] == seen["successor"]["thirdId"]
+    assert seen["successor"]["text"] == "echo: and this"
+    # The store: false responses were never stored.
+    missing = httpx.get(f"{responses_server.url}/v1/responses/{seen['secondId']}", headers={"x-api-key": api_key})
+    assert missing.status_code == 404
