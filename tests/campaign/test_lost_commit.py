@@ -106,11 +106,13 @@ def test_a_background_turn_whose_commit_reply_was_lost_ends_as_stored(
 
 
 def _copies(database_url: str, marker: str) -> int:
-    """How many stored responses carry `marker` (in their output, as the echo backend answers it)."""
+    """How many stored responses carry `marker` (in their output, as the echo backend answers it). None may be
+    ownerless: the settling's look (an insert of the response id, rolled back) must never have stayed."""
 
     async def count() -> int:
         conn = await asyncpg.connect(database_url.replace("+asyncpg", ""))
         try:
+            assert await conn.fetchval("SELECT count(*) FROM responses WHERE owner = ''") == 0
             found = await conn.fetchval(
                 "SELECT count(*) FROM responses WHERE position($1::bytea IN body) > 0", marker.encode()
             )
