@@ -19,7 +19,7 @@ class Policy:
     max_messages: int
     # The context policy (docs/protocol.md §9); the fields and their checks are defined in statestore/policy_fields.py.
     context_strategy: Literal["none", "truncate", "summarize"] = "none"
-    # "auto": the window the backend states (upstream/windows.py), resolved per turn before the planner sees it.
+    # "auto": the window the backend states (core/windows.py), resolved per turn before the planner sees it.
     context_window_tokens: int | Literal["auto"] | None = None
     context_trigger_ratio: float = 0.8
     context_target_ratio: float = 0.5

@@ -15,6 +15,7 @@ from statestore.auth import AdminTokens, Authenticator, KeysAuthenticator, Passt
 from statestore.clock import Clock, clock_from
 from statestore.config import Settings
 from statestore.content_keys import ContentKeys
+from statestore.core.windows import Windows
 from statestore.encryption.setup import content_keys
 from statestore.metrics import Metrics
 from statestore.policy import Policy
@@ -46,7 +47,6 @@ from statestore.threads.service import ThreadService
 from statestore.threads.summary import BackendSummaries
 from statestore.upstream.client import Upstream, UpstreamClient
 from statestore.upstream.token_counts import ChatTokenizer, MessagesCounter
-from statestore.upstream.windows import Windows
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Tracer

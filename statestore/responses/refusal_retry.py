@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from statestore.auth import Principal
 from statestore.core import planner
+from statestore.core.windows import Windows
 from statestore.responses.backend import CHAT_PATH, backend_headers, relayed_error
 from statestore.responses.context import Summarize
 from statestore.responses.prepared import PreparedResponse
 from statestore.upstream.client import Upstream, UpstreamResponse
 from statestore.upstream.refusals import Refusal, recognise
-from statestore.upstream.windows import Windows
 
 
 async def send_turn(

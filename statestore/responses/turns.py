@@ -9,12 +9,14 @@ from typing import Any
 
 from statestore.auth import Principal
 from statestore.clock import Clock
+from statestore.core import windows as windows_of_backend
 from statestore.core.lease_keeper import LeaseKeeper
 from statestore.core.lost_commit import settle_lost_commit
 from statestore.core.policy_enforcement import PolicyRefusal, TurnMeasures, enforce
+from statestore.core.windows import Windows
 from statestore.metrics import Metrics, ResponseTurnKind, ThreadTurnOutcome
 from statestore.policy import Policy
-from statestore.responses.backend_window import with_window
+from statestore.responses.backend import backend_headers
 from statestore.responses.compaction import stored_inputs
 from statestore.responses.compaction_seal import CompactionSeal
 from statestore.responses.context import (
@@ -51,7 +53,6 @@ from statestore.store.thread_claims import CLAIM_FAULTS
 from statestore.threads.ids import new_lease_token
 from statestore.threads.policy_store import PolicyStore
 from statestore.upstream.token_counts import ChatTokenizer
-from statestore.upstream.windows import Windows
 
 
 def turn_kind(turn: TurnRequest) -> ResponseTurnKind:
@@ -128,6 +129,15 @@ class ResponseTurns:
         prepared.outcome = "rejected"
         await self.give_back(prepared)
 
+    async def _with_window(self, policy: Policy, turn: TurnRequest, principal: Principal) -> Policy:
+        """The policy with its `auto` window resolved (core/windows.py), asked with the deployment's credential in
+        keys mode; only a turn that manages its context (`truncation: "auto"`) asks."""
+        if turn.truncation != "auto":
+            return policy
+        return await windows_of_backend.resolved(
+            self.windows, policy, turn.model, lambda: backend_headers([], principal)
+        )
+
     async def _prepare(
         self,
         turn: TurnRequest,
@@ -138,7 +148,7 @@ class ResponseTurns:
         *,
         kept: KeptResponse | None = None,
     ) -> PreparedResponse:
-        policy = await with_window(self.windows, await self.policy(principal, storing=turn.store), turn, principal)
+        policy = await self._with_window(await self.policy(principal, storing=turn.store), turn, principal)
         now = self.clock()
         prepared = PreparedResponse(
             turn=turn,
@@ -234,7 +244,7 @@ class ResponseTurns:
         """What `turn` would send, read without taking anything (no conversation's lease, nothing counted in the
         metrics, nothing stored): for `POST /v1/responses/input_tokens`. Refused as the turn would be: an unknown
         previous response (400), conversation (404)."""
-        policy = await with_window(self.windows, await self.policy(principal, storing=False), turn, principal)
+        policy = await self._with_window(await self.policy(principal, storing=False), turn, principal)
         prepared = PreparedResponse(
             turn=turn,
             principal=principal,

@@ -9,6 +9,8 @@ from collections.abc import Iterable
 
 from statestore.auth import Principal
 from statestore.core import planner
+from statestore.core import windows as windows_of_backend
+from statestore.core.windows import Windows
 from statestore.policy import Policy
 from statestore.store.thread_store import ThreadStore
 from statestore.threads import assembly, context_step
@@ -16,7 +18,6 @@ from statestore.threads.prepared import PreparedTurn
 from statestore.threads.turn import ThreadTurn
 from statestore.upstream.client import request_headers_for_upstream
 from statestore.upstream.refusals import Refusal
-from statestore.upstream.windows import Windows
 
 
 def model_of(turn: ThreadTurn) -> str | None:
@@ -33,13 +34,14 @@ async def with_window(
 ) -> Policy:
     """The policy with its `auto` window replaced by the one the backend states for the turn's model (None while
     unknown: the turn is then forwarded as rebuilt)."""
-    if policy.context_window_tokens != "auto" or policy.context_strategy == "none":
+    if policy.context_strategy == "none":
         return policy
-    discovered = None
-    if windows is not None:
-        asking = request_headers_for_upstream(headers, threaded=True, credential=principal.upstream_credential)
-        discovered = await windows.window(model_of(turn), asking)
-    return planner.resolved_window(policy, discovered)
+    return await windows_of_backend.resolved(
+        windows,
+        policy,
+        model_of(turn),
+        lambda: request_headers_for_upstream(headers, threaded=True, credential=principal.upstream_credential),
+    )
 
 
 async def cut_after_refusal(

@@ -15,6 +15,7 @@ import orjson
 from statestore.auth import Principal
 from statestore.clock import wall_clock_ms
 from statestore.content_keys import CLEAR, ContentKeys, ContentSealer
+from statestore.core.windows import Windows
 from statestore.errors import (
     InvalidRequest,
     ServiceUnavailable,
@@ -41,7 +42,6 @@ from statestore.threads.refusal_retry import with_window
 from statestore.threads.summary import Summaries, summarizer
 from statestore.threads.turn import ThreadTurn
 from statestore.upstream.token_counts import MessagesCounter
-from statestore.upstream.windows import Windows
 
 log = logging.getLogger(__name__)
 

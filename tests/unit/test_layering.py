@@ -15,7 +15,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "statestore"
 ALLOWED: dict[str, set[str]] = {
     "api": {"core", "responses", "threads", "store", "upstream"},
     "console": {"store"},
-    "core": {"store"},
+    "core": {"store", "upstream"},
     "encryption": {"store"},
     "responses": {"core", "threads", "store", "upstream"},
     "threads": {"core", "store", "upstream"},

@@ -8,10 +8,16 @@ from typing import Any
 import orjson
 import pytest
 
+from statestore.auth import Principal
 from statestore.core import planner
+from statestore.core.windows import Windows, window_in_models, window_in_props
+from statestore.core.windows import resolved as resolved_window
 from statestore.policy import Policy
 from statestore.policy_fields import AUTO, BY_NAME, STORED_AUTO, PolicyValueError, validate_values
-from statestore.upstream.windows import Windows, window_in_models, window_in_props
+from statestore.responses.request import read_turn as read_response_turn
+from statestore.responses.turns import ResponseTurns
+from statestore.threads.refusal_retry import with_window as threads_with_window
+from statestore.threads.turn import read_turn as read_thread_turn
 
 BASE: dict[str, Any] = {
     "threads_enabled": True,
@@ -75,9 +81,11 @@ class _Backend:
     def __init__(self, routes: dict[str, tuple[int, Any]]) -> None:
         self.routes = routes
         self.asked: list[str] = []
+        self.headers: list[list[tuple[bytes, bytes]]] = []
 
     async def send(self, method: str, path: str, headers: list[tuple[bytes, bytes]], body: bytes) -> Any:
         self.asked.append(path)
+        self.headers.append(headers)
         status, answer = self.routes.get(path, (404, {}))
         return _Response(status, answer)
 
@@ -131,3 +139,47 @@ def test_a_refused_turn_is_cut_to_the_narrower_of_its_window_and_the_stated_one(
     assert planner.window_after_refusal(unknown, None, None) is None
     unmanaged = Policy(True, True, 60, 600, 1 << 20, 1000)
     assert planner.window_after_refusal(unmanaged, None, 4096) is None
+
+
+def _auto(strategy: str) -> Policy:
+    return Policy(True, True, 60, 600, 1 << 20, 1000, context_strategy=strategy, context_window_tokens="auto")  # type: ignore[arg-type]
+
+
+async def test_an_auto_window_is_resolved_once_for_both_doors_with_each_doors_credential() -> None:
+    """core/windows.py resolves `auto` for both doors: each asks with the credential it sends its turn with (the
+    Messages door the client's in passthrough, the Responses door the deployment's key in keys mode), and a turn that
+    does not manage its context (strategy `none`; `truncation: "disabled"`) asks nothing."""
+    states = {"/v1/models": (200, {"data": [{"id": "m", "max_model_len": 4096}]})}
+    passthrough = Principal("owner", None, None)
+    keys = Principal("owner", None, (b"x-api-key", b"deployment"))
+    client = [(b"x-api-key", b"client"), (b"statestore-session-id", b"s1")]
+    thread_turn = read_thread_turn({"model": "m", "max_tokens": 8, "messages": []}, client)
+    assert thread_turn is not None
+
+    backend = _Backend(states)
+    windows = Windows(backend)
+    resolved = await threads_with_window(windows, _auto("summarize"), thread_turn, client, passthrough)
+    assert resolved.context_window_tokens == 4096 and resolved.context_strategy == "summarize"
+    assert (b"x-api-key", b"client") in backend.headers[0]
+    assert await threads_with_window(windows, _auto("none"), thread_turn, [], passthrough) == _auto("none")
+
+    backend = _Backend(states)
+    turns = ResponseTurns.__new__(ResponseTurns)
+    turns.windows = Windows(backend)
+    auto_turn = read_response_turn(orjson.dumps({"model": "m", "input": "hi", "truncation": "auto"}))
+    resolved = await turns._with_window(_auto("none"), auto_turn, keys)
+    assert resolved.context_window_tokens == 4096
+    assert (b"authorization", b"Bearer deployment") in backend.headers[0]
+    disabled = read_response_turn(orjson.dumps({"model": "m", "input": "hi"}))
+    assert await turns._with_window(_auto("truncate"), disabled, keys) == _auto("truncate")
+    assert len(backend.asked) == 1
+
+    # No backend to ask, or a policy with a window of its own: the policy as it is, and nothing built to ask with.
+    def never() -> list[tuple[bytes, bytes]]:
+        raise AssertionError("asked")
+
+    assert await resolved_window(None, _auto("truncate"), "m", never) == planner.resolved_window(
+        _auto("truncate"), None
+    )
+    fixed = Policy(True, True, 60, 600, 1 << 20, 1000, context_strategy="truncate", context_window_tokens=2048)
+    assert await resolved_window(Windows(_Backend({})), fixed, "m", never) is fixed

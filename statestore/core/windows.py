@@ -1,19 +1,22 @@
 """Context windows discovered from the backend (docs/protocol.md §9, "context_window_tokens: auto"), for a policy whose
-`context_window_tokens` is `auto`: the model's entry in `GET /v1/models` (vLLM's `max_model_len`, llama.cpp's
-`meta.n_ctx`), else llama.cpp's `GET /props` (`default_generation_settings.n_ctx`, the runtime window of a slot, not
-the model's trained length), else the maximum a refusal stated. Per model, refreshed now and then; a model whose window
-is unknown stays unknown (its turns are forwarded as rebuilt) until one of those says it."""
+`context_window_tokens` is `auto`, and that policy resolved for a turn, on both doors: the model's entry in
+`GET /v1/models` (vLLM's `max_model_len`, llama.cpp's `meta.n_ctx`), else llama.cpp's `GET /props`
+(`default_generation_settings.n_ctx`, the runtime window of a slot, not the model's trained length), else the maximum
+a refusal stated. Per model, refreshed now and then; a model whose window is unknown stays unknown (its turns are
+forwarded as rebuilt) until one of those says it."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 
+from statestore.core import planner
+from statestore.policy import Policy
 from statestore.upstream.client import Upstream
 
 log = logging.getLogger(__name__)
@@ -104,3 +107,18 @@ class Windows:
             return orjson.loads(raw)
         except orjson.JSONDecodeError:
             return None
+
+
+async def resolved(
+    windows: Windows | None,
+    policy: Policy,
+    model: str | None,
+    asking: Callable[[], Sequence[tuple[bytes, bytes]]],
+) -> Policy:
+    """The policy with its `auto` window replaced by the one the backend states for `model` (None while unknown: the
+    turn is then forwarded as rebuilt). `asking`: the door's headers to ask with (the credential it sends the backend
+    the turn with), built only when a window is asked for. The door decides whether its turn manages its context."""
+    if policy.context_window_tokens != "auto":
+        return policy
+    discovered = await windows.window(model, list(asking())) if windows is not None else None
+    return planner.resolved_window(policy, discovered)
