@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from statestore.api.responses import bytes_response, streaming_response
 from statestore.auth import Principal
+from statestore.core import refusal_retry
 from statestore.errors import StatestoreError, StreamBrokenOff
 from statestore.threads import assembly, context, rules
 from statestore.threads.diagnostics import storable_backend_id
@@ -28,9 +29,13 @@ from statestore.upstream.client import (
     request_headers_for_upstream,
     response_headers_for_client,
 )
-from statestore.upstream.refusals import recognise
 from statestore.upstream.reply_capture import ReplyAccumulator
 from statestore.upstream.sse import SSEParser
+
+
+def _is_ok(status: int) -> bool:
+    """A backend's answer the Messages door relays as a reply (anything else is relayed as the backend's error)."""
+    return status == 200
 
 
 def completed(message: dict[str, Any], backend_id: object) -> CompletedReply:
@@ -80,23 +85,18 @@ class _ThreadedTurn:
             headers, threaded=True, credential=principal.upstream_credential
         )
         path = "/v1/messages" + (f"?{query}" if query else "")
-        while True:
-            response = await self.upstream.send("POST", path, upstream_headers, prepared.upstream_body)
-            if response.status == 200:
-                break
-            try:
-                body = await response.read()
-            finally:
-                await response.aclose()
-            # A refusal as too long, on a managed context, is cut and sent once more: nothing has reached the client.
-            refusal = recognise(response.status, body)
-            if refusal is None or not await cut_after_refusal(
-                self.service.repository, self.service.windows, prepared, refusal
-            ):
-                await self.service.give_back(prepared)
-                return bytes_response(
-                    response.status, body, response_headers_for_client(response.headers, keep_length=False)
-                )
+        # A refusal as too long, on a managed context, is cut and sent once more: nothing has reached the client.
+        sent = await refusal_retry.send_turn(
+            lambda: self.upstream.send("POST", path, upstream_headers, prepared.upstream_body),
+            _is_ok,
+            windows=self.service.windows,
+            model=prepared.replay[0],
+            cut=lambda refusal: cut_after_refusal(self.service.repository, prepared, refusal),
+        )
+        if isinstance(sent, refusal_retry.Refused):
+            await self.service.give_back(prepared)
+            return bytes_response(sent.status, sent.body, response_headers_for_client(sent.headers, keep_length=False))
+        response = sent
         content_type = response.header(b"content-type") or b""
         if not content_type.startswith(b"text/event-stream"):
             try:

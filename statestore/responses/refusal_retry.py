@@ -1,18 +1,19 @@
-"""The Chat Completions call of a Responses turn, and the one retry a refusal as too long earns (docs/protocol.md §9, "A
-backend's own refusal"): with `truncation: "auto"` the turn's context is cut to the target of the window
-the refusal leaves and sent once more, before anything is stored or any event reaches the client; otherwise, or on a
-second refusal, the backend's error is relayed."""
+"""The Chat Completions call of a Responses turn, and the Responses door's side of the one retry a refusal as too long
+earns (docs/protocol.md §9, "A backend's own refusal"; core/refusal_retry.py sends it once more): with
+`truncation: "auto"` the turn's context is cut to the target of the window the refusal leaves, before anything is
+stored or any event reaches the client; otherwise, or on a second refusal, the backend's error is relayed in OpenAI's
+shape."""
 
 from __future__ import annotations
 
 from statestore.auth import Principal
-from statestore.core import planner
+from statestore.core import planner, refusal_retry
 from statestore.core.windows import Windows
 from statestore.responses.backend import CHAT_PATH, backend_headers, relayed_error
 from statestore.responses.context import Summarize
 from statestore.responses.prepared import PreparedResponse
 from statestore.upstream.client import Upstream, UpstreamResponse
-from statestore.upstream.refusals import Refusal, recognise
+from statestore.upstream.refusals import Refusal
 
 
 async def send_turn(
@@ -25,21 +26,20 @@ async def send_turn(
     windows: Windows | None,
 ) -> UpstreamResponse:
     """The backend's response to the turn (status below 300), after at most one cut; else its error, relayed."""
-    retried = False
-    while True:
-        response = await upstream.send("POST", CHAT_PATH, backend_headers(headers, principal), prepared.backend_body())
-        if response.status < 300:
-            return response
-        try:
-            raw = await response.read()
-        finally:
-            await response.aclose()
-        refusal = recognise(response.status, raw)
-        if refusal is not None and windows is not None:
-            windows.learn(prepared.turn.model, refusal.window_tokens)
-        if retried or refusal is None or not await _cut(prepared, refusal, summarize):
-            raise relayed_error(response.status, raw)
-        retried = True
+    sent = await refusal_retry.send_turn(
+        lambda: upstream.send("POST", CHAT_PATH, backend_headers(headers, principal), prepared.backend_body()),
+        _is_ok,
+        windows=windows,
+        model=prepared.turn.model,
+        cut=lambda refusal: _cut(prepared, refusal, summarize),
+    )
+    if isinstance(sent, refusal_retry.Refused):
+        raise relayed_error(sent.status, sent.body)
+    return sent
+
+
+def _is_ok(status: int) -> bool:
+    return status < 300
 
 
 async def _cut(prepared: PreparedResponse, refusal: Refusal, summarize: Summarize | None) -> bool:

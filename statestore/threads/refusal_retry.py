@@ -1,7 +1,7 @@
-"""The backend's own word on a threaded turn's window (docs/protocol.md §9): an `auto` window resolved to the one the
-backend states ("Windows discovered"), and a turn the backend refused as too long cut to the target and sent once more,
-with a managed context, before anything is stored or any byte reaches the client ("Real backends refuse in their own
-words"). What the cut needs is kept from the turn's preparation."""
+"""The Messages door's side of the backend's own word on a turn's window (docs/protocol.md §9): whether a thread's turn
+asks for an `auto` window, and with which credential (core/windows.py resolves it), and how a turn the backend refused
+as too long is cut to the target, with a managed context (core/refusal_retry.py sends it once more). What the cut
+needs is kept from the turn's preparation."""
 
 from __future__ import annotations
 
@@ -44,14 +44,10 @@ async def with_window(
     )
 
 
-async def cut_after_refusal(
-    repository: ThreadStore, windows: Windows | None, prepared: PreparedTurn, refusal: Refusal
-) -> bool:
-    """Remember the window the refusal stated; then, once per turn, cut the refused turn's context to the target of
-    the window the refusal leaves (the policy's, narrowed to the stated maximum) and rebuild its body. False when the
-    policy does not manage the context, the turn was cut once already, or nothing can be cut."""
-    if windows is not None:
-        windows.learn(prepared.replay[0], refusal.window_tokens)
+async def cut_after_refusal(repository: ThreadStore, prepared: PreparedTurn, refusal: Refusal) -> bool:
+    """Once per turn, cut the refused turn's context to the target of the window the refusal leaves (the policy's,
+    narrowed to the stated maximum) and rebuild its body. False when the policy does not manage the context, the turn
+    was cut once already, or nothing can be cut."""
     basis, prepared.recut = prepared.recut, None
     if basis is None:
         return False
