@@ -83,6 +83,9 @@ class Arms:
         self.response_head = ""
         self.response_parent = ""
         self.conversation_id = ""
+        self.sse_head = ""
+        self.socket_head = ""
+        self.socket: aiohttp.ClientWebSocketResponse | None = None
         self.n = 0
 
     async def _post(self, url: str, body: Any, headers: dict[str, str]) -> tuple[float, Any, dict[str, str]]:
@@ -109,6 +112,17 @@ class Arms:
         )
         self.response_parent = self.response_head = response["id"]
         await self.response()  # the branch arm needs a parent that is not the head
+        # The streamed continue's chain and the socket's: the same history, each its own head.
+        for head in ("sse_head", "socket_head"):
+            _, own, _ = await self._post(
+                self.statestore + "/v1/responses",
+                {"model": "echo-1", "input": [*items, _item("user", "go")]},
+                _bearer(),
+            )
+            setattr(self, head, own["id"])
+        self.socket = await self.http.ws_connect(
+            self.statestore.replace("http://", "ws://") + "/v1/responses", headers=_bearer(), max_msg_size=0
+        )
         _, conversation, _ = await self._post(self.statestore + "/v1/conversations", {}, _bearer())
         self.conversation_id = conversation["id"]
         await self._post(
@@ -145,6 +159,40 @@ class Arms:
         body = {"model": "echo-1", "input": self._new(), "previous_response_id": self.response_head}
         elapsed, reply, _ = await self._post(self.statestore + "/v1/responses", body, _bearer())
         self.response_parent, self.response_head = self.response_head, reply["id"]
+        return elapsed
+
+    async def response_sse(self) -> float:
+        """The same continue streamed over HTTP: the time to its `response.completed`."""
+        body = {"model": "echo-1", "input": self._new(), "previous_response_id": self.sse_head, "stream": True}
+        started = time.perf_counter()
+        async with self.http.post(self.statestore + "/v1/responses", data=orjson.dumps(body), headers=_bearer()) as sse:
+            raw = await sse.read()
+            elapsed = time.perf_counter() - started
+            if sse.status != 200:
+                raise RuntimeError(f"stream: {sse.status} {raw[:300]!r}")
+        last = raw.rstrip().rsplit(b"\ndata: ", 1)[1]
+        self.sse_head = orjson.loads(last)["response"]["id"]
+        return elapsed
+
+    async def socket_continue(self) -> float:
+        """The same continue over one WebSocket (WebSocket mode): a response.create, its events to the last."""
+        assert self.socket is not None
+        event = {
+            "type": "response.create",
+            "model": "echo-1",
+            "input": self._new(),
+            "previous_response_id": self.socket_head,
+        }
+        started = time.perf_counter()
+        await self.socket.send_str(orjson.dumps(event).decode())
+        while True:
+            message = orjson.loads(await self.socket.receive_str())
+            if message["type"] == "response.completed":
+                break
+            if message["type"] == "error":
+                raise RuntimeError(f"socket: {message}")
+        elapsed = time.perf_counter() - started
+        self.socket_head = message["response"]["id"]
         return elapsed
 
     async def conversation(self) -> float:
@@ -230,6 +278,8 @@ async def measure(
                 "chat": arms.chat,
                 "thread": arms.thread,
                 "response": arms.response,
+                "response-sse": arms.response_sse,
+                "socket": arms.socket_continue,
                 "conversation": arms.conversation,
                 "branch": arms.branch,
             }
@@ -252,6 +302,8 @@ async def measure(
                     if round_ >= 2:  # two warm-up rounds
                         samples[name].extend(e * 1000 for e in elapsed)
                         bills[name].append(meter.bill(before, after, batch))
+            if arms.socket is not None:
+                await arms.socket.close()
             results[size_name] = {
                 name: {
                     "p50_ms": statistics.median(values),
