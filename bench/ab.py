@@ -8,7 +8,10 @@ client's latency per continue. The ratio head/base is what a change costs or sav
 doing at the time, since both arms suffer it alike.
 
     .venv/bin/python -m bench.ab --base HEAD~1 [--rounds 8] [--turns 150] [--history-kb 8] [--stream]
-        [--door messages|responses] [--repeat K]
+        [--door messages|responses] [--repeat K] [--own-redis]
+
+`--own-redis` gives each server a redis-server of its own and bills its CPU with the server's: the whole turn's CPU
+(statestore and Redis), as a change of Redis client is weighed.
 
 On these small shared machines one run's ratio can stray by 5 % or more (two A/A runs have read 0.96x and 1.06x):
 `--repeat K` makes K whole runs, each on fresh servers, and reports the median of their ratios.
@@ -29,6 +32,7 @@ import orjson
 
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
 from bench.procs import REPO, Service, base_worktree, cpu_sample, echo_backend, free_port, migrate, python
+from bench.throwaway import redis_process
 
 THREADS_BETA = "message-threads-2026-08-12"
 HEADERS = {"content-type": "application/json", "x-api-key": "bench-ab", "anthropic-beta": THREADS_BETA}
@@ -103,19 +107,26 @@ def _continue_response(client: httpx.Client, url: str, previous: str, n: int, *,
 
 
 def _round(
-    client: httpx.Client, service: Service, url: str, turns: int, history: int, *, stream: bool, door: str
+    client: httpx.Client,
+    pids: list[int],
+    url: str,
+    turns: int,
+    history: int,
+    *,
+    stream: bool,
+    door: str,
 ) -> tuple[float, float]:
-    """(server CPU µs per continue, median client latency ms) of one thread (or response chain) of `turns`
-    continues."""
+    """(CPU µs per continue of the processes `pids`, median client latency ms) of one thread (or response chain) of
+    `turns` continues."""
     create, step = (_create, _continue) if door == "messages" else (_create_response, _continue_response)
     previous = create(client, url, history)
-    before = cpu_sample([service.pid])
+    before = cpu_sample(pids)
     latencies = []
     for n in range(turns):
         started = time.perf_counter()
         previous = step(client, url, previous, n, stream=stream)
         latencies.append(time.perf_counter() - started)
-    cpu_ns = cpu_sample([service.pid]).sched_ns - before.sched_ns
+    cpu_ns = cpu_sample(pids).sched_ns - before.sched_ns
     return cpu_ns / turns / 1000, statistics.median(latencies) * 1000
 
 
@@ -145,6 +156,11 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         metavar="STATESTORE_X=VALUE",
         help="a setting for the head server only (repeatable; an empty value unsets it), e.g. to weigh one part",
+    )
+    parser.add_argument(
+        "--own-redis",
+        action="store_true",
+        help="a redis-server of its own for each server, its CPU billed with the server's (the whole turn)",
     )
     parser.add_argument(
         "--repeat",
@@ -190,15 +206,21 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
         work = Path(scratch)
         tree = base_worktree(args.base, work, stack)
         echo_url = echo_backend(work, base_env, stack)
-        services: dict[str, tuple[Service, str]] = {}
+        services: dict[str, tuple[list[int], str]] = {}
         for name, code in (("base", tree), ("head", REPO)):
             database = stack.enter_context(scratch_database(admin_dsn)).replace(
                 "postgresql://", "postgresql+asyncpg://"
             )
-            prefix = stack.enter_context(redis_prefix(redis_url))
+            billed: list[int] = []
+            side_redis = redis_url
+            if args.own_redis:
+                (work / f"redis-{name}").mkdir()
+                side_redis, redis_pid = stack.enter_context(redis_process(work / f"redis-{name}"))
+                billed.append(redis_pid)
+            prefix = stack.enter_context(redis_prefix(side_redis))
             env = {
                 **base_env,
-                **_statestore_env(database, redis_url, prefix, echo_url, "WARNING"),
+                **_statestore_env(database, side_redis, prefix, echo_url, "WARNING"),
                 "STATESTORE_CHAT_UPSTREAM_URL": echo_url,
                 "PYTHONPATH": str(code),  # `python -m` also puts the working directory, `code`, first
                 # the editable install maps statestore.migrations to the working tree's folder: each side runs its own
@@ -220,18 +242,18 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
                 cwd=code,
             )
             stack.callback(service.stop)
-            services[name] = (service, f"http://127.0.0.1:{port}")
             service.wait_healthy()
+            services[name] = ([service.pid, *billed], f"http://127.0.0.1:{port}")
         history = args.history_kb * 1024
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in services}
         with httpx.Client(timeout=30) as client:
-            for service, url in services.values():  # a warm-up round each, not counted
-                _round(client, service, url, max(20, args.turns // 10), history, stream=args.stream, door=args.door)
+            for pids, url in services.values():  # a warm-up round each, not counted
+                _round(client, pids, url, max(20, args.turns // 10), history, stream=args.stream, door=args.door)
             for i in range(args.rounds):
                 order = list(services.items()) if i % 2 == 0 else list(reversed(services.items()))
-                for name, (service, url) in order:
+                for name, (pids, url) in order:
                     results[name].append(
-                        _round(client, service, url, args.turns, history, stream=args.stream, door=args.door)
+                        _round(client, pids, url, args.turns, history, stream=args.stream, door=args.door)
                     )
 
     cpu = {name: statistics.median(r[0] for r in rows) for name, rows in results.items()}

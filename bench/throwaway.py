@@ -80,6 +80,13 @@ def postgres_cluster(work: Path, *, statements: bool = False) -> Iterator[str]:
 @contextlib.contextmanager
 def redis_server(work: Path, timeout: float = 10.0) -> Iterator[str]:
     """A redis-server's URL (from PATH, or STATESTORE_BENCH_REDIS_SERVER); stopped by its own pid at the end."""
+    with redis_process(work, timeout) as (url, _):
+        yield url
+
+
+@contextlib.contextmanager
+def redis_process(work: Path, timeout: float = 10.0) -> Iterator[tuple[str, int]]:
+    """A redis-server's URL and pid (to bill its CPU), as redis_server."""
     port = free_port()
     argv = [
         os.environ.get("STATESTORE_BENCH_REDIS_SERVER", "redis-server"),
@@ -90,7 +97,7 @@ def redis_server(work: Path, timeout: float = 10.0) -> Iterator[str]:
     url = f"redis://127.0.0.1:{port}/0"
     try:
         _wait_for_redis(url, process, time.monotonic() + timeout, work / "redis.log")
-        yield url
+        yield url, process.pid
     finally:
         process.terminate()
         try:
