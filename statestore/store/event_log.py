@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from redis import asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from statestore.content_keys import Scope
+from statestore.retry_policy import STALE_CONNECTION_RETRIES
 from statestore.store.resp import RespClient, Script, split_cluster_flag
 from statestore.store.resp_reader import RespError
 
@@ -103,6 +107,11 @@ return 1
 _TIMEOUT = 5.0
 
 
+def _stale_connection_retry() -> Retry:
+    """statestore/retry_policy.py: once more at once on a connection found dead; a timeout never."""
+    return Retry(NoBackoff(), STALE_CONNECTION_RETRIES, supported_errors=(RedisConnectionError,))
+
+
 def _entry_id(seq: int) -> str:
     return f"0-{seq + 1}"
 
@@ -131,9 +140,13 @@ class RedisEventLog:
         plain, cluster = split_cluster_flag(url)
         client: Any
         if cluster:
-            client = aioredis.RedisCluster.from_url(plain, socket_timeout=_TIMEOUT, socket_connect_timeout=2.0)
+            client = aioredis.RedisCluster.from_url(
+                plain, socket_timeout=_TIMEOUT, socket_connect_timeout=2.0, retry=_stale_connection_retry()
+            )
         else:
-            client = aioredis.Redis.from_url(plain, socket_timeout=_TIMEOUT, socket_connect_timeout=2.0)
+            client = aioredis.Redis.from_url(
+                plain, socket_timeout=_TIMEOUT, socket_connect_timeout=2.0, retry=_stale_connection_retry()
+            )
         self._redis: Any = client
         self._lean = None if cluster else RespClient(plain, timeout_s=_TIMEOUT, connections=2)
         self._prefix = prefix
@@ -155,7 +168,7 @@ class RedisEventLog:
         if self._lean is not None:
             # Sent once more on a fresh connection when the first attempt failed on the way (a connection a Redis
             # reset closed fails the first time it is used): the script takes a batch it already wrote as written.
-            for tries_left in (1, 0):
+            for tries_left in range(STALE_CONNECTION_RETRIES, -1, -1):
                 try:
                     await self._lean_script.run(self._lean, [self._key(response_id)], args)
                     return

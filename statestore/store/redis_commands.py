@@ -13,6 +13,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from statestore.retry_policy import STALE_CONNECTION_RETRIES
 from statestore.store.resp import RespClient, Script
 from statestore.store.resp_reader import RespError
 
@@ -47,7 +48,9 @@ class StandaloneCommands:
         await self.client.execute("DEL", *keys)
 
     async def delete_each(self, groups: Sequence[Sequence[str]]) -> None:
-        for reply in await self.client.pipeline([("DEL", *group) for group in groups]):
+        # Purges, erasures and the deletions owed since an outage: no turn waits for them, so they probe Redis even
+        # while turns skip it (store/resp.py, RedisBreaker), and bring it back for them as soon as it answers.
+        for reply in await self.client.pipeline([("DEL", *group) for group in groups], probe=True):
             if isinstance(reply, RespError):
                 raise reply
 
@@ -60,15 +63,15 @@ class StandaloneCommands:
 
 class ClusterCommands:
     def __init__(self, url: str, *, timeout_s: float, max_connections: int) -> None:
-        # Retry once, at once, only on connection errors: that covers a pooled connection that died with a node's
-        # restart. A timeout is not retried, so a hung node costs a request one timeout.
+        # statestore/retry_policy.py: at once, only on connection errors (a pooled connection that died with a node's
+        # restart); a timeout is not retried, so a hung node costs a request one timeout.
         self._client = RedisCluster.from_url(
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,
             max_connections=max_connections,  # per node; cluster pools fail fast when full
             decode_responses=False,
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+            retry=Retry(NoBackoff(), STALE_CONNECTION_RETRIES, supported_errors=(RedisConnectionError,)),
         )
         self._scripts: dict[str, AsyncScript] = {}
 

@@ -9,8 +9,13 @@ one `writelines`. redis-py stays for Redis Cluster (store/redis_commands.py), wh
 worth its cost.
 
 Every failure is an exception the cache takes as a miss: `RespError` (an error reply), `ConnectionError` (the
-connection failed or was lost) and `TimeoutError` (no reply in time; the connection is then dropped, as a reply
-that arrives late would otherwise be matched to the wrong request). Both built-ins are OSErrors.
+connection failed or was lost; `RedisSkipped` while the breaker skips Redis) and `TimeoutError` (no reply in time; the
+connection is then dropped, as a reply that arrives late would otherwise be matched to the wrong request). Both
+built-ins are OSErrors.
+
+Retries and the breaker follow statestore/retry_policy.py: a command that failed on a connection found dead goes once
+more on a fresh one, a timeout never; after an outage (a timeout, a connection refused or lost) the client skips Redis
+for a pause (RedisBreaker), so a black-holed Redis costs a process one timeout per pause, not one per command.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import ssl
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,6 +32,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import hiredis
 
+from statestore.retry_policy import REDIS_BACKOFF_MAX_S, REDIS_BACKOFF_S, STALE_CONNECTION_RETRIES
 from statestore.store.resp_reader import RespError, RespProtocolError, RespReader
 
 Arg = bytes | str | int
@@ -146,14 +153,17 @@ class _Connection(asyncio.Protocol):
         if self.closed or self._transport is None:
             raise ConnectionError("the redis connection is closed")
         loop = asyncio.get_running_loop()
+        chunks = [pack(command) for command in commands]
+        try:
+            self._transport.writelines(chunks)
+        except RuntimeError:  # uvloop's, for a transport a reset closed before connection_lost reached us
+            self._fail(ConnectionError("the redis connection was lost"))
+            raise ConnectionError("the redis connection was lost") from None
         waiters = []
-        chunks: list[bytes] = []
-        for command in commands:
+        for _ in commands:
             waiter: asyncio.Future[Any] = loop.create_future()
             self._waiters.append(waiter)
             waiters.append(waiter)
-            chunks.append(pack(command))
-        self._transport.writelines(chunks)
         timer = loop.call_later(self._timeout_s, self._expire, waiters[-1])
         try:
             return [await waiter for waiter in waiters]
@@ -166,12 +176,53 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
 
 
+class RedisSkipped(ConnectionError):
+    """Redis is not asked: it failed moments ago and the breaker's pause is not over."""
+
+
+class RedisBreaker:
+    """After an outage (a timeout, a refused or lost connection) Redis is skipped for a pause, doubled at each outage in
+    a row up to a maximum (statestore/retry_policy.py's numbers); the first call after the pause probes Redis, the
+    others go on skipping it until the probe succeeds. A pause of 0 turns the breaker off."""
+
+    def __init__(self, backoff_s: float = REDIS_BACKOFF_S, max_s: float = REDIS_BACKOFF_MAX_S) -> None:
+        self._backoff_s = backoff_s
+        self._max_s = max_s
+        self._pause_s = 0.0
+        self._until = 0.0  # skip Redis before this (monotonic seconds)
+
+    def skips(self) -> bool:
+        """True while Redis is skipped; False lets a call through (after a pause, as its probe)."""
+        if self._pause_s == 0.0:
+            return False
+        now = time.monotonic()
+        if now < self._until:
+            return True
+        self._until = now + self._pause_s  # this call probes; the others skip until it settles
+        return False
+
+    def failed(self) -> None:
+        self._pause_s = min(self._max_s, self._pause_s * 2 if self._pause_s else self._backoff_s)
+        self._until = time.monotonic() + self._pause_s
+
+    def succeeded(self) -> None:
+        self._pause_s = 0.0
+
+
+# What says Redis itself is unreachable or hung, not an error reply about one command. RuntimeError is uvloop's, for a
+# write on a transport a reset just closed.
+_OUTAGES = (OSError, RuntimeError)
+
+
 class RespClient:
     """Up to `connections` connections, each carrying many commands at once; the least busy one takes the next."""
 
-    def __init__(self, url: str, *, timeout_s: float = 0.5, connections: int = 4) -> None:
+    def __init__(
+        self, url: str, *, timeout_s: float = 0.5, connections: int = 4, breaker: RedisBreaker | None = None
+    ) -> None:
         self._endpoint = parse_url(url)
         self._timeout_s = timeout_s
+        self.breaker = breaker or RedisBreaker()
         self._slots: list[_Connection | None] = [None] * connections
         self._connecting: list[asyncio.Future[_Connection] | None] = [None] * connections
 
@@ -232,13 +283,30 @@ class RespClient:
             pending.add_done_callback(settle)
         return await asyncio.shield(pending)
 
-    async def pipeline(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, probe: bool = False) -> list[Any]:
         """Replies in order; an error reply is returned as a RespError, not raised. A connection found dead is
-        replaced once (Redis restarted since it was last used)."""
+        replaced (Redis restarted since it was last used) and the commands sent again on the new one. `probe`: sent
+        even while the breaker skips Redis (work no turn waits for, such as deletions owed since an outage), and its
+        success ends the pause."""
+        if not probe and self.breaker.skips():
+            raise RedisSkipped("redis failed moments ago: skipped for now")
         try:
-            return await (await self._connection()).send(commands)
-        except ConnectionError:
-            return await (await self._connection()).send(commands)
+            replies = await self._send(commands)
+        except _OUTAGES:
+            self.breaker.failed()
+            raise
+        self.breaker.succeeded()
+        return replies
+
+    async def _send(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+        retries = STALE_CONNECTION_RETRIES
+        while True:
+            try:
+                return await (await self._connection()).send(commands)
+            except ConnectionError:
+                if not retries:
+                    raise
+                retries -= 1
 
     async def execute(self, *command: Arg) -> Any:
         (reply,) = await self.pipeline([command])

@@ -19,12 +19,14 @@ from urllib.parse import quote, urlsplit
 import aiohappyeyeballs
 import httptools
 
+from statestore.retry_policy import STALE_CONNECTION_RETRIES
 from statestore.waiters import wake_first
 
 # A relay slower than its backend stops reading the socket past this much unread body, so memory stays bounded.
 _HIGH_WATER = 256 * 1024
 _LOW_WATER = 64 * 1024
-# Requests a backend may safely see twice: retried once when a reused connection turns out closed (RFC 9110 §9.2.2).
+# Requests a backend may safely see twice: retried when a reused connection turns out closed (RFC 9110 §9.2.2), as
+# statestore/retry_policy.py says.
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
 _NO_BODY_METHODS = frozenset({"GET", "HEAD", "DELETE", "OPTIONS"})
 # RFC 8305's recommended wait before the next address is tried alongside the first.
@@ -288,7 +290,7 @@ class ConnectionPool:
     async def exchange(self, method: str, head: bytes, body: bytes) -> Connection:
         """Send one request and return its connection once the response's head has arrived. Raises OSError
         (ConnectionClosed included) or TimeoutError; the connection is then closed."""
-        retry = method in _IDEMPOTENT
+        retries = STALE_CONNECTION_RETRIES if method in _IDEMPOTENT else 0
         while True:
             connection = await self.acquire()
             try:
@@ -297,8 +299,8 @@ class ConnectionPool:
             except BaseException as exc:
                 reused = connection.used
                 self.release(connection, reuse=False)
-                if retry and reused and isinstance(exc, ConnectionClosed) and not connection.got_bytes:
-                    retry = False  # the backend had closed the idle connection: nothing of this request was read
+                if retries and reused and isinstance(exc, ConnectionClosed) and not connection.got_bytes:
+                    retries -= 1  # the backend had closed the idle connection: nothing of this request was read
                     continue
                 raise
             if method == "HEAD":

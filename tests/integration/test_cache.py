@@ -228,10 +228,11 @@ async def test_hung_redis_times_out_to_a_miss(prefix: str) -> None:
     port = server.sockets[0].getsockname()[1]
     cache = RedisHistoryCache(f"redis://127.0.0.1:{port}/0", prefix, socket_timeout=0.1)
     started = time.monotonic()
-    assert await cache.get(thread()) is None
-    await cache.append(thread(), 1, [M2], TTL_MS, sealer=CLEAR)  # times out, then its best-effort DEL times out too
-    assert cache.errors == 3
-    assert time.monotonic() - started < 2
+    assert await cache.get(thread()) is None  # times out
+    # Skipped at once: Redis failed moments ago (the breaker), and a skipped append leaves nothing to drop.
+    await cache.append(thread(), 1, [M2], TTL_MS, sealer=CLEAR)
+    assert cache.errors == 2
+    assert time.monotonic() - started < 1
     await cache.aclose()
     server.close()
 

@@ -5,12 +5,13 @@ nothing listening). Against the real Redis: tests/integration/test_resp.py."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 import pytest
 
 from statestore.config import Settings
-from statestore.store.resp import Endpoint, RespClient, pack, parse_url
+from statestore.store.resp import Endpoint, RedisBreaker, RedisSkipped, RespClient, pack, parse_url
 
 
 @pytest.mark.parametrize(
@@ -72,10 +73,45 @@ async def test_a_late_reply_is_never_given_to_the_next_request() -> None:
 
     server = await serve(slow_then_fast)
     port = server.sockets[0].getsockname()[1]
-    client = RespClient(f"redis://127.0.0.1:{port}", timeout_s=0.1, connections=1)
+    # The breaker off (a pause of 0): the second command is sent at once, not skipped.
+    client = RespClient(f"redis://127.0.0.1:{port}", timeout_s=0.1, connections=1, breaker=RedisBreaker(0.0, 0.0))
     with pytest.raises(TimeoutError):
         await client.execute("GET", "a")
     assert await client.execute("GET", "b") == b"reply-of-connection-2"
+    await client.aclose()
+    server.close()
+
+
+async def test_after_a_timeout_redis_is_skipped_for_a_pause_then_probed() -> None:
+    """A Redis that accepts and does not answer: the first command waits its timeout, the next ones are skipped at once
+    until the pause is over; then one command probes (the others still skip), and an answer ends the pause."""
+    answering = False
+
+    async def hung_until_told(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await reader.read(65536):
+            if answering:
+                writer.write(b"+PONG\r\n")
+                await writer.drain()
+        writer.close()
+
+    server = await serve(hung_until_told)
+    port = server.sockets[0].getsockname()[1]
+    client = RespClient(f"redis://127.0.0.1:{port}", timeout_s=0.1, breaker=RedisBreaker(0.3, 1.0))
+    with pytest.raises(TimeoutError):
+        await client.execute("PING")
+    started = time.monotonic()
+    for _ in range(20):
+        with pytest.raises(RedisSkipped):
+            await client.execute("PING")
+    assert time.monotonic() - started < 0.05
+    await asyncio.sleep(0.35)
+    answering = True
+    probe = asyncio.ensure_future(client.execute("PING"))
+    await asyncio.sleep(0)  # the probe is on its way: the others still skip until it settles
+    with pytest.raises(RedisSkipped):
+        await client.execute("PING")
+    assert await probe == b"PONG"
+    assert await client.execute("PING") == b"PONG"
     await client.aclose()
     server.close()
 

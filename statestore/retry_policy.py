@@ -1,0 +1,31 @@
+"""The one retry policy of statestore's clients (Redis, PostgreSQL, the model backend), in numbers.
+
+A request is sent once more, at once, on a fresh connection, only when it failed on a pooled connection that turned
+out closed (the server restarted, or closed it while idle) and sending it again cannot do a thing twice:
+
+- the backend client (upstream/http1.py): a method without side effects (GET, HEAD, PUT, DELETE, OPTIONS) with no
+  byte of its response read; a POST is never sent twice;
+- Redis (store/resp.py, and redis-py's Retry for Cluster and a follower's blocking read): any command after a
+  connection error, as every write statestore sends is a script that checks before it writes, so a repeat is
+  harmless;
+- PostgreSQL: no statement is sent twice; a pooled connection found closed is dropped before it is lent
+  (store/pg_pool.py), and a commit whose acknowledgement was lost is settled by the turn, which asks whether it was
+  stored.
+
+Nothing else is retried: a timeout never (the server is slow or gone, and waiting twice doubles what a turn pays), and
+there is no back-off between attempts (the retry goes to a new connection, not to the same failure).
+
+A Redis that keeps failing is then skipped for a while (RedisBreaker, store/resp.py): the cache serves from
+the database, so an unreachable or black-holed Redis costs a process one timeout per back-off period, not one per
+operation.
+"""
+
+from __future__ import annotations
+
+# Attempts after the first, on a fresh connection, when a pooled one turned out closed.
+STALE_CONNECTION_RETRIES = 1
+
+# Redis that failed (a timeout, a refused or lost connection) is skipped for this long, doubled at each failure in a
+# row up to the maximum; the first call after the pause probes it, and a success ends the pause.
+REDIS_BACKOFF_S = 1.0
+REDIS_BACKOFF_MAX_S = 10.0
