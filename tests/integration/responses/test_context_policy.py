@@ -212,3 +212,33 @@ def test_a_failed_summary_truncates_and_says_so(
         else:
             pytest.fail("no turn passed the trigger")
         assert backend.pending() == 0, "the summary was asked for"
+
+
+def test_a_window_set_too_large_meets_context_length_exceeded_which_is_cut_and_sent_once_more(
+    server: StatestoreServer, admin: AdminApi, backend: FakeBackend
+) -> None:
+    """§9, a backend's own refusal, on the Responses door as on threads (core/refusal_retry.py): the policy claims ten
+    times the backend's window, so the estimate never reaches the trigger; the turn the backend refuses
+    (`context_length_exceeded`) is cut to the target of the stated window and sent once more, and the client sees a
+    truncated turn, never the refusal."""
+    window = 2000
+    backend.watch_context(window=window)
+    try:
+        with _client(server, admin, context_strategy="truncate", context_window_tokens=10 * window) as client:
+            previous: str | None = None
+            truncated = 0
+            for turn in range(30):
+                raw = client.responses.with_raw_response.create(
+                    model="echo-1", input=f"turn {turn} " + "x" * 1000, previous_response_id=previous, truncation="auto"
+                )
+                previous = raw.parse().id
+                truncated += raw.headers.get("statestore-context") == "truncated"
+        turns = backend.context_log()["turns"]
+    finally:
+        backend.watch_context(window=None)
+    refused = [index for index, entry in enumerate(turns) if entry["status"] == 400]
+    assert refused, "the backend never refused"
+    for index in refused:  # one retry, which fitted
+        assert turns[index + 1]["status"] == 200
+        assert turns[index + 1]["input_tokens"] <= 0.5 * window + 600
+    assert truncated == len(refused)
