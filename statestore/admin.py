@@ -242,8 +242,9 @@ class AdminService:
         policy = validate_policy(values)
         scope_id = await self._scope(scope)
         before = await self.repository.get_policy(scope_id)
-        await self.repository.put_policy(scope_id, policy, before=before, actor=actor, now_ms=self.clock())
+        shortened = await self.repository.put_policy(scope_id, policy, before=before, actor=actor, now_ms=self.clock())
         self.policies.forget()
+        await self.retention.forget_shortened(shortened)
         return policy
 
     async def delete_policy(self, scope: str, *, actor: str) -> None:
@@ -254,10 +255,11 @@ class AdminService:
         # What governs the scope's threads from now on: the stored default for a tenant, else the settings' policy.
         after = await self.repository.get_policy(DEFAULT_SCOPE) if scope_id != DEFAULT_SCOPE else None
         max_ttl_after = (after or self.policies.fallback).max_ttl_seconds
-        await self.repository.delete_policy(
+        shortened = await self.repository.delete_policy(
             scope_id, before=before, max_ttl_after=max_ttl_after, actor=actor, now_ms=self.clock()
         )
         self.policies.forget()
+        await self.retention.forget_shortened(shortened)
 
     # -- audit, retention, stats ---------------------------------------------------------------------------------
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from statestore.clock import Clock
 from statestore.content_keys import ContentKeys
-from statestore.store.admin_repository import AdminRepository
+from statestore.store.admin_repository import AdminRepository, Shortened
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CacheKey, conversation_key, response_key, thread_key
 from statestore.store.engine import DATABASE_ERRORS
@@ -65,6 +65,13 @@ class Retention:
         if not await self.cache.delete_many(keys):
             self.cache_debt.update(keys)
             log.warning("cache entries of deleted conversations left for retry", extra={"entries": len(keys)})
+
+    async def forget_shortened(self, shortened: Shortened) -> None:
+        """Drop the cached rows of threads and responses a policy shortened: kept as they were, with the old expiry,
+        they would serve a thread's continue (a Redis claim) or a chain's (its head) past the new maximum."""
+        keys = [thread_key(i) for i in shortened.threads] + [response_key(i) for i in shortened.responses]
+        if keys:
+            await self._forget_in_cache(keys)
 
     async def forget_conversations(self, conversation_ids: list[str]) -> None:
         """Drop the cached contexts made of these conversations' items: each conversation's own, and those of the

@@ -15,9 +15,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.policy import Policy
 from statestore.policy_fields import POLICY_FIELDS
+from statestore.records import record
 from statestore.store.audit_filter import AuditFilter
 from statestore.store.responses_stats import responses_stats
-from statestore.store.schema import api_keys, audit_log, counters, daily_usage, policies, tenants, threads
+from statestore.store.schema import (
+    api_keys,
+    audit_log,
+    conversations,
+    counters,
+    daily_usage,
+    policies,
+    responses,
+    tenants,
+    threads,
+)
 
 DEFAULT_SCOPE = "default"
 
@@ -82,6 +93,15 @@ def _policy(row: RowMapping) -> Policy:
 
 def _json(value: Any) -> str | None:
     return None if value is None else orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+
+
+@record
+class Shortened:
+    """The live threads and responses a policy's lower maximum TTL shortened: the cache keeps rows of theirs (a
+    thread's head row, a chain's head) with the expiry they had, to be forgotten."""
+
+    threads: list[str]
+    responses: list[str]
 
 
 class AdminRepository:
@@ -224,14 +244,17 @@ class AdminRepository:
         async with self.engine.connect() as conn:
             return {row["scope"]: _policy(row) for row in (await conn.execute(select(policies))).mappings()}
 
-    async def put_policy(self, scope: str, policy: Policy, *, before: Policy | None, actor: str, now_ms: int) -> None:
-        """Store the policy and shorten live threads it now allows less time, in one transaction."""
+    async def put_policy(
+        self, scope: str, policy: Policy, *, before: Policy | None, actor: str, now_ms: int
+    ) -> Shortened:
+        """Store the policy and shorten the live threads, responses and conversations it now allows less time, in one
+        transaction. Returns what it shortened (their cached rows carry the old expiry)."""
         values = {**{f.name: f.to_column(getattr(policy, f.name)) for f in POLICY_FIELDS}, "updated_ms": now_ms}
         async with self.engine.begin() as conn:
             changed = await conn.execute(update(policies).where(policies.c.scope == scope).values(**values))
             if changed.rowcount == 0:
                 await conn.execute(insert(policies).values(scope=scope, **values))
-            await self._shorten_threads(conn, scope, policy.max_ttl_seconds)
+            shortened = await self._shorten(conn, scope, policy.max_ttl_seconds)
             await self._audit(
                 conn,
                 actor=actor,
@@ -241,13 +264,17 @@ class AdminRepository:
                 after=asdict(policy),
                 now_ms=now_ms,
             )
+        return shortened
 
-    async def delete_policy(self, scope: str, *, before: Policy, max_ttl_after: int, actor: str, now_ms: int) -> None:
-        """Drop the scope's own policy; its threads now follow a policy allowing at most `max_ttl_after` seconds, and
-        live ones allowed more are shortened, in the same transaction."""
+    async def delete_policy(
+        self, scope: str, *, before: Policy, max_ttl_after: int, actor: str, now_ms: int
+    ) -> Shortened:
+        """Drop the scope's own policy; what it governed now follows a policy allowing at most `max_ttl_after`
+        seconds, and live threads, responses and conversations allowed more are shortened, in the same transaction.
+        Returns what it shortened."""
         async with self.engine.begin() as conn:
             await conn.execute(delete(policies).where(policies.c.scope == scope))
-            await self._shorten_threads(conn, scope, max_ttl_after)
+            shortened = await self._shorten(conn, scope, max_ttl_after)
             await self._audit(
                 conn,
                 actor=actor,
@@ -257,25 +284,47 @@ class AdminRepository:
                 after=None,
                 now_ms=now_ms,
             )
+        return shortened
 
-    async def _shorten_threads(self, conn: AsyncConnection, scope: str, max_ttl_seconds: int) -> None:
+    async def _shorten(self, conn: AsyncConnection, scope: str, max_ttl_seconds: int) -> Shortened:
+        """Bring what a scope's policy governs within its maximum TTL, at once, on both doors (docs/policies.md):
+        threads from their last stored reply, responses and conversations from their creation (their TTL counts
+        from there). Returns what it shortened."""
+        least = func.min if self.engine.dialect.name == "sqlite" else func.least
+        shortened = await self._shorten_threads(conn, scope, max_ttl_seconds)
+        for table in (responses, conversations):
+            allowed = table.c.created_ms + max_ttl_seconds * 1000
+            changed = await conn.execute(
+                update(table)
+                .where(self._governed_by(table, scope), table.c.expires_ms > allowed)
+                .values(expires_ms=least(table.c.expires_ms, allowed))
+                .returning(table.c.id)
+            )
+            if table is responses:
+                shortened.responses.extend(row[0] for row in changed)
+        return shortened
+
+    async def _shorten_threads(self, conn: AsyncConnection, scope: str, max_ttl_seconds: int) -> Shortened:
         """Bring the live threads a scope's policy governs within its maximum TTL, at once (docs/protocol.md §8)."""
         shortened = threads.c.updated_ms + max_ttl_seconds * 1000
         least = func.min if self.engine.dialect.name == "sqlite" else func.least
-        await conn.execute(
+        changed = await conn.execute(
             update(threads)
-            .where(self._threads_governed_by(scope), threads.c.ttl_seconds > max_ttl_seconds)
+            .where(self._governed_by(threads, scope), threads.c.ttl_seconds > max_ttl_seconds)
             .values(ttl_seconds=max_ttl_seconds, expires_ms=least(threads.c.expires_ms, shortened))
+            .returning(threads.c.id)
         )
+        return Shortened(threads=[row[0] for row in changed], responses=[])
 
     @staticmethod
-    def _threads_governed_by(scope: str) -> Any:
+    def _governed_by(table: Any, scope: str) -> Any:
+        """The rows (threads, responses, conversations) a scope's policy governs."""
         if scope != DEFAULT_SCOPE:
-            return threads.c.tenant_id == scope
-        # The default policy governs every thread whose tenant has no policy of its own.
+            return table.c.tenant_id == scope
+        # The default policy governs every row whose tenant has no policy of its own.
         return or_(
-            threads.c.tenant_id.is_(None),
-            threads.c.tenant_id.not_in(select(policies.c.scope).where(policies.c.scope != DEFAULT_SCOPE)),
+            table.c.tenant_id.is_(None),
+            table.c.tenant_id.not_in(select(policies.c.scope).where(policies.c.scope != DEFAULT_SCOPE)),
         )
 
     # -- audit and counters --------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ turns, eight messages, all 200).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import anthropic
 import openai
 import pytest
 
-from tests.support.admin_api import ADMIN_TOKENS, MODEL, UPSTREAM_KEY, AdminApi, start_server
+from tests.support.admin_api import ADMIN_TOKENS, MODEL, THREADS_BETA, UPSTREAM_KEY, AdminApi, start_server
 from tests.support.fake_backend import FakeBackend
 from tests.support.server import StatestoreServer
 
@@ -108,3 +109,41 @@ def test_threads_off_refuses_storing_on_every_door(server: StatestoreServer, bac
             gpt.conversations.create()
         assert conversation.value.code == "storage_disabled"
         assert gpt.responses.create(model=MODEL, input="one", store=False).output_text == "echo: one"
+
+
+def test_lowering_max_ttl_bounds_what_both_doors_stored(server: StatestoreServer, backend: FakeBackend) -> None:
+    """A lower max_ttl_seconds shortens live threads at once; it bounds stored responses and conversations alike
+    (counted from their creation), their cached chain heads included."""
+    with AdminApi(server.url) as admin:
+        tenant, key = admin.tenant_with_key()
+        admin.put_policy(tenant["id"], default_ttl_seconds=3600, max_ttl_seconds=3600)
+        with (
+            anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0) as claude,
+            openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) as gpt,
+        ):
+            reply = claude.beta.messages.thread(model=MODEL, max_tokens=64).send({"role": "user", "content": "one"})
+            first = gpt.responses.create(model=MODEL, input="one")
+            second = gpt.responses.create(model=MODEL, input="two", previous_response_id=first.id)
+            conversation = gpt.conversations.create()
+            gpt.responses.create(model=MODEL, input="one", conversation=conversation.id)
+            # Under the old policy all of it lives on.
+            assert gpt.responses.retrieve(second.id).id == second.id
+            admin.put_policy(tenant["id"], default_ttl_seconds=1, max_ttl_seconds=1)
+            time.sleep(1.5)
+            # (The SDK's thread helper would replay the conversation as a new thread: the continue is sent as is.)
+            with pytest.raises(anthropic.NotFoundError) as gone:
+                claude.beta.messages.create(
+                    model=MODEL,
+                    max_tokens=64,
+                    messages=[{"role": "user", "content": "two"}],
+                    extra_body={"thread": {"type": "continue", "previous_message_id": reply.id}},
+                    betas=[THREADS_BETA],
+                )
+            assert gone.value.body["error"]["details"]["error_code"] == "thread_not_found"  # type: ignore[index]
+            with pytest.raises(openai.NotFoundError):
+                gpt.responses.retrieve(second.id)
+            with pytest.raises(openai.BadRequestError) as chained:
+                gpt.responses.create(model=MODEL, input="three", previous_response_id=second.id)
+            assert chained.value.code == "previous_response_not_found"
+            with pytest.raises(openai.NotFoundError):
+                gpt.conversations.retrieve(conversation.id)
