@@ -32,7 +32,7 @@ async def compact_response(request: Request, resources: ResourcesDep) -> Respons
         raise unavailable(None)
     turn = read_compact(await request.body())
     try:
-        prepared = await turns.prepare(turn, principal, None)
+        prepared = await turns.prepare(turn, principal, None, headers=headers)
     except DATABASE_ERRORS as exc:
         raise ServiceUnavailable("the response store is unavailable; try again shortly") from exc
     try:

@@ -37,7 +37,7 @@ async def count_input_tokens(request: Request, resources: ResourcesDep) -> Respo
     turns = turns_of(resources)
     turn = read_count(await request.body())
     try:
-        prepared = await turns.prepare_count(turn, principal)
+        prepared = await turns.prepare_count(turn, principal, request.headers.raw)
         await prepared.plan_context(None)  # a `summarize` policy's summary is not asked for: counted as truncated
     except DATABASE_ERRORS as exc:
         raise ServiceUnavailable("the response store is unavailable; try again shortly") from exc

@@ -132,7 +132,7 @@ async def begin_turn(
     turns = turns_of(resources)
     if turn.compaction and turns.seal is None:
         raise compaction_unavailable("context_management")
-    prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"), kept=kept)
+    prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"), headers=headers, kept=kept)
     try:
         summarize = summarizer(resources.chat_upstream, headers, principal)
         if not await compact(prepared, summarize, turns.seal):

@@ -60,7 +60,7 @@ class BackgroundTurns:
         bound = policy.max_background_turns  # counted and checked as the turn is queued (BackgroundStore.admit)
         ttl = next((value for name, value in headers if name == b"statestore-ttl"), None)
         # The same checks as a foreground turn, answered now: the previous response, the conversation and its lease.
-        prepared = await self.turns.prepare(turn, principal, ttl)
+        prepared = await self.turns.prepare(turn, principal, ttl, headers=headers)
         runner = self.runner
         # A turn on a conversation holds its lease while it waits, so it waits here, for a worker of this replica.
         room = runner.has_room()

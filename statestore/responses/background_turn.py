@@ -107,7 +107,7 @@ class TurnRuns:
             ttl = next((value for name, value in headers if name == b"statestore-ttl"), None)
             try:
                 prepared = await self.turns.prepare(
-                    turn, principal, ttl, response_id=job.id, created_at=job.created_ms // 1000
+                    turn, principal, ttl, headers=headers, response_id=job.id, created_at=job.created_ms // 1000
                 )
             except OpenAIError as exc:
                 await self._end(held, "failed", error={"code": exc.code or "server_error", "message": exc.message})

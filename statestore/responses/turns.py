@@ -110,6 +110,7 @@ class ResponseTurns:
         principal: Principal,
         ttl_header: bytes | None,
         *,
+        headers: list[tuple[bytes, bytes]],
         response_id: str | None = None,
         created_at: int | None = None,
         kept: KeptResponse | None = None,
@@ -118,7 +119,15 @@ class ResponseTurns:
         background turn's, run again as it was admitted. `kept`: a WebSocket connection's response kept in memory
         (responses/kept.py), which `previous_response_id` may name instead of a stored one."""
         try:
-            return await self._prepare(turn, principal, ttl_header, response_id, created_at, kept=kept)
+            return await self._prepare(
+                turn,
+                principal,
+                ttl_header,
+                headers=headers,
+                response_id=response_id,
+                created_at=created_at,
+                kept=kept,
+            )
         except Exception:
             if turn.store:
                 self.metrics.count_response_turn(turn_kind(turn), "rejected")
@@ -129,13 +138,16 @@ class ResponseTurns:
         prepared.outcome = "rejected"
         await self.give_back(prepared)
 
-    async def _with_window(self, policy: Policy, turn: TurnRequest, principal: Principal) -> Policy:
-        """The policy with its `auto` window resolved (core/windows.py), asked with the deployment's credential in
-        keys mode; only a turn that manages its context (`truncation: "auto"`) asks."""
+    async def _with_window(
+        self, policy: Policy, turn: TurnRequest, principal: Principal, headers: list[tuple[bytes, bytes]]
+    ) -> Policy:
+        """The policy with its `auto` window resolved (core/windows.py), asked with the credential the turn goes out
+        with (the deployment's in keys mode, the client's own in passthrough mode, as on the Messages door); only a
+        turn that manages its context (`truncation: "auto"`) asks."""
         if turn.truncation != "auto":
             return policy
         return await windows_of_backend.resolved(
-            self.windows, policy, turn.model, lambda: backend_headers([], principal)
+            self.windows, policy, turn.model, lambda: backend_headers(headers, principal)
         )
 
     async def _prepare(
@@ -143,12 +155,13 @@ class ResponseTurns:
         turn: TurnRequest,
         principal: Principal,
         ttl_header: bytes | None,
+        *,
+        headers: list[tuple[bytes, bytes]],
         response_id: str | None,
         created_at: int | None,
-        *,
         kept: KeptResponse | None = None,
     ) -> PreparedResponse:
-        policy = await self._with_window(await self.policy(principal, storing=turn.store), turn, principal)
+        policy = await self._with_window(await self.policy(principal, storing=turn.store), turn, principal, headers)
         now = self.clock()
         prepared = PreparedResponse(
             turn=turn,
@@ -240,11 +253,13 @@ class ResponseTurns:
         prepared.branch_point = cached is not None and cached.version == BRANCH_POINT
         prepared.context = await chain_context(self.responses, parent, cached)
 
-    async def prepare_count(self, turn: TurnRequest, principal: Principal) -> PreparedResponse:
+    async def prepare_count(
+        self, turn: TurnRequest, principal: Principal, headers: list[tuple[bytes, bytes]]
+    ) -> PreparedResponse:
         """What `turn` would send, read without taking anything (no conversation's lease, nothing counted in the
         metrics, nothing stored): for `POST /v1/responses/input_tokens`. Refused as the turn would be: an unknown
         previous response (400), conversation (404)."""
-        policy = await self._with_window(await self.policy(principal, storing=False), turn, principal)
+        policy = await self._with_window(await self.policy(principal, storing=False), turn, principal, headers)
         prepared = PreparedResponse(
             turn=turn,
             principal=principal,

@@ -7,6 +7,7 @@ turns, eight messages, all 200).
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ import openai
 import pytest
 
 from tests.support.admin_api import ADMIN_TOKENS, MODEL, THREADS_BETA, UPSTREAM_KEY, AdminApi, start_server
-from tests.support.fake_backend import FakeBackend
+from tests.support.fake_backend import FakeBackend, RecordedRequest
 from tests.support.server import StatestoreServer
 
 KEYS_MODE = {
@@ -147,3 +148,64 @@ def test_lowering_max_ttl_bounds_what_both_doors_stored(server: StatestoreServer
             assert chained.value.code == "previous_response_not_found"
             with pytest.raises(openai.NotFoundError):
                 gpt.conversations.retrieve(conversation.id)
+
+
+@pytest.fixture(scope="module")
+def postgres_passthrough_server(
+    module_db: str, redis_url: str, module_prefix: str, fake_backend_process: FakeBackend
+) -> Iterator[StatestoreServer]:
+    env = {"STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS, "STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url}
+    server = start_server(module_db, fake_backend_process.url, redis_url, module_prefix, env)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def sqlite_passthrough_server(
+    tmp_path_factory: pytest.TempPathFactory, fake_backend_process: FakeBackend
+) -> Iterator[StatestoreServer]:
+    from statestore.store.migrate import upgrade
+
+    url = f"sqlite+aiosqlite:///{Path(tmp_path_factory.mktemp('policy-passthrough')) / 'statestore.db'}"
+    upgrade(url)
+    env = {"STATESTORE_ADMIN_TOKENS": ADMIN_TOKENS, "STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url}
+    server = StatestoreServer(database_url=url, upstream_url=fake_backend_process.url, env=env)
+    yield server
+    server.stop()
+
+
+def credential_sent(request: RecordedRequest) -> str | None:
+    """The credential a request to the backend carried, however it was sent."""
+    bearer = request.header("authorization")
+    return bearer.removeprefix("Bearer ") if bearer is not None else request.header("x-api-key")
+
+
+def window_questions(backend: FakeBackend, after: int) -> list[RecordedRequest]:
+    return [r for r in backend.requests(after=after) if r.method == "GET" and r.path in ("/v1/models", "/props")]
+
+
+@pytest.mark.parametrize("storage", ["postgres", "sqlite"])
+def test_an_auto_window_is_asked_with_the_clients_credential_on_both_doors(
+    request: pytest.FixtureRequest, storage: str, backend: FakeBackend
+) -> None:
+    """passthrough mode: the backend is asked for a model's window (`context_window_tokens: auto`) with the credential
+    the turn itself goes out with, the client's own, on the Responses door as on the Messages door (it was asked with
+    none from the Responses door)."""
+    server: StatestoreServer = request.getfixturevalue(f"{storage}_passthrough_server")
+    with AdminApi(server.url) as admin:
+        admin.put_policy("default", context_strategy="truncate", context_window_tokens="auto")
+    credential = f"sk-passthrough-{secrets.token_hex(6)}"
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=credential, max_retries=0) as gpt:
+        before = len(backend.requests())
+        gpt.responses.create(model=f"window-{secrets.token_hex(4)}", input="hello", truncation="auto")
+        asked = window_questions(backend, before)
+    assert asked, "the Responses door did not ask for the window"
+    assert {credential_sent(r) for r in asked} == {credential}
+    with anthropic.Anthropic(base_url=server.url, api_key=credential, max_retries=0) as claude:
+        before = len(backend.requests())
+        claude.beta.messages.thread(model=f"window-{secrets.token_hex(4)}", max_tokens=64).send(
+            {"role": "user", "content": "hello"}
+        )
+        asked = window_questions(backend, before)
+    assert asked, "the Messages door did not ask for the window"
+    assert {credential_sent(r) for r in asked} == {credential}
