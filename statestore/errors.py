@@ -105,6 +105,44 @@ class ThreadUnsupportedRequest(ThreadError):
     error_code = "thread_unsupported_request"
 
 
+class IdempotencyError(StatestoreError):
+    """An `Idempotency-Key` this request cannot be served under (docs/protocol.md §11): the message names the key,
+    never the request's content."""
+
+    status = 400
+    error_type = "invalid_request_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="Idempotency-Key")
+
+
+class InvalidIdempotencyKey(IdempotencyError):
+    error_code = "invalid_idempotency_key"
+
+
+class IdempotencyKeyInFlight(IdempotencyError):
+    """The first request under the key is still running: a retry a moment later gets its outcome (the SDKs retry a
+    409 by themselves, after `retry-after`)."""
+
+    status = 409
+    error_code = "idempotency_key_in_flight"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"retry-after": "1"}
+
+
+class IdempotencyKeyReused(IdempotencyError):
+    """The key was used with another request: retrying this one cannot help."""
+
+    status = 422
+    error_code = "idempotency_key_reused"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-should-retry": "false"}
+
+
 # Seconds a client is asked to wait before retrying after an outage: the SDKs honour `retry-after` (and back off on
 # their own without it); a database failover or restart takes seconds, not minutes.
 OUTAGE_RETRY_AFTER_SECONDS = 2

@@ -27,6 +27,8 @@ class Policy:
     summary_instructions: str | None = None
     # Background responses queued or running at once per owner (docs/responses.md, "Bounds").
     max_background_turns: int = 16
+    # How long a write's outcome is kept under its Idempotency-Key (docs/protocol.md §11).
+    idempotency_ttl_seconds: int = 86_400
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Policy:

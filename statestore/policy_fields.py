@@ -137,6 +137,15 @@ POLICY_FIELDS: tuple[PolicyField, ...] = (
         minimum=0,
         maximum=INT32_MAX,
     ),
+    PolicyField(
+        "idempotency_ttl_seconds",
+        "int",
+        "how long a write's outcome is kept under its Idempotency-Key, for retries to get it again",
+        required=False,
+        default=86_400,
+        minimum=60,
+        maximum=MAX_TTL_SECONDS,
+    ),
 )
 
 FIELD_NAMES = tuple(field.name for field in POLICY_FIELDS)

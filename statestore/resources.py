@@ -15,6 +15,7 @@ from statestore.auth import AdminTokens, Authenticator, KeysAuthenticator, Passt
 from statestore.clock import Clock, clock_from
 from statestore.config import Settings
 from statestore.content_keys import ContentKeys
+from statestore.core.idempotency import Idempotency
 from statestore.core.windows import Windows
 from statestore.encryption.setup import content_keys
 from statestore.metrics import Metrics
@@ -32,6 +33,7 @@ from statestore.store.console_guard import ConsoleGuard
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.engine import create_engine
 from statestore.store.event_log import create_event_log
+from statestore.store.idempotency_store import IdempotencyStore
 from statestore.store.leased_log import LeasedLog
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_statements import PgResponseStatements
@@ -76,6 +78,8 @@ class Resources:
     responses: ResponseTurns | None
     # Background responses (the Responses door's turns that outlive their request): None without that door.
     background: BackgroundTurns | None
+    # Writes sent with an Idempotency-Key, on both doors (statestore/core/idempotency.py).
+    idempotency: Idempotency
 
     async def relay_credential(self, headers: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes] | None:
         """keys mode: every request needs a statestore key, and the backend gets the configured credential.
@@ -179,6 +183,11 @@ async def build_resources(
             cache_seconds=settings.policy_cache_seconds if serving else 0,
         )
         authenticator = build_authenticator(settings, admin_repository)
+
+        async def idempotency_ttl(tenant_id: str | None) -> int:
+            return (await policies.for_tenant(tenant_id)).idempotency_ttl_seconds
+
+        idempotency_store = IdempotencyStore(engine, content)
         retention = Retention(
             queries=RetentionQueries(engine),
             admin=admin_repository,
@@ -186,6 +195,7 @@ async def build_resources(
             clock=clock,
             batch_size=settings.purge_batch_size,
             content=content,
+            idempotency=idempotency_store,
         )
         responses = (
             ResponseTurns(
@@ -265,4 +275,7 @@ async def build_resources(
             chat_upstream=chat_upstream,
             responses=responses,
             background=background,
+            idempotency=Idempotency(
+                idempotency_store, clock=clock, claim_seconds=settings.lease_seconds, ttl_for=idempotency_ttl
+            ),
         )

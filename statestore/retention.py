@@ -20,6 +20,7 @@ from statestore.store.admin_repository import AdminRepository, Shortened
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CacheKey, conversation_key, response_key, thread_key
 from statestore.store.engine import DATABASE_ERRORS
+from statestore.store.idempotency_store import IdempotencyStore
 from statestore.store.retention_queries import Erasure, RetentionQueries
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,11 @@ class Retention:
         clock: Clock,
         batch_size: int,
         content: ContentKeys | None = None,
+        idempotency: IdempotencyStore | None = None,
     ) -> None:
         self.queries = queries
+        # Kept outcomes of Idempotency-Keys: purged when their time is up, erased with their owner's data.
+        self.idempotency = idempotency
         # None only where no erasure runs (a purge-only tool): erase() refuses to run without it.
         self.content = content
         self.admin = admin
@@ -101,6 +105,7 @@ class Retention:
             if len(ids) < self.batch_size:
                 break
         responses, conversations = await self._purge_responses()
+        await self._purge_idempotency_keys()
         await self.admin.set_counter("purger_last_run_ms", self.clock())
         if actor is not None:
             after = {"threads": total, "responses": responses, "conversations": conversations}
@@ -126,6 +131,10 @@ class Retention:
             if len(ids) < self.batch_size:
                 break
         responses, conversations = await self._erase_responses(tenant_id, user_id)
+        if self.idempotency is not None:
+            # The outcomes kept under their keys hold replies: they go with the rest (and opened nowhere already,
+            # their data keys destroyed above).
+            await self.idempotency.erase(tenant_id=tenant_id, user_id=user_id)
         target = ",".join(f"{k}={v}" for k, v in (("tenant", tenant_id), ("user_id", user_id)) if v is not None)
         # The audit target column holds 200 characters; a long user_id is shortened there, whole in `after`.
         target = target if len(target) <= 200 else target[:199] + "…"
@@ -154,6 +163,13 @@ class Retention:
             },
         )
         return Erasure(threads=total, responses=responses, conversations=conversations)
+
+    async def _purge_idempotency_keys(self) -> None:
+        if self.idempotency is None:
+            return
+        now, size = self.clock(), self.batch_size
+        while await self.idempotency.purge_expired(now_ms=now, batch_size=size) == size:
+            pass
 
     async def _drain(
         self, batch: Callable[[], Awaitable[list[str]]], counter: str, forget: Callable[[list[str]], Awaitable[None]]

@@ -4,14 +4,17 @@ items."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
+from statestore.api.idempotent import key_of, keyed_write, with_key
 from statestore.api.openai_responses import JSON, header, json_response, list_params, page, turns_of
 from statestore.api.responses import bytes_response
+from statestore.core.idempotency import Outcome
 from statestore.core.policy_enforcement import TurnMeasures
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
@@ -142,14 +145,51 @@ async def list_items(conversation_id: str, request: Request, resources: Resource
 
 @router.post(
     "/v1/conversations/{conversation_id}/items",
-    openapi_extra=request_schemas.request_body(request_schemas.ConversationItemsRequest),
+    openapi_extra=with_key(request_schemas.request_body(request_schemas.ConversationItemsRequest)),
     responses=schemas.ok(schemas.ItemList, "the items added, in order"),
 )
 async def add_items(conversation_id: str, request: Request, resources: ResourcesDep) -> Response:
-    owner, _ = await _principal_owner(request, resources)
+    principal = await resources.authenticator.authenticate(request.headers.raw)
+    owner = principal.owner
     conversations = turns_of(resources).conversations
-    body = read_body(request_schemas.ConversationItemsRequest, await request.body())
-    rows = [stored(item) for item in normalise_input(body.items)]
+    raw = await request.body()
+    items = normalise_input(read_body(request_schemas.ConversationItemsRequest, raw).items)
+    raw_key = key_of(request.headers.raw)
+    if raw_key is None:
+        return await _append(resources, owner, conversation_id, items)
+
+    async def run(intended: str) -> Response:
+        # Under the item ids the key's claim named, so a retry can find them stored.
+        ids = orjson.loads(intended)
+        return await _append(
+            resources, owner, conversation_id, [{**i, "id": n} for i, n in zip(items, ids, strict=True)]
+        )
+
+    async def recover(intended: str) -> Outcome | None:
+        now = resources.clock()
+        bodies = [
+            await conversations.item(owner, _checked(conversation_id), n, now_ms=now) for n in orjson.loads(intended)
+        ]
+        if not bodies or any(b is None for b in bodies):
+            return None
+        kept = page([b for b in bodies if b is not None], False)
+        return Outcome(status=200, headers=tuple(JSON), body=bytes(kept.body))
+
+    return await keyed_write(
+        resources.idempotency,
+        principal,
+        raw_key,
+        route=f"POST /v1/conversations/{conversation_id}/items",
+        body=raw,
+        intended=orjson.dumps([item["id"] for item in items]).decode(),
+        run=run,
+        recover=recover,
+    )
+
+
+async def _append(resources: Resources, owner: str, conversation_id: str, items: list[dict[str, Any]]) -> Response:
+    conversations = turns_of(resources).conversations
+    rows = [stored(item) for item in items]
     await append_items(conversations, owner, _checked(conversation_id), rows, now_ms=resources.clock())
     # The append moved the position, so the cached context no longer matches; it goes all the same, unread.
     await resources.cache.delete(conversation_cache_key(conversation_id))

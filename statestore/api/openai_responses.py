@@ -11,8 +11,10 @@ from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
 from statestore.api.hot_routes import hot_route
+from statestore.api.idempotent import key_of, keyed_write, with_key
 from statestore.api.responses import bytes_response, streaming_response
 from statestore.auth import Principal
+from statestore.core.idempotency import Outcome
 from statestore.errors import ServiceUnavailable
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
@@ -22,10 +24,11 @@ from statestore.responses.compaction import unavailable as compaction_unavailabl
 from statestore.responses.compaction_step import compact
 from statestore.responses.context import cache_key
 from statestore.responses.errors import BackendError, BadRequest, previous_response_not_found, response_not_found
-from statestore.responses.ids import looks_like
+from statestore.responses.ids import looks_like, new_id
 from statestore.responses.kept import KeptResponse
 from statestore.responses.prepared import PreparedResponse
 from statestore.responses.refusal_retry import send_turn
+from statestore.responses.replay import replayed_frames
 from statestore.responses.reply import output_of
 from statestore.responses.request import TurnRequest, read_turn
 from statestore.responses.response_object import completed
@@ -59,7 +62,7 @@ def header(headers: list[tuple[bytes, bytes]], name: bytes) -> bytes | None:
 @hot_route(
     router,
     "/v1/responses",
-    openapi_extra=request_schemas.request_body(request_schemas.ResponseCreateRequest),
+    openapi_extra=with_key(request_schemas.request_body(request_schemas.ResponseCreateRequest)),
     responses=schemas.ok(
         schemas.Response,
         "the Response (application/json), or with `stream: true` its events (text/event-stream)",
@@ -84,11 +87,79 @@ async def _turn(resources: Resources, headers: list[tuple[bytes, bytes]], body: 
     principal = await resources.authenticator.authenticate(headers)
     turns = turns_of(resources)
     turn = read_turn(body)
+    raw_key = key_of(headers)
+    if raw_key is not None:
+        return await _keyed(resources, turns, principal, turn, headers=headers, body=body, raw_key=raw_key)
+    return await _run(resources, turns, principal, turn, headers=headers, body=body, response_id=None)
+
+
+async def _keyed(
+    resources: Resources,
+    turns: ResponseTurns,
+    principal: Principal,
+    turn: TurnRequest,
+    *,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    raw_key: bytes,
+) -> Response:
+    """A turn sent with an Idempotency-Key (docs/responses.md, "Retries that never store twice"): stored once under
+    the response id its key names, whatever the retries."""
+    owner = principal.owner
+
+    async def recover(response_id: str) -> Outcome | None:
+        if turn.background:
+            found = await background_of(resources).state(owner, response_id)
+            if found is None:
+                return None
+            if turn.stream:
+                return Outcome(status=200, headers=tuple(SSE), body=b"", streamed=True, follow=response_id)
+            return Outcome(status=200, headers=tuple(JSON), body=found[1])
+        row = await turns.responses.get(owner, response_id, now_ms=resources.clock())
+        if row is None:
+            return None
+        stored = completed(row.body)
+        if turn.stream:
+            return Outcome(
+                status=200, headers=tuple(SSE), body=b"".join(replayed_frames(stored, after=-1)), streamed=True
+            )
+        return Outcome(status=200, headers=tuple(JSON), body=stored)
+
+    def follow(response_id: str) -> AsyncIterator[bytes]:
+        return background_of(resources).follow(owner, response_id, after=-1)
+
+    return await keyed_write(
+        resources.idempotency,
+        principal,
+        raw_key,
+        route="POST /v1/responses",
+        body=body,
+        shaping=(header(headers, b"statestore-ttl"),),
+        intended=new_id("resp_"),
+        run=lambda response_id: _run(
+            resources, turns, principal, turn, headers=headers, body=body, response_id=response_id
+        ),
+        recover=recover,
+        follow=follow,
+    )
+
+
+async def _run(
+    resources: Resources,
+    turns: ResponseTurns,
+    principal: Principal,
+    turn: TurnRequest,
+    *,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    response_id: str | None,
+) -> Response:
+    """The turn, under `response_id` when a key's claim named one."""
     if turn.background:
         if turn.compaction and turns.seal is None:
             raise compaction_unavailable("context_management")
-        return await _queue(background_of(resources), turn, principal, headers, body)
-    prepared, upstream = await begin_turn(resources, headers, principal, turn)
+        return await _queue(background_of(resources), turn, principal, headers=headers, body=body, intended=response_id)
+    prepared, upstream = await begin_turn(resources, headers, principal, turn, response_id=response_id)
     if turn.stream:
         # The lease is the stream's to give back, however it ends.
         events = turn_events(turns, prepared, upstream, SequencedEvents())
@@ -124,15 +195,19 @@ async def begin_turn(
     turn: TurnRequest,
     *,
     kept: KeptResponse | None = None,
+    response_id: str | None = None,
 ) -> tuple[PreparedResponse, UpstreamResponse]:
     """A foreground turn up to the backend's reply: prepared (owner, policy, context, lease), compacted or planned,
     and sent. What prepare took is given back if this fails; after it, the caller's (`end_turn`, or a commit).
     Shared by `POST /v1/responses` and WebSocket mode (api/responses_socket.py); `kept`: the connection's response
-    kept in memory (store: false), which `previous_response_id` may name."""
+    kept in memory (store: false), which `previous_response_id` may name; `response_id`: the id an Idempotency-Key's
+    claim named."""
     turns = turns_of(resources)
     if turn.compaction and turns.seal is None:
         raise compaction_unavailable("context_management")
-    prepared = await turns.prepare(turn, principal, header(headers, b"statestore-ttl"), headers=headers, kept=kept)
+    prepared = await turns.prepare(
+        turn, principal, header(headers, b"statestore-ttl"), headers=headers, kept=kept, response_id=response_id
+    )
     try:
         summarize = summarizer(resources.chat_upstream, headers, principal)
         if not await compact(prepared, summarize, turns.seal):
@@ -157,11 +232,13 @@ async def _queue(
     background: BackgroundTurns,
     turn: TurnRequest,
     principal: Principal,
+    *,
     headers: list[tuple[bytes, bytes]],
     body: bytes,
+    intended: str | None,
 ) -> Response:
     """A background turn: the Response as queued (JSON), or its events from `response.created` on, live."""
-    response_id, queued, frames = await background.admit(turn, principal, headers, body)
+    response_id, queued, frames = await background.admit(turn, principal, headers, body, response_id=intended)
     if not turn.stream:
         return bytes_response(200, queued, JSON)
 

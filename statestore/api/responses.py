@@ -50,6 +50,33 @@ class StreamedReply(Response):
         self._chunks = chunks
         self._on_close = on_close
 
+    def captured(self, ended: Callable[[list[bytes] | None], Awaitable[None]]) -> StreamedReply:
+        """This reply with every chunk kept as it passes: once it closes, `ended` gets them all if the body ran to
+        its end, None if it broke off (a client gone, a backend cut). For an Idempotency-Key's replay."""
+        chunks, on_close = self._chunks, self._on_close
+        kept: list[bytes] = []
+        whole = False
+
+        async def keeping() -> AsyncIterator[bytes]:
+            nonlocal whole
+            try:
+                async for chunk in chunks:
+                    kept.append(chunk)
+                    yield chunk
+                whole = True
+            finally:
+                aclose = getattr(chunks, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+
+        async def close() -> None:
+            try:
+                await on_close()
+            finally:
+                await ended(kept if whole else None)
+
+        return StreamedReply(keeping(), self.status_code, self.raw_headers, close)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         relay = anyio.CancelScope()
         watcher = asyncio.get_running_loop().create_task(_cancel_on_disconnect(receive, relay))

@@ -51,16 +51,22 @@ class BackgroundTurns:
         self.clock = clock
 
     async def admit(
-        self, turn: TurnRequest, principal: Principal, headers: list[tuple[bytes, bytes]], raw: bytes
+        self,
+        turn: TurnRequest,
+        principal: Principal,
+        headers: list[tuple[bytes, bytes]],
+        raw: bytes,
+        *,
+        response_id: str | None = None,
     ) -> tuple[str, bytes, list[bytes]]:
         """Queue the turn: (its id, the Response as queued, the events that said so: response.created,
-        response.queued)."""
+        response.queued). `response_id`: the id an Idempotency-Key's claim named for it."""
         policy = await self.turns.policy(principal, storing=True)
         enforced(policy, TurnMeasures(background=True))
         bound = policy.max_background_turns  # counted and checked as the turn is queued (BackgroundStore.admit)
         ttl = next((value for name, value in headers if name == b"statestore-ttl"), None)
         # The same checks as a foreground turn, answered now: the previous response, the conversation and its lease.
-        prepared = await self.turns.prepare(turn, principal, ttl, headers=headers)
+        prepared = await self.turns.prepare(turn, principal, ttl, headers=headers, response_id=response_id)
         runner = self.runner
         # A turn on a conversation holds its lease while it waits, so it waits here, for a worker of this replica.
         room = runner.has_room()

@@ -88,7 +88,8 @@ def as_openai(error: StatestoreError) -> OpenAIError:
     """Any statestore rejection (authentication, body size, an unreachable backend) in OpenAI's shape."""
     if isinstance(error, OpenAIError):
         return error
-    converted = OpenAIError(error.message, status=error.status)
+    param = error.details.get("param")
+    converted = OpenAIError(error.message, status=error.status, param=param if isinstance(param, str) else None)
     converted.carried = error.headers  # retry-after on an outage, x-should-retry: false on an erased conversation
     converted.error_type = _OPENAI_TYPES.get(error.error_type, "server_error")  # type: ignore[misc]
     if error.status == 401:

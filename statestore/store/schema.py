@@ -159,6 +159,8 @@ policies = Table(
     Column("summary_instructions", Text, nullable=True),
     # Background turns queued or running at once per owner (revision 0016); 0 turns background off.
     Column("max_background_turns", Integer, nullable=False, server_default="16"),
+    # How long a write's outcome is kept under its Idempotency-Key (revision 0018).
+    Column("idempotency_ttl_seconds", Integer, nullable=False, server_default="86400"),
     Column("updated_ms", BigInteger, nullable=False),
 )
 
@@ -365,4 +367,28 @@ data_keys = Table(
     Index(None, "tenant_id"),
     Index(None, "user_id"),
     Index(None, "master_id"),
+)
+
+# Idempotency keys (docs/responses.md, "Retries that never store twice"; revision 0018): one row a key an owner sent on
+# a write. While the write runs it holds a claim (token, expiry, renewed) and the ids the write is to store
+# (`intended`), written before its commit; once it ends well, its outcome (status, headers, body or stream, sealed with
+# encryption on) is kept until `expires_ms`. `fingerprint` is a hash of the route and body, never the body.
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("owner", String(80), primary_key=True),
+    Column("key", String(255), primary_key=True),
+    Column("tenant_id", String(40), nullable=True),
+    Column("metadata_user_id", String(512), nullable=True),
+    Column("fingerprint", String(64), nullable=False),
+    Column("intended", Text, nullable=True),
+    Column("claim_token", String(40), nullable=True),
+    Column("claim_expires_ms", BigInteger, nullable=True),
+    Column("status", Integer, nullable=True),
+    Column("outcome", LargeBinary, nullable=True),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("expires_ms", BigInteger, nullable=False),
+    Index(None, "expires_ms"),
+    _partial("tenant_id", where="tenant_id IS NOT NULL"),
+    _partial("metadata_user_id", where="metadata_user_id IS NOT NULL"),
 )

@@ -74,6 +74,7 @@ def policy(**overrides: Any) -> dict[str, Any]:
         "summary_model": None,
         "summary_instructions": None,
         "max_background_turns": 16,
+        "idempotency_ttl_seconds": 86400,
     }
     return {**values, **overrides}
 

@@ -84,6 +84,7 @@ FORM = {
     "context_trigger_ratio": "0.8",
     "context_target_ratio": "0.5",
     "max_background_turns": "16",
+    "idempotency_ttl_seconds": "86400",
 }
 
 
