@@ -167,11 +167,11 @@ async def test_an_auto_window_is_resolved_once_for_both_doors_with_each_doors_cr
     turns = ResponseTurns.__new__(ResponseTurns)
     turns.windows = Windows(backend)
     auto_turn = read_response_turn(orjson.dumps({"model": "m", "input": "hi", "truncation": "auto"}))
-    resolved = await turns._with_window(_auto("none"), auto_turn, keys)
+    resolved = await turns._with_window(_auto("none"), auto_turn, keys, [])
     assert resolved.context_window_tokens == 4096
     assert (b"authorization", b"Bearer deployment") in backend.headers[0]
     disabled = read_response_turn(orjson.dumps({"model": "m", "input": "hi"}))
-    assert await turns._with_window(_auto("truncate"), disabled, keys) == _auto("truncate")
+    assert await turns._with_window(_auto("truncate"), disabled, keys, []) == _auto("truncate")
     assert len(backend.asked) == 1
 
     # No backend to ask, or a policy with a window of its own: the policy as it is, and nothing built to ask with.
