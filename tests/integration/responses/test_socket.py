@@ -218,7 +218,7 @@ def test_a_message_over_the_body_limit_closes_the_connection_with_1009(
         env={
             "STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url,
             "STATESTORE_MAX_BODY_BYTES": "4096",
-            "STATESTORE_SOCKET_MAX_SECONDS": "3",
+            "STATESTORE_SOCKET_MAX_SECONDS": "6",
         },
     )
     headers = {"authorization": f"Bearer {api_key}"}
@@ -234,7 +234,7 @@ def test_a_message_over_the_body_limit_closes_the_connection_with_1009(
             started = time.monotonic()
             event = orjson.loads(socket.recv(timeout=30))
             assert event["type"] == "error" and event["error"]["code"] == "websocket_connection_limit_reached"
-            assert 2.5 < time.monotonic() - started < 10
+            assert 5.5 < time.monotonic() - started < 20
             with pytest.raises(ConnectionClosed):
                 socket.recv(timeout=30)
     finally:
