@@ -147,8 +147,8 @@ def _auto(strategy: str) -> Policy:
 
 async def test_an_auto_window_is_resolved_once_for_both_doors_with_each_doors_credential() -> None:
     """core/windows.py resolves `auto` for both doors: each asks with the credential it sends its turn with (the
-    Messages door the client's in passthrough, the Responses door the deployment's key in keys mode), and a turn that
-    does not manage its context (strategy `none`; `truncation: "disabled"`) asks nothing."""
+    client's in passthrough, the deployment's key in keys mode), and a turn that does not manage its context
+    (strategy `none`; `truncation: "disabled"`) asks nothing."""
     states = {"/v1/models": (200, {"data": [{"id": "m", "max_model_len": 4096}]})}
     passthrough = Principal("owner", None, None)
     keys = Principal("owner", None, (b"x-api-key", b"deployment"))
@@ -173,6 +173,11 @@ async def test_an_auto_window_is_resolved_once_for_both_doors_with_each_doors_cr
     disabled = read_response_turn(orjson.dumps({"model": "m", "input": "hi"}))
     assert await turns._with_window(_auto("truncate"), disabled, keys, []) == _auto("truncate")
     assert len(backend.asked) == 1
+    # passthrough: the Responses door asks with the client's own credential, as the Messages door does.
+    backend = _Backend(states)
+    turns.windows = Windows(backend)
+    assert (await turns._with_window(_auto("none"), auto_turn, passthrough, client)).context_window_tokens == 4096
+    assert (b"authorization", b"Bearer client") in backend.headers[0]
 
     # No backend to ask, or a policy with a window of its own: the policy as it is, and nothing built to ask with.
     def never() -> list[tuple[bytes, bytes]]:
