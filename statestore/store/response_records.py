@@ -56,8 +56,8 @@ READ_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(ResponseRow) if f.n
 
 
 def read_row(found: Columns, owner: str) -> ResponseRow:
-    """The row a read found, taken by its columns' names: the two reads (asyncpg's GET_RESPONSE and SQLite's
-    select) cannot swap two fields by listing their columns in another order; a column left unlabelled fails."""
+    """The row a read found (store/response_statements.py GET_RESPONSE, run by asyncpg or by Core), taken by its
+    columns' names: listing the columns in another order cannot swap two fields; a column left unlabelled fails."""
     return ResponseRow(**{name: found[name] for name in READ_COLUMNS}, owner=owner)
 
 

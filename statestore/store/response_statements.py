@@ -16,10 +16,12 @@ from operator import attrgetter
 from typing import Final
 
 import asyncpg
+from sqlalchemy import case, func, literal_column, null, select
 
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_records import StoredItem
-from statestore.store.statement import PgStatement
+from statestore.store.schema import conversations, responses
+from statestore.store.statement import CoreStatement, PgStatement, core_param
 
 
 @dataclass(slots=True, kw_only=True)
@@ -117,21 +119,42 @@ class OfRuns:
 
 # Its columns named as ResponseRow's fields (store/response_records.py read_row). With the version of the
 # conversation its chain began on, if it did (-1: that conversation is gone): see responses/context.py chain_count.
-GET_RESPONSE: Final = PgStatement(
+# Written once: PostgreSQL runs it compiled (GET_RESPONSE.pg), SQLite through Core.
+_root = responses.alias("root")
+_holder = responses.alias("holder")
+GET_RESPONSE: Final = CoreStatement(
     GetResponse,
-    """
-SELECT r.id, r.root_id, r.depth, r.chain_bytes, r.body,
-    CASE WHEN root.conversation_id IS NULL THEN NULL ELSE coalesce(c.next_position, -1) END AS conversation_version,
-    coalesce(r.context_tokens, 0) AS context_tokens, coalesce(r.context_bytes, 0) AS context_bytes, r.context_kept,
-    r.context_head_id, holder.context_head, r.context_runs, r.expires_ms
-FROM responses r
-LEFT JOIN responses root ON root.id = r.root_id
-LEFT JOIN conversations c ON c.id = root.conversation_id
-LEFT JOIN responses holder ON holder.id = r.context_head_id
-WHERE r.id = :response_id AND r.owner = :owner AND r.expires_ms > :now_ms
-""",
+    select(
+        responses.c.id,
+        responses.c.root_id,
+        responses.c.depth,
+        responses.c.chain_bytes,
+        responses.c.body,
+        case(
+            (_root.c.conversation_id.is_(None), null()),
+            else_=func.coalesce(conversations.c.next_position, literal_column("-1")),
+        ).label("conversation_version"),
+        func.coalesce(responses.c.context_tokens, literal_column("0")).label("context_tokens"),
+        func.coalesce(responses.c.context_bytes, literal_column("0")).label("context_bytes"),
+        responses.c.context_kept,
+        responses.c.context_head_id,
+        _holder.c.context_head,
+        responses.c.context_runs,
+        responses.c.expires_ms,
+    )
+    .select_from(
+        responses.outerjoin(_root, _root.c.id == responses.c.root_id)
+        .outerjoin(conversations, conversations.c.id == _root.c.conversation_id)
+        .outerjoin(_holder, _holder.c.id == responses.c.context_head_id)
+    )
+    .where(
+        responses.c.id == core_param("response_id"),
+        responses.c.owner == core_param("owner"),
+        responses.c.expires_ms > core_param("now_ms"),
+    ),
     durable=True,
 )
+_GET_RESPONSE_PG: Final = GET_RESPONSE.on_pg()
 
 # A chained turn: the response, then its items (inputs first: an ordinal past :inputs is an output), in the parent's
 # run unless something is stored past the parent's end there (one probe of the runs' index), else in a run of their
@@ -297,7 +320,7 @@ class PgResponseStatements:
         self._pg = pg
 
     async def get(self, get: GetResponse) -> asyncpg.Record | None:
-        return await self._pg.fetchrow(GET_RESPONSE, get)
+        return await self._pg.fetchrow(_GET_RESPONSE_PG, get)
 
     async def chain_rows(self, head_id: str) -> list[asyncpg.Record]:
         """(depth, kind, rendered, response id, position) of the chain ending at `head_id`, as CHAIN_CONTEXT orders

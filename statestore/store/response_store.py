@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, case, delete, func, literal, null, select, union_all
+from sqlalchemy import and_, case, delete, literal, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -28,8 +28,8 @@ from statestore.store.response_sealing import (
     scope_of,
     seal_response,
 )
-from statestore.store.response_statements import GetResponse, PgResponseStatements
-from statestore.store.schema import conversation_items, conversations, response_items, responses
+from statestore.store.response_statements import GET_RESPONSE, GetResponse, PgResponseStatements
+from statestore.store.schema import conversation_items, response_items, responses
 
 # A chain member whose items are in its conversation (response_statements.CHAIN_CONTEXT says it too).
 _POINTED = "pointed"
@@ -80,36 +80,9 @@ class ResponseStore:
     async def _get(self, owner: str, response_id: str, *, now_ms: int) -> Columns | None:
         if self._pg is not None:
             return await self._pg.get(GetResponse(response_id=response_id, owner=owner, now_ms=now_ms))
-        root = responses.alias("root")
-        holder = responses.alias("holder")
-        version = case(
-            (root.c.conversation_id.is_(None), null()), else_=func.coalesce(conversations.c.next_position, -1)
-        )
-        query = (
-            select(
-                responses.c.id,
-                responses.c.root_id,
-                responses.c.depth,
-                responses.c.chain_bytes,
-                responses.c.body,
-                version.label("conversation_version"),
-                func.coalesce(responses.c.context_tokens, 0).label("context_tokens"),
-                func.coalesce(responses.c.context_bytes, 0).label("context_bytes"),
-                responses.c.context_kept,
-                responses.c.context_head_id,
-                holder.c.context_head,
-                responses.c.context_runs,
-                responses.c.expires_ms,
-            )
-            .select_from(
-                responses.outerjoin(root, root.c.id == responses.c.root_id)
-                .outerjoin(conversations, conversations.c.id == root.c.conversation_id)
-                .outerjoin(holder, holder.c.id == responses.c.context_head_id)
-            )
-            .where(responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms)
-        )
+        get = GetResponse(response_id=response_id, owner=owner, now_ms=now_ms)
         async with self.engine.connect() as conn:
-            found = (await conn.execute(query)).first()
+            found = (await conn.execute(GET_RESPONSE.statement, GET_RESPONSE.values(get))).first()
         return None if found is None else found._mapping
 
     async def chain_segments(self, head: ResponseRow) -> list[list[tuple[str, bytes]]] | None:

@@ -20,6 +20,7 @@ from operator import attrgetter
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, final
 
 from sqlalchemy import BindParameter, bindparam
+from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.sql.base import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
@@ -40,6 +41,7 @@ _POSITIONAL = re.compile(r"\$(\d+)")
 # A Core bind parameter may not share a column's name in an UPDATE or INSERT (it would be taken as that column's
 # value), so Core's names carry a prefix.
 CORE_PREFIX = "p_"
+_ASYNCPG = PGDialect_asyncpg()  # type: ignore[no-untyped-call]
 
 
 def field_names(params: type[Params]) -> tuple[str, ...]:
@@ -64,17 +66,44 @@ class PgStatement(Generic[P]):
 
         if _POSITIONAL.search(sql):
             raise ValueError(f"{params.__name__}: write parameters by name (:name), not $n")
-        self.sql = _NAMED.sub(number, sql)
+        self._set(params, _NAMED.sub(number, sql), names, {}, durable=durable)
+
+    @classmethod
+    def compiled(cls, params: type[P], statement: ClauseElement, *, durable: bool) -> PgStatement[P]:
+        """A Core statement compiled once for asyncpg: its `$n` SQL as SQLAlchemy's asyncpg dialect renders it, each
+        `core_param` bound from its field, each constant SQLAlchemy made a parameter (a literal) bound as its value."""
+        compiled = statement.compile(dialect=_ASYNCPG)
+        assert isinstance(compiled, SQLCompiler) and compiled.positiontup is not None
+        names = [name.removeprefix(CORE_PREFIX) for name in compiled.positiontup]
+        constants = {
+            name.removeprefix(CORE_PREFIX): compiled.binds[name].value
+            for name in compiled.positiontup
+            if not name.startswith(CORE_PREFIX)
+        }
+        self = cls.__new__(cls)
+        self._set(params, compiled.string, names, constants, durable=durable)
+        return self
+
+    def _set(self, params: type[P], sql: str, names: list[str], constants: dict[str, Any], *, durable: bool) -> None:
         fields = set(field_names(params))
-        if set(names) != fields:
-            unused, unknown = sorted(fields - set(names)), sorted(set(names) - fields)
+        if set(names) - set(constants) != fields:
+            used = set(names) - set(constants)
+            unused, unknown = sorted(fields - used), sorted(used - fields)
             raise TypeError(f"{params.__name__}: fields the SQL does not use {unused}, names with no field {unknown}")
+        self.sql = sql
         self.params = params
         self.names: tuple[str, ...] = tuple(names)
         self.durable = durable
+        if constants:
+            # Rare (a literal in a Core statement): the values in order, fields and constants mixed.
+            order = [(name in constants, constants.get(name), name) for name in names]
+            self._get: Callable[[P], tuple[Any, ...]] = lambda p: tuple(
+                value if constant else getattr(p, name) for constant, value, name in order
+            )
+            return
         getter = attrgetter(*names)
         # attrgetter of one name returns the value itself, of several a tuple.
-        self._get: Callable[[P], tuple[Any, ...]] = (lambda p: (getter(p),)) if len(names) == 1 else getter
+        self._get = (lambda p: (getter(p),)) if len(names) == 1 else getter
 
     def bind(self, params: P) -> tuple[Any, ...]:
         """The values in `$n` order."""
@@ -86,9 +115,12 @@ class CoreStatement(Generic[P]):
     """A SQLAlchemy Core statement built once with `core_param` bind parameters, one per field of `params` (checked
     at import, as for PgStatement); `values` binds an object to it."""
 
-    __slots__ = ("params", "statement")
+    __slots__ = ("params", "pg", "statement")
 
-    def __init__(self, params: type[P], statement: Executable) -> None:
+    def __init__(self, params: type[P], statement: Executable, *, durable: bool | None = None) -> None:
+        """`durable` given: the statement is written once for both databases, and `pg` is it compiled for asyncpg
+        (PostgreSQL's hot path runs it there, as a prepared statement, with no SQLAlchemy between); else it runs
+        through Core only."""
         assert isinstance(statement, ClauseElement)
         named = {name for name in bind_names(statement) if name.startswith(CORE_PREFIX)}
         fields = {CORE_PREFIX + name for name in field_names(params)}
@@ -97,9 +129,18 @@ class CoreStatement(Generic[P]):
             raise TypeError(f"{params.__name__}: fields not bound {unused}, binds with no field {unknown}")
         self.params = params
         self.statement = statement
+        self.pg: PgStatement[P] | None = (
+            None if durable is None else PgStatement.compiled(params, statement, durable=durable)
+        )
 
     def values(self, params: P) -> dict[str, Any]:
         return core_values(params)
+
+    def on_pg(self) -> PgStatement[P]:
+        """The statement compiled for asyncpg: taken once, where its module is imported."""
+        if self.pg is None:
+            raise TypeError(f"{self.params.__name__}: a statement for Core only (no durable= given)")
+        return self.pg
 
 
 def bind_names(statement: ClauseElement) -> set[str]:

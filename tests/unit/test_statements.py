@@ -126,8 +126,17 @@ def _defined_statements() -> list[tuple[str, PgStatement[Any] | CoreStatement[An
     return found
 
 
+Defined = list[tuple[str, PgStatement[Any] | CoreStatement[Any]]]
+
+
+def _compiled(statements: Defined) -> list[tuple[str, PgStatement[Any]]]:
+    """The Core statements' compiled forms (those written once for both databases)."""
+    return [(f"{name}.pg", s.pg) for name, s in statements if isinstance(s, CoreStatement) and s.pg is not None]
+
+
 def test_every_prepared_statement_binds_each_placeholder_from_exactly_one_field() -> None:
-    statements = [(name, s) for name, s in _defined_statements() if isinstance(s, PgStatement)]
+    defined = _defined_statements()
+    statements = [(name, s) for name, s in defined if isinstance(s, PgStatement)] + _compiled(defined)
     assert len(statements) >= 6, "the store's prepared statements were not found"
     for name, statement in statements:
         numbers = {int(n) for n in re.findall(r"\$(\d+)", statement.sql)}
@@ -172,3 +181,44 @@ def test_mypy_refuses_a_parameter_object_missing_a_field(tmp_path: Path) -> None
     assert 'wrong.py:4: error: Missing named argument "until_ms"' in done.stdout, done.stdout + done.stderr
     assert 'wrong.py:5: error: Argument "until_ms" to "Renew" has incompatible type "str"' in done.stdout, done.stdout
     assert "wrong.py:6: error: Too many positional arguments" in done.stdout, done.stdout  # keyword-only: by name
+
+
+# Statements written once, as Core, for both databases: PostgreSQL runs each compiled for asyncpg (`.pg`), SQLite
+# through Core. A statement moves here when its PostgreSQL-only text goes.
+WRITTEN_ONCE = {"statestore.store.response_statements.GET_RESPONSE"}
+# How many statements are still written for PostgreSQL alone (as SQL text, beside a Core twin for SQLite). It only
+# goes down: a new statement is written once, as Core.
+POSTGRESQL_ONLY = 19
+
+
+def test_a_statement_written_once_has_no_postgresql_only_text_again() -> None:
+    defined = _defined_statements()
+    named = dict(defined)
+    for name in WRITTEN_ONCE:
+        statement = named[name]
+        assert isinstance(statement, CoreStatement) and statement.pg is not None, name
+    compiled = {id(pg) for _, pg in _compiled(defined)}
+    raw = {id(s): name for name, s in defined if isinstance(s, PgStatement) and id(s) not in compiled}
+    assert len(raw) <= POSTGRESQL_ONLY, (
+        f"{len(raw)} statements written for PostgreSQL alone, {POSTGRESQL_ONLY} allowed: write a new one once, as "
+        f"CoreStatement(params, core, durable=...), run on PostgreSQL through its .pg ({sorted(raw.values())})"
+    )
+
+
+def test_a_core_statement_compiles_once_for_asyncpg_binding_each_field_by_name() -> None:
+    statement = CoreStatement(
+        _Take,
+        update(threads)
+        .where(threads.c.id == core_param("thread_id"), threads.c.expires_ms > core_param("now_ms"))
+        .values(lease_token=core_param("token"), lease_expires_ms=core_param("now_ms")),
+        durable=False,
+    )
+    pg = statement.on_pg()
+    assert not pg.durable
+    assert pg.sql.startswith("UPDATE threads SET lease_token=$")
+    assert sorted(pg.names) == ["now_ms", "thread_id", "token"]  # a name used twice is one parameter
+    assert pg.bind(_Take(thread_id="thr_1", now_ms=5, token="t")) == tuple(
+        {"thread_id": "thr_1", "now_ms": 5, "token": "t"}[name] for name in pg.names
+    )
+    with pytest.raises(TypeError, match="Core only"):
+        CoreStatement(_Take, statement.statement).on_pg()
