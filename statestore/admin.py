@@ -3,6 +3,9 @@ Each change is audited: who, when, what, before and after; never message content
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import secrets
 import types
 import typing
@@ -25,9 +28,12 @@ from statestore.store.admin_repository import (
     AuditFilter,
     Tenant,
 )
+from statestore.store.erasure_log import ErasureLog, ErasureState
 from statestore.store.retention_queries import Erasure
 from statestore.store.usage_rows import DAY_MS
 from statestore.threads.policy_store import PolicyStore
+
+log = logging.getLogger(__name__)
 
 # The policy's field names, in order (their definitions: statestore/policy_fields.py; their types: Policy).
 POLICY_FIELDS = FIELD_NAMES
@@ -148,6 +154,9 @@ class AdminService:
         self.retention = retention
         self.authenticator = authenticator
         self.clock = clock
+        self.erasures = ErasureLog(repository.engine)
+        # The erasures this process runs for the admin API and the console, until each is done.
+        self._running: set[asyncio.Task[None]] = set()
 
     # -- tenants and keys ----------------------------------------------------------------------------------------
 
@@ -287,11 +296,75 @@ class AdminService:
     async def purge(self, *, actor: str) -> Purged:
         return await self.retention.purge(actor=actor)
 
-    async def erase(self, *, actor: str, tenant: str | None, user_id: str | None) -> Erasure:
+    async def erase(self, *, actor: str, tenant: str | None, user_id: str | None) -> ErasureState:
+        """Erase now, and return the erasure done (the CLI's: its process lasts as long as the erasure)."""
+        state = await self._begin_erasure(actor=actor, tenant=tenant, user_id=user_id)
+        return await self._run_erasure(state)
+
+    async def start_erasure(self, *, actor: str, tenant: str | None, user_id: str | None) -> ErasureState:
+        """Start an erasure and return it `running`, at once: destroying its data keys is immediate, but deleting its
+        rows waits out every replica's remembered keys (STATESTORE_DATA_KEY_CACHE_SECONDS and a commit's time), longer
+        than a client waits for an answer. Poll `erasure(id)` until it is `done`."""
+        state = await self._begin_erasure(actor=actor, tenant=tenant, user_id=user_id)
+        task = asyncio.create_task(self._erase_in_background(state), name=f"erasure {state.id}")
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)
+        return state
+
+    async def erasure(self, erasure_id: str) -> ErasureState:
+        found = await self.erasures.get(erasure_id) if len(erasure_id) <= 40 and "\x00" not in erasure_id else None
+        if found is None:
+            raise NotFound(f"no erasure {erasure_id!r}")
+        return found
+
+    async def _begin_erasure(self, *, actor: str, tenant: str | None, user_id: str | None) -> ErasureState:
         if tenant is None and user_id is None:
             raise InvalidRequest("erasure needs a tenant, a user_id, or both")
         tenant_id = (await self.tenant(tenant)).id if tenant is not None else None
-        return await self.retention.erase(actor=actor, tenant_id=tenant_id, user_id=user_id)
+        state = ErasureState(
+            id="erasure_" + secrets.token_hex(12),
+            actor=actor,
+            tenant_id=tenant_id,
+            user_id=user_id,
+            status="running",
+            created_ms=self.clock(),
+        )
+        await self.erasures.begin(state)
+        return state
+
+    async def _erase_in_background(self, state: ErasureState) -> None:
+        with contextlib.suppress(Exception):  # logged and recorded as failed by _run_erasure
+            await self._run_erasure(state)
+
+    async def _run_erasure(self, state: ErasureState) -> ErasureState:
+        try:
+            erased = await self.retention.erase(actor=state.actor, tenant_id=state.tenant_id, user_id=state.user_id)
+        except Exception as exc:
+            # Its type only: an error may quote a stored value. Sent again, an erasure takes up what is left.
+            log.error("erasure failed", extra={"erasure": state.id, "error": type(exc).__name__})
+            try:
+                await self.erasures.fail(state.id, now_ms=self.clock())
+            except Exception as recording:
+                log.error("erasure failure not recorded", extra={"error": type(recording).__name__})
+            raise
+        finished = self.clock()
+        await self.erasures.finish(state.id, erased, now_ms=finished)
+        return ErasureState(
+            id=state.id,
+            actor=state.actor,
+            tenant_id=state.tenant_id,
+            user_id=state.user_id,
+            status="done",
+            created_ms=state.created_ms,
+            finished_ms=finished,
+            erased=erased,
+        )
+
+    async def aclose(self) -> None:
+        """Stop the erasures still running here: each stays `running` (send it again: erasing is idempotent)."""
+        for task in list(self._running):
+            task.cancel()
+        await asyncio.gather(*self._running, return_exceptions=True)
 
     async def erasable(self, *, tenant: str | None, user_id: str | None) -> Erasure:
         """How many threads, responses and conversations `erase` with the same criteria would delete now: what a
@@ -333,12 +406,19 @@ class AdminService:
         return {**values, "purger_last_run_at": iso_time(last_run), "purger_last_run_ms": last_run or 0}
 
 
-def erased_fields(erased: Erasure) -> dict[str, int]:
-    """An erasure's result as the admin API and `statestore admin erase --json` report it."""
+def erasure_fields(state: ErasureState) -> dict[str, Any]:
+    """An erasure as the admin API and `statestore admin erase --json` report it: the counts once it is done."""
+    erased = state.erased
     return {
-        "erased_threads": erased.threads,
-        "erased_responses": erased.responses,
-        "erased_conversations": erased.conversations,
+        "id": state.id,
+        "status": state.status,
+        "tenant_id": state.tenant_id,
+        "user_id": state.user_id,
+        "created_at": iso_time(state.created_ms),
+        "finished_at": iso_time(state.finished_ms),
+        "erased_threads": erased.threads if erased is not None else None,
+        "erased_responses": erased.responses if erased is not None else None,
+        "erased_conversations": erased.conversations if erased is not None else None,
     }
 
 

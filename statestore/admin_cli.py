@@ -15,12 +15,13 @@ from typing import Any
 import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
-from statestore.admin import AdminService, as_dict, day_label, erased_fields, passthrough_warning, purged_fields
+from statestore.admin import AdminService, as_dict, day_label, erasure_fields, passthrough_warning, purged_fields
 from statestore.config import Settings
 from statestore.errors import StatestoreError
 from statestore.policy_fields import AUTO, POLICY_FIELDS
 from statestore.resources import build_resources
 from statestore.store.engine import create_engine
+from statestore.store.erasure_log import ErasureState
 
 Operation = Callable[[AdminService, argparse.Namespace], Awaitable[Any]]
 
@@ -138,9 +139,22 @@ async def audit(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str
 
 
 async def erase(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
-    erased = await admin.erase(actor=_actor(args), tenant=args.tenant, user_id=args.user_id)
+    # Run to its end here: the erasure lasts as long as this process.
+    state = await admin.erase(actor=_actor(args), tenant=args.tenant, user_id=args.user_id)
+    return erasure_fields(state), f"{state.id}: {_erasure_said(state)}"
+
+
+async def erasure(admin: AdminService, args: argparse.Namespace) -> tuple[Any, str]:
+    state = await admin.erasure(args.id)
+    return erasure_fields(state), f"{state.id}: {_erasure_said(state)}"
+
+
+def _erasure_said(state: ErasureState) -> str:
+    if state.erased is None:
+        return state.status + (" (send it again: erasing is idempotent)" if state.status == "failed" else "")
+    erased = state.erased
     said = f"{erased.threads} threads, {erased.responses} responses and {erased.conversations} conversations"
-    return erased_fields(erased), f"erased {said} (database rows and cache entries)"
+    return f"done: erased {said} (database rows and cache entries)"
 
 
 # The stats as people read them: each door's counts under its name, then the purger's last run.
@@ -378,6 +392,11 @@ def add_commands(commands: Any) -> None:
     p.add_argument("--tenant", help="tenant id or name")
     p.add_argument("--user-id", help="the metadata.user_id the threads, responses or conversations were created with")
     p.set_defaults(operation=erase)
+    p = groups.add_parser(
+        "erasure", parents=[common], help="an erasure's state (running, done, failed) and, once done, what it erased"
+    )
+    p.add_argument("id", help="the erasure's id (erasure_…), as `erase` or POST /admin/v1/erase gave it")
+    p.set_defaults(operation=erasure)
     p = groups.add_parser(
         "stats", parents=[common], help="live, expired, purged and erased counts of both doors; the purger's last run"
     )

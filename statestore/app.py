@@ -115,6 +115,7 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
                 purger.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await purger
+                await resources.admin.aclose()
                 if resources.background is not None:
                     await resources.background.runner.aclose(settings.background_grace_seconds)
                 if tracer_provider is not None:

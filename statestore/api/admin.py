@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
-from statestore.admin import AdminService, as_dict, day_label, erased_fields, passthrough_warning, purged_fields
+from statestore.admin import AdminService, as_dict, day_label, erasure_fields, passthrough_warning, purged_fields
 from statestore.api import schemas
 from statestore.api.deps import ResourcesDep
 from statestore.errors import AuthenticationFailed, PermissionDenied
@@ -174,9 +174,18 @@ async def purge(actor: Actor, admin: Admin) -> dict[str, int]:
     return purged_fields(await admin.purge(actor=actor))
 
 
-@router.post("/erase", response_model=schemas.Erased)
-async def erase(body: EraseIn, actor: Actor, admin: Admin) -> dict[str, int]:
-    return erased_fields(await admin.erase(actor=actor, tenant=body.tenant, user_id=body.user_id))
+@router.post("/erase", status_code=202, response_model=schemas.Erasure)
+async def erase(body: EraseIn, actor: Actor, admin: Admin, response: Response) -> dict[str, Any]:
+    """Starts the erasure and answers at once, `running`: poll `GET /admin/v1/erasures/{id}` (the `location`) until
+    it is `done`, when nothing it erased is readable on any replica."""
+    state = await admin.start_erasure(actor=actor, tenant=body.tenant, user_id=body.user_id)
+    response.headers["location"] = f"/admin/v1/erasures/{state.id}"
+    return erasure_fields(state)
+
+
+@router.get("/erasures/{erasure_id}", response_model=schemas.Erasure)
+async def erasure(erasure_id: str, actor: Actor, admin: Admin) -> dict[str, Any]:
+    return erasure_fields(await admin.erasure(erasure_id))
 
 
 @router.get("/usage", response_model=schemas.UsagePage)

@@ -222,15 +222,23 @@ class Purged(BaseModel):
     purged_conversations: int
 
 
-class Erased(BaseModel):
-    """What the erasure deleted, live or expired, database rows and cache entries."""
+class Erasure(BaseModel):
+    """An erasure of a tenant's and/or a user's threads, responses and conversations, live or expired (database rows
+    and cache entries). `running` until nothing it erases is readable anywhere, then `done` with what it deleted;
+    `failed` if it stopped on an error (send it again: erasing is idempotent)."""
 
-    erased_threads: int
-    erased_responses: int = Field(
-        description="the Responses front door's: every tree holding a matching response (and the items a matching "
-        "response brought into any conversation)"
+    id: str
+    status: Literal["running", "done", "failed"]
+    tenant_id: str | None
+    user_id: str | None
+    created_at: str | None
+    finished_at: str | None
+    erased_threads: int | None = Field(description="once done")
+    erased_responses: int | None = Field(
+        description="once done; the Responses front door's: every tree holding a matching response (and the items a "
+        "matching response brought into any conversation)"
     )
-    erased_conversations: int
+    erased_conversations: int | None = Field(description="once done")
 
 
 class DoorUsage(BaseModel):

@@ -1,4 +1,5 @@
-"""The audit log (paged, filtered) and erasure (with a confirmation that counts what it will delete)."""
+"""The audit log (paged, filtered) and erasure (with a confirmation that counts what it will delete, then its state
+until it is done)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from statestore.console.audit_changes import changes, full_record
-from statestore.console.web import checked_post, page, query_of, resources_of, router, signed_in
+from statestore.console.web import checked_post, page, query_of, redirect, resources_of, router, signed_in
 from statestore.errors import InvalidRequest, StatestoreError
 
 AUDIT_PAGE = 50
@@ -100,5 +101,13 @@ async def erasure_preview(request: Request) -> Response:
 async def erase(request: Request) -> Response:
     session, form = await checked_post(request)
     tenant, user_id = _criteria(form)
-    erased = await resources_of(request).admin.erase(actor=session.actor, tenant=tenant, user_id=user_id)
-    return page("erasure_done.html", session=session, erased=erased, tenant=tenant, user_id=user_id, section="erasure")
+    state = await resources_of(request).admin.start_erasure(actor=session.actor, tenant=tenant, user_id=user_id)
+    return redirect(f"/erasure/{state.id}")
+
+
+@router.get("/erasure/{erasure_id}")
+async def erasure_state(request: Request, erasure_id: str) -> Response:
+    """An erasure's state: reloaded every second while it runs; once done, what it erased."""
+    session = await signed_in(request)
+    state = await resources_of(request).admin.erasure(erasure_id)
+    return page("erasure_state.html", session=session, erasure=state, section="erasure")

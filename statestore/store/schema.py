@@ -392,3 +392,20 @@ idempotency_keys = Table(
     _partial("tenant_id", where="tenant_id IS NOT NULL"),
     _partial("metadata_user_id", where="metadata_user_id IS NOT NULL"),
 )
+
+# Erasures (docs/administration.md#erasure; revision 0019): one row each, `running` until every row of its tenant
+# and/or user is gone and its data keys are destroyed everywhere (`done`), or `failed`; what it erased, once done.
+erasures = Table(
+    "erasures",
+    metadata,
+    Column("id", String(40), primary_key=True),
+    Column("actor", String(200), nullable=False),
+    Column("tenant_id", String(40), nullable=True),
+    Column("user_id", String(512), nullable=True),
+    Column("status", String(16), nullable=False),
+    Column("created_ms", BigInteger, nullable=False),
+    Column("finished_ms", BigInteger, nullable=True),
+    Column("threads", Integer, nullable=True),
+    Column("responses", Integer, nullable=True),
+    Column("conversations", Integer, nullable=True),
+)

@@ -103,8 +103,8 @@ def test_an_erasure_reaches_a_backup_taken_before_it(tmp_path: Path) -> None:
         assert MARKER.encode() not in dump.read_bytes()
         assert b"plaintext-marker" not in dump.read_bytes()
 
-        admin.ok("POST", "/erase", {"tenant": erased_tenant["id"]})
-        admin.ok("POST", "/erase", {"user_id": erased_user})
+        admin.erase({"tenant": erased_tenant["id"]})
+        admin.erase({"user_id": erased_user})
 
         _run(str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", port, "-U", "postgres", "restored")
         _run(str(PG_BIN / "pg_restore"), "-h", "127.0.0.1", "-p", port, "-U", "postgres", "-d", "restored", str(dump))

@@ -205,9 +205,28 @@ class Client:
         op = self.history.begin(self.index, "erase", thread.key, thread_id=thread.thread_id)
         try:
             reply = await self.http.post("/admin/v1/erase", json={"user_id": thread.user_id}, headers=ADMIN)
+            if reply.status_code == 202:
+                # Started: it is done (nothing of it readable) only once its erasure says so.
+                reply = await self._erasure_done(reply.json()["id"])
         except httpx.TransportError:
             return self.history.finish(op, "unknown", error="transport")
         return self.history.finish(op, _outcome(reply.status_code), status=reply.status_code)
+
+    async def _erasure_done(self, erasure_id: str) -> httpx.Response:
+        """The erasure polled until it is no longer running: 200 once done; its last reply otherwise (a failed one as
+        a 500, and one still running after a minute, its replica killed meanwhile, as a 504: both unknown)."""
+        deadline = asyncio.get_running_loop().time() + 60
+        while asyncio.get_running_loop().time() < deadline:
+            reply = await self.http.get(f"/admin/v1/erasures/{erasure_id}", headers=ADMIN)
+            if reply.status_code != 200:
+                return reply
+            status = reply.json()["status"]
+            if status == "done":
+                return reply
+            if status == "failed":
+                return httpx.Response(500, request=reply.request)
+            await asyncio.sleep(0.2)
+        return httpx.Response(504, request=reply.request)
 
     # -- the client's loop --------------------------------------------------------------------------------------
 

@@ -380,8 +380,8 @@ def test_audit_records_every_admin_change_without_content_or_secrets(
     admin.ok("DELETE", "/policies/default")
     admin.purge()
     nothing_else = {"erased_responses": 0, "erased_conversations": 0}
-    assert admin.ok("POST", "/erase", {"user_id": user_id}) == {"erased_threads": 1, **nothing_else}
-    assert admin.ok("POST", "/erase", {"tenant": tenant["name"]}) == {"erased_threads": 0, **nothing_else}
+    assert admin.erase({"user_id": user_id}) == {"erased_threads": 1, **nothing_else}
+    assert admin.erase({"tenant": tenant["name"]}) == {"erased_threads": 0, **nothing_else}
 
     page = admin.ok("GET", "/audit", limit=50)
     entries = [e for e in page["data"] if e["id"] > start]
@@ -734,10 +734,26 @@ def test_cli_policy_audit_stats_erase_purge_round_trip(
                 ["admin", "erase", "--tenant", other["name"], *actor],
             ],
         )
-        assert cli_json(erased_json) == {"erased_threads": 1, "erased_responses": 0, "erased_conversations": 0}
-        assert cli_ok(erased_text) == (
-            "erased 1 threads, 0 responses and 0 conversations (database rows and cache entries)\n"
+        # The CLI's erasure runs to its end; `admin erasure ID` shows it, as GET /admin/v1/erasures/{id} does.
+        done = cli_json(erased_json)
+        assert {k: done[k] for k in ("status", "erased_threads", "erased_responses", "erased_conversations")} == {
+            "status": "done",
+            "erased_threads": 1,
+            "erased_responses": 0,
+            "erased_conversations": 0,
+        }
+        assert done["user_id"] == user_id and done["finished_at"] is not None
+        assert re.fullmatch(
+            r"erasure_[0-9a-f]{24}: done: erased 1 threads, 0 responses and 0 conversations "
+            r"\(database rows and cache entries\)\n",
+            cli_ok(erased_text),
         )
+        shown_json, shown_text = cli_many(
+            env, [["admin", "erasure", done["id"], "--json"], ["admin", "erasure", "erasure_nope"]]
+        )
+        assert cli_json(shown_json) == done
+        assert admin.ok("GET", f"/erasures/{done['id']}") == done
+        assert shown_text.returncode != 0 and "no erasure 'erasure_nope'" in shown_text.stderr
         assert db.rows_of(thread_id) == (0, 0, 0)
         assert db.rows_of(other_thread) == (0, 0, 0)
         error_of(api.thread(thread_id), 404, "not_found_error")

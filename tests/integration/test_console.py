@@ -310,6 +310,14 @@ def test_erasing_a_users_threads_responses_and_conversations_shows_how_many_firs
         assert responses.responses.retrieve(second.id).id == second.id
 
         press(console, "confirm-erasure")
+        # The erasure's page, reloading itself until the erasure is done.
+        assert "/erasure/erasure_" in console.current_url
+        deadline = time.monotonic() + 60
+        while console.find_element(By.ID, "erasure-status").get_attribute("data-status") == "running":
+            assert time.monotonic() < deadline, "the erasure never finished"
+            time.sleep(0.2)
+            console.refresh()
+        assert console.find_element(By.ID, "erasure-status").get_attribute("data-status") == "done"
         shown = [text_of(console, f"erased-{what}") for what in ("count", "responses", "conversations")]
         assert shown == ["3", "2", "1"]
         assert admin.stats(tenant["id"])["live_threads"] == 1

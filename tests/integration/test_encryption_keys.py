@@ -203,7 +203,7 @@ def test_a_key_store_of_its_own_is_made_by_migrate_used_and_reached_by_erasure(
             assert status["keystore_separate"] and status["data_keys"] == key_counts(keystore_db)
             assert status["keystore"].startswith("postgresql+asyncpg://") and "statestore_test_" in status["keystore"]
 
-            admin.ok("POST", "/erase", {"tenant": mine["name"]})
+            admin.erase({"tenant": mine["name"]})
             [entry] = [e for e in admin.audit(limit=5) if e["action"] == "erase"]
             assert entry["after"]["data_keys"] >= 3
         from statestore.errors import ContentErased

@@ -375,13 +375,13 @@ def test_erasure_by_tenant_by_user_and_by_both(
         def threads(count: int) -> dict[str, int]:
             return {"erased_threads": count, "erased_responses": 0, "erased_conversations": 0}
 
-        assert admin.ok("POST", "/erase", {"tenant": t1["name"], "user_id": u1}) == threads(2)
+        assert admin.erase({"tenant": t1["name"], "user_id": u1}) == threads(2)
         assert remaining() == {c, d, e, f, g}
-        assert admin.ok("POST", "/erase", {"user_id": u1}) == threads(1)
+        assert admin.erase({"user_id": u1}) == threads(1)
         assert remaining() == {c, e, f, g}
-        assert admin.ok("POST", "/erase", {"tenant": t1["id"]}) == threads(2)
+        assert admin.erase({"tenant": t1["id"]}) == threads(2)
         assert remaining() == {e, g}
-        assert admin.ok("POST", "/erase", {"user_id": u3}) == threads(1)
+        assert admin.erase({"user_id": u3}) == threads(1)
         assert remaining() == {e}
         assert admin.stats()["erased_threads_total"] == before + 6
 

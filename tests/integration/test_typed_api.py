@@ -150,7 +150,9 @@ def test_live_responses_match_the_published_schema(keys_server: StatestoreServer
     assert last_run["purger_last_run_at"] is not None and last_run["purger_last_run_ms"] > 0
     usage = checked.call("GET", "/admin/v1/usage", admin).json()["data"]
     assert usage[-1]["doors"].keys() == {"messages", "responses"}
-    checked.call("POST", "/admin/v1/erase", admin, json={"user_id": unique("nobody")})
+    erasure = checked.call("POST", "/admin/v1/erase", admin, json={"user_id": unique("nobody")}).json()
+    checked.call("GET", "/admin/v1/erasures/{erasure_id}", admin, erasure_id=erasure["id"])
+    checked.call("GET", "/admin/v1/erasures/{erasure_id}", admin, erasure_id="erasure_nope")
     checked.call("GET", "/admin/v1/stats", {})
 
     owner = {"x-api-key": secret}

@@ -243,6 +243,29 @@ def created(response: httpx.Response) -> tuple[str, str]:
 # -- the admin API ---------------------------------------------------------------------------------------------------
 
 
+def wait_for_erasure(http: httpx.Client, started: dict[str, Any], *, timeout: float = 60.0) -> dict[str, Any]:
+    """An erasure (as POST /admin/v1/erase answered it) polled through `http` (an admin API client whose base URL is
+    /admin/v1, or the server's with the admin token) until it is no longer running; it must end done."""
+    assert started["status"] in ("running", "done"), started
+    path = (
+        f"/erasures/{started['id']}"
+        if str(http.base_url).rstrip("/").endswith("/admin/v1")
+        else (f"/admin/v1/erasures/{started['id']}")
+    )
+    deadline = time.monotonic() + timeout
+    state = started
+    while state["status"] == "running":
+        assert time.monotonic() < deadline, f"erasure {started['id']} still running after {timeout} s"
+        time.sleep(0.1)
+        state = json_of(http.get(path), 200)
+    assert state["status"] == "done", state
+    return state
+
+
+def erased_counts(state: dict[str, Any]) -> dict[str, int]:
+    return {k: state[k] for k in ("erased_threads", "erased_responses", "erased_conversations")}
+
+
 class AdminApi:
     def __init__(self, base_url: str, token: str = ADMIN_TOKEN) -> None:
         self.http = httpx.Client(
@@ -265,6 +288,11 @@ class AdminApi:
 
     def ok(self, method: str, path: str, body: Any = None, *, status: int = 200, **params: Any) -> Any:
         return json_of(self.call(method, path, body, **params), status)
+
+    def erase(self, body: Any, *, timeout: float = 60.0) -> dict[str, int]:
+        """POST /erase, then poll its erasure until it is done: what it erased (erased_threads, erased_responses,
+        erased_conversations)."""
+        return erased_counts(wait_for_erasure(self.http, self.ok("POST", "/erase", body, status=202), timeout=timeout))
 
     def create_tenant(self, name: str | None = None) -> dict[str, Any]:
         tenant: dict[str, Any] = self.ok("POST", "/tenants", {"name": name or unique("tenant")}, status=201)

@@ -221,7 +221,7 @@ def test_erasure_of_a_user_id_takes_its_trees_and_leaves_other_branches_whole(
     theirs = chain(client, turns("theirs", 20))
     mine = chain(client, ["mine"], theirs[9], metadata={"user_id": user})[0]
     other = chain(client, turns("other", 20))
-    erased = admin.ok("POST", "/erase", {"user_id": user})
+    erased = admin.erase({"user_id": user})
     assert erased["erased_responses"] == 21  # the whole tree holding the user's response
     for gone in (theirs[5], theirs[-1], mine):
         with pytest.raises(openai.BadRequestError):

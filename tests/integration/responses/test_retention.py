@@ -102,7 +102,7 @@ def test_tenants_stats_and_erasure_by_tenant(
         assert (stats["live_responses"], stats["live_conversations"]) == (2, 1)
         assert _erasable(module_db, tenant_id=tenant["id"]) == Erasure(threads=0, responses=2, conversations=1)
         before = admin.stats()
-        erased = admin.ok("POST", "/erase", {"tenant": tenant["id"]})
+        erased = admin.erase({"tenant": tenant["id"]})
         after = admin.stats()
         assert erased == {"erased_threads": 0, "erased_responses": 2, "erased_conversations": 1}
         assert _erasable(module_db, tenant_id=tenant["id"]) == Erasure(threads=0, responses=0, conversations=0)
@@ -132,7 +132,7 @@ def test_erasure_by_user_id_takes_whole_trees_and_their_cache(
         unrelated = client.responses.create(model="echo-1", input="not theirs", metadata={"user_id": "user-erase-2"})
         # The anonymous root goes too: its tree holds a response of the user's.
         assert _erasable(module_db, user_id="user-erase-1") == Erasure(threads=0, responses=2, conversations=1)
-        erased = admin.ok("POST", "/erase", {"user_id": "user-erase-1"})
+        erased = admin.erase({"user_id": "user-erase-1"})
         assert erased == {"erased_threads": 0, "erased_responses": 2, "erased_conversations": 1}
         assert client.responses.retrieve(unrelated.id).id == unrelated.id
         for gone in (root.id, head.id):
@@ -159,7 +159,7 @@ def test_erasure_by_user_id_takes_the_user_s_items_out_of_a_conversation_that_is
         )
         client.responses.create(model="echo-1", input="theirs after", conversation=conversation.id)
         assert cache.keys_of(f"conv:{conversation.id}")
-        erased = admin.ok("POST", "/erase", {"user_id": "user-shared-1"})
+        erased = admin.erase({"user_id": "user-shared-1"})
         assert erased == {"erased_threads": 0, "erased_responses": 1, "erased_conversations": 0}
         with pytest.raises(openai.NotFoundError):
             client.responses.retrieve(mine.id)
