@@ -16,6 +16,7 @@ from statestore.api.openai_responses import JSON, header, json_response, list_pa
 from statestore.api.responses import bytes_response
 from statestore.core.idempotency import Outcome
 from statestore.core.policy_enforcement import TurnMeasures
+from statestore.policy import Policy
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
 from statestore.responses.context import conversation_cache_key
@@ -155,14 +156,15 @@ async def add_items(conversation_id: str, request: Request, resources: Resources
     raw = await request.body()
     items = normalise_input(read_body(request_schemas.ConversationItemsRequest, raw).items)
     raw_key = key_of(request.headers.raw)
+    policy = await turns_of(resources).policies.for_tenant(principal.tenant_id)
     if raw_key is None:
-        return await _append(resources, owner, conversation_id, items)
+        return await _append(resources, policy, owner, conversation_id, items)
 
     async def run(intended: str) -> Response:
         # Under the item ids the key's claim named, so a retry can find them stored.
         ids = orjson.loads(intended)
         return await _append(
-            resources, owner, conversation_id, [{**i, "id": n} for i, n in zip(items, ids, strict=True)]
+            resources, policy, owner, conversation_id, [{**i, "id": n} for i, n in zip(items, ids, strict=True)]
         )
 
     async def recover(intended: str) -> Outcome | None:
@@ -187,10 +189,20 @@ async def add_items(conversation_id: str, request: Request, resources: Resources
     )
 
 
-async def _append(resources: Resources, owner: str, conversation_id: str, items: list[dict[str, Any]]) -> Response:
-    conversations = turns_of(resources).conversations
+async def _append(
+    resources: Resources, policy: Policy, owner: str, conversation_id: str, items: list[dict[str, Any]]
+) -> Response:
+    turns = turns_of(resources)
     rows = [stored(item) for item in items]
-    await append_items(conversations, owner, _checked(conversation_id), rows, now_ms=resources.clock())
+    await append_items(
+        turns.conversations,
+        owner,
+        _checked(conversation_id),
+        rows,
+        cache=turns.cache,
+        policy=policy,
+        now_ms=resources.clock(),
+    )
     # The append moved the position, so the cached context no longer matches; it goes all the same, unread.
     await resources.cache.delete(conversation_cache_key(conversation_id))
     return page([row.body for row in rows], False)

@@ -1,7 +1,9 @@
 """`POST /v1/conversations/{id}/items` as a turn of its own: the conversation taken under the append's turn id (its
 lease), the items committed only while that lease is the append's, and a commit whose answer was lost settled as
 every turn's is (core/lost_commit.py). So neither a commit carried out twice nor a client's retry after a lost
-acknowledgement adds the items twice."""
+acknowledgement adds the items twice. The owner's policy bounds an append as it bounds a turn
+(core/policy_enforcement.py): one that would take the conversation over `max_messages` or `max_thread_bytes` is
+refused, nothing stored."""
 
 from __future__ import annotations
 
@@ -11,7 +13,13 @@ from collections.abc import Sequence
 import anyio
 
 from statestore.core.lost_commit import settle_lost_commit
-from statestore.responses.errors import conversation_locked, conversation_not_found
+from statestore.core.policy_enforcement import PolicyRefusal, TurnMeasures, enforce
+from statestore.policy import Policy
+from statestore.responses.context import conversation_cache_key, conversation_context
+from statestore.responses.errors import conversation_locked, conversation_not_found, policy_error
+from statestore.responses.items import join_rendered
+from statestore.responses.prepared import count_messages
+from statestore.store.cache import HistoryCache
 from statestore.store.conversation_store import ConversationStore, Locked
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 from statestore.store.response_records import StoredItem
@@ -22,10 +30,17 @@ APPEND_LEASE_MS = 30_000
 
 
 async def append_items(
-    conversations: ConversationStore, owner: str, conversation_id: str, items: Sequence[StoredItem], *, now_ms: int
+    conversations: ConversationStore,
+    owner: str,
+    conversation_id: str,
+    items: Sequence[StoredItem],
+    *,
+    cache: HistoryCache,
+    policy: Policy,
+    now_ms: int,
 ) -> None:
-    """Append `items`, or raise the refusal (404, 409: a turn holds the conversation) or ServiceUnavailable (the
-    store unavailable; the 503 says whether the items were stored)."""
+    """Append `items`, or raise the refusal (404, 409: a turn holds the conversation; 400: over the policy's bounds)
+    or ServiceUnavailable (the store unavailable; the 503 says whether the items were stored)."""
     turn = new_lease_token()
     try:
         position, *_ = await conversations.lease(
@@ -35,6 +50,11 @@ async def append_items(
         raise conversation_locked() from None
     except LookupError:
         raise conversation_not_found(conversation_id) from None
+    try:
+        await _check_limits(conversations, owner, conversation_id, items, cache=cache, policy=policy, position=position)
+    except BaseException:
+        await _give_back(conversations, conversation_id, turn)
+        raise
     try:
         stored = await conversations.commit_append(owner, conversation_id, items, token=turn, position=position)
     except UNSTORABLE_VALUE_ERRORS:
@@ -62,6 +82,32 @@ async def append_items(
         raise
     if not stored:  # the lease ran out and was taken over (or the conversation deleted): nothing stored
         raise conversation_locked()
+
+
+async def _check_limits(
+    conversations: ConversationStore,
+    owner: str,
+    conversation_id: str,
+    items: Sequence[StoredItem],
+    *,
+    cache: HistoryCache,
+    policy: Policy,
+    position: int,
+) -> None:
+    """The policy's bounds, measured as a turn measures them (the conversation's messages and bytes with the new
+    ones), less the reply an append does not ask for."""
+    cached = await cache.get(conversation_cache_key(conversation_id))
+    context = await conversation_context(conversations, owner, conversation_id, position=position, cached=cached)
+    new = join_rendered((i.kind, i.rendered) for i in items)
+    measures = TurnMeasures(
+        stores=False,  # whether the owner may store at all is the conversation's creation's to refuse
+        messages=count_messages(context) + count_messages(new),
+        size=len(context) + sum(len(i.rendered) for i in items),
+    )
+    try:
+        enforce(policy, measures)
+    except PolicyRefusal as refusal:
+        raise policy_error(refusal) from None
 
 
 async def _give_back(conversations: ConversationStore, conversation_id: str, turn: str) -> None:

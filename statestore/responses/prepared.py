@@ -30,7 +30,8 @@ from statestore.store.response_records import ContextRecord, ResponseRow, Stored
 _FEWEST_MESSAGE_BYTES = 24
 
 
-def _count(joined: bytes) -> int:
+def count_messages(joined: bytes) -> int:
+    """The Chat Completions messages in `joined` (a context's or new items' joined renderings)."""
     return len(orjson.loads(b"[" + joined + b"]")) if joined else 0
 
 
@@ -126,7 +127,7 @@ class PreparedResponse:
         if (base.size + new_bytes) // _FEWEST_MESSAGE_BYTES + 1 <= limit:
             return None
         new = join_rendered((i.kind, i.rendered) for i in self.inputs)
-        return (1 if base.head else 0) + _count(base.context) + _count(new) + 1
+        return (1 if base.head else 0) + count_messages(base.context) + count_messages(new) + 1
 
     def backend_body(self) -> bytes:
         system = self.system_message()

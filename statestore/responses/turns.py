@@ -258,7 +258,7 @@ class ResponseTurns:
     ) -> PreparedResponse:
         """What `turn` would send, read without taking anything (no conversation's lease, nothing counted in the
         metrics, nothing stored): for `POST /v1/responses/input_tokens`. Refused as the turn would be: an unknown
-        previous response (400), conversation (404)."""
+        previous response (400), conversation (404), one over the policy's bounds (400)."""
         policy = await self._with_window(await self.policy(principal, storing=False), turn, principal, headers)
         prepared = PreparedResponse(
             turn=turn,
@@ -290,6 +290,11 @@ class ResponseTurns:
             prepared.context = await conversation_context(
                 self.conversations, principal.owner, conversation, position=position, cached=cached
             )
+        # Refused over the policy's bounds as the stored turn it counts would be (a count has no `store`: the turn's
+        # default, stored), as a count over a thread is; the count itself stores nothing.
+        chain = prepared.parent.chain_bytes if prepared.parent else len(prepared.context)
+        size = chain + sum(len(i.rendered) for i in prepared.inputs)
+        enforced(policy, TurnMeasures(stores=False, messages=prepared.messages_sent(policy.max_messages), size=size))
         return prepared
 
     async def _parent(

@@ -96,6 +96,85 @@ def test_max_messages_refuses_the_third_turn_on_every_door(server: StatestoreSer
         assert gpt.responses.create(model=MODEL, input="solo", store=False).output_text
 
 
+def test_an_append_is_held_to_the_limits_a_turn_is(server: StatestoreServer, backend: FakeBackend) -> None:
+    """`POST /v1/conversations/{id}/items` that would take the conversation over `max_messages` or
+    `max_thread_bytes` is refused as a turn over it is, nothing stored and the conversation free (appends went past
+    both before: only the next turn was refused)."""
+    with AdminApi(server.url) as admin:
+        tenant, key = admin.tenant_with_key()
+        admin.put_policy(tenant["id"], max_messages=4)
+        with openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) as gpt:
+            conversation = gpt.conversations.create()
+            gpt.responses.create(model=MODEL, input="one", conversation=conversation.id)
+            # Two messages stored and two appended make four: at the limit, not over it.
+            gpt.conversations.items.create(
+                conversation.id,
+                items=[{"type": "message", "role": "user", "content": c} for c in ("two", "three")],
+            )
+            with pytest.raises(openai.BadRequestError) as refused:
+                gpt.conversations.items.create(
+                    conversation.id, items=[{"type": "message", "role": "user", "content": "four"}]
+                )
+            assert (refused.value.code, refused.value.param) == ("too_many_messages", "input")
+            assert "limit of 4 messages" in refused.value.message
+            assert len(gpt.conversations.items.list(conversation.id).data) == 4
+            # The refusal gave the conversation's lease back: under a higher limit the same append goes in at once.
+            admin.put_policy(tenant["id"], max_messages=100, max_thread_bytes=400)
+            gpt.conversations.items.create(
+                conversation.id, items=[{"type": "message", "role": "user", "content": "four"}]
+            )
+            assert len(gpt.conversations.items.list(conversation.id).data) == 5
+            with pytest.raises(openai.BadRequestError) as large:
+                gpt.conversations.items.create(
+                    conversation.id, items=[{"type": "message", "role": "user", "content": "x" * 400}]
+                )
+            assert (large.value.code, large.value.param) == ("context_too_large", "input")
+            assert len(gpt.conversations.items.list(conversation.id).data) == 5
+
+
+def test_a_count_is_held_to_the_limits_its_turn_is_on_both_doors(
+    server: StatestoreServer, backend: FakeBackend
+) -> None:
+    """A count over stored context is refused as the turn it counts would be, on both doors (the Responses door's
+    `input_tokens` counted past `max_messages` and `max_thread_bytes` while a count over a thread was refused)."""
+    key = tenant_under(server, max_messages=4)
+    with anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0) as claude:
+        thread = claude.beta.messages.thread(model=MODEL, max_tokens=64)
+        thread.send({"role": "user", "content": "one"})
+        second = thread.send({"role": "user", "content": "two"})
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.beta.messages.count_tokens(
+                model=MODEL,
+                messages=[{"role": "user", "content": "three"}],
+                betas=[THREADS_BETA],
+                extra_body={"thread": {"type": "continue", "previous_message_id": second.id}},
+            )
+        assert "limit of 4 messages" in refused.value.message
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) as gpt:
+        first = gpt.responses.create(model=MODEL, input="one")
+        assert gpt.responses.input_tokens.count(model=MODEL, input="two", previous_response_id=first.id).input_tokens
+        chained = gpt.responses.create(model=MODEL, input="two", previous_response_id=first.id)
+        with pytest.raises(openai.BadRequestError) as counted:
+            gpt.responses.input_tokens.count(model=MODEL, input="three", previous_response_id=chained.id)
+        assert (counted.value.code, counted.value.param) == ("too_many_messages", "input")
+        conversation = gpt.conversations.create()
+        gpt.responses.create(model=MODEL, input="one", conversation=conversation.id)
+        gpt.responses.create(model=MODEL, input="two", conversation=conversation.id)
+        with pytest.raises(openai.BadRequestError) as over:
+            gpt.responses.input_tokens.count(model=MODEL, input="three", conversation=conversation.id)
+        assert over.value.code == "too_many_messages"
+        # A count stores nothing and holds nothing: the conversation is as it was.
+        assert len(gpt.conversations.items.list(conversation.id).data) == 4
+    with AdminApi(server.url) as admin:
+        tenant, key = admin.tenant_with_key()
+        admin.put_policy(tenant["id"], max_thread_bytes=200)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) as gpt:
+        first = gpt.responses.create(model=MODEL, input="one")
+        with pytest.raises(openai.BadRequestError) as large:
+            gpt.responses.input_tokens.count(model=MODEL, input="x" * 300, previous_response_id=first.id)
+        assert (large.value.code, large.value.param) == ("context_too_large", "input")
+
+
 def test_threads_off_refuses_storing_on_every_door(server: StatestoreServer, backend: FakeBackend) -> None:
     key = tenant_under(server, threads_enabled=False)
     with anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0) as claude:
