@@ -16,11 +16,11 @@ from operator import attrgetter
 from typing import Final
 
 import asyncpg
-from sqlalchemy import case, func, literal_column, null, select
+from sqlalchemy import LargeBinary, case, cast, func, literal_column, null, select, union_all
 
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_records import StoredItem
-from statestore.store.schema import conversations, responses
+from statestore.store.schema import conversations, response_items, responses
 from statestore.store.statement import CoreStatement, PgStatement, core_param
 
 
@@ -257,27 +257,33 @@ LOAD_CONVERSATION: Final = PgStatement(
     durable=True,
 )
 # A chain rebuilt from the database (store/response_store.py chain_segments says how it is read): every member
-# once, ahead of its items, marked 'pointed' when its items are in its conversation.
-CHAIN_CONTEXT: Final = PgStatement(
+# once, ahead of its items, marked 'pointed' when its items are in its conversation. Rows are (depth, kind, rendered,
+# id, position). Written once: PostgreSQL runs it compiled (CHAIN_CONTEXT.pg), SQLite through Core.
+_walked = (responses.c.id, responses.c.parent_id, responses.c.depth, responses.c.conversation_position)
+_chain = select(*_walked).where(responses.c.id == core_param("response_id")).cte("chain", recursive=True)
+_chain = _chain.union_all(select(*_walked).where(responses.c.id == _chain.c.parent_id))
+_members = union_all(
+    select(
+        _chain.c.depth,
+        literal_column("-1").label("position"),
+        case(
+            (_chain.c.conversation_position.is_(None), literal_column("'none'")), else_=literal_column("'pointed'")
+        ).label("kind"),
+        cast(literal_column("''"), LargeBinary).label("rendered"),
+        _chain.c.id,
+    ),
+    select(
+        _chain.c.depth, response_items.c.position, response_items.c.kind, response_items.c.rendered, _chain.c.id
+    ).join(response_items, response_items.c.response_id == _chain.c.id),
+).subquery("members")
+CHAIN_CONTEXT: Final = CoreStatement(
     OfResponse,
-    """
-WITH RECURSIVE chain AS (
-    SELECT id, parent_id, depth, conversation_position FROM responses WHERE id = :response_id
-    UNION ALL
-    SELECT r.id, r.parent_id, r.depth, r.conversation_position FROM responses r JOIN chain ON r.id = chain.parent_id
-)
-SELECT depth, kind, rendered, id, position FROM (
-    SELECT depth, -1 AS position, CASE WHEN conversation_position IS NULL THEN 'none' ELSE 'pointed' END AS kind,
-        ''::bytea AS rendered, id
-    FROM chain
-    UNION ALL
-    SELECT chain.depth, i.position, i.kind, i.rendered, chain.id FROM chain
-        JOIN response_items i ON i.response_id = chain.id
-) AS members
-ORDER BY depth, position
-""",
+    select(_members.c.depth, _members.c.kind, _members.c.rendered, _members.c.id, _members.c.position).order_by(
+        _members.c.depth, _members.c.position
+    ),
     durable=True,
 )
+_CHAIN_CONTEXT_PG: Final = CHAIN_CONTEXT.on_pg()
 # A chain's items read from its runs' prefixes (store/response_runs.py): one index range a run, in path order. The
 # lateral join keeps each run's read on the runs' index, whatever the planner thinks of the arrays.
 RUN_ITEMS: Final = PgStatement(
@@ -325,7 +331,7 @@ class PgResponseStatements:
     async def chain_rows(self, head_id: str) -> list[asyncpg.Record]:
         """(depth, kind, rendered, response id, position) of the chain ending at `head_id`, as CHAIN_CONTEXT orders
         them."""
-        return await self._pg.fetch(CHAIN_CONTEXT, OfResponse(response_id=head_id))
+        return await self._pg.fetch(_CHAIN_CONTEXT_PG, OfResponse(response_id=head_id))
 
     async def run_items(self, keys: list[int], ends: list[int]) -> list[asyncpg.Record]:
         """(response id, kind, rendered, position) of the runs' prefixes, as RUN_ITEMS orders them."""

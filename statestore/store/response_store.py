@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, case, delete, literal, select, union_all
+from sqlalchemy import and_, delete, literal, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -28,7 +28,13 @@ from statestore.store.response_sealing import (
     scope_of,
     seal_response,
 )
-from statestore.store.response_statements import GET_RESPONSE, GetResponse, PgResponseStatements
+from statestore.store.response_statements import (
+    CHAIN_CONTEXT,
+    GET_RESPONSE,
+    GetResponse,
+    OfResponse,
+    PgResponseStatements,
+)
 from statestore.store.schema import conversation_items, response_items, responses
 
 # A chain member whose items are in its conversation (response_statements.CHAIN_CONTEXT says it too).
@@ -104,7 +110,7 @@ class ResponseStore:
                 return found
         # Every member of the chain once, ahead of its items, so that a missing ancestor shows as a missing depth in
         # the same query; a member whose items are in its conversation is marked, and they are read apart (rare).
-        # On PostgreSQL a prepared statement (response_statements.CHAIN_CONTEXT), else the same query through Core.
+        # One statement (response_statements.CHAIN_CONTEXT): on PostgreSQL compiled for asyncpg, else through Core.
         rows: Sequence[Row]
         rows = await self._pg.chain_rows(head.id) if self._pg is not None else await self._chain_rows(head.id)
         if self._keys is not None:
@@ -153,23 +159,9 @@ class ResponseStore:
             return (await conn.execute(query)).all()
 
     async def _chain_rows(self, head_id: str) -> list[Any]:
-        walked = (responses.c.id, responses.c.parent_id, responses.c.depth, responses.c.conversation_position)
-        chain = select(*walked).where(responses.c.id == head_id).cte("chain", recursive=True)
-        chain = chain.union_all(select(*walked).where(responses.c.id == chain.c.parent_id))
-        marker = case((chain.c.conversation_position.is_(None), literal("none")), else_=literal(_POINTED))
-        members = select(chain.c.depth, literal(-1), marker, literal(b""), chain.c.id)
-        own = select(
-            chain.c.depth,
-            response_items.c.position,
-            response_items.c.kind,
-            response_items.c.rendered,
-            chain.c.id,
-        ).join(response_items, response_items.c.response_id == chain.c.id)
-        both = union_all(members, own).subquery()
-        # (depth, kind, rendering, response id, position), as CHAIN_CONTEXT reads them.
-        query = select(both.c[0], both.c[2], both.c[3], both.c[4], both.c[1]).order_by(both.c[0], both.c[1])
+        of = OfResponse(response_id=head_id)
         async with self.engine.connect() as conn:
-            return list((await conn.execute(query)).all())
+            return list((await conn.execute(CHAIN_CONTEXT.statement, CHAIN_CONTEXT.values(of))).all())
 
     async def _pointed_items(self, response_id: str, owner: str) -> list[tuple[str, bytes]]:
         rows: Sequence[Row]
