@@ -17,6 +17,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from tests.integration.responses.conftest import WEATHER, Rows, chat_requests, other_key
 from tests.integration.test_typescript_sdk import run_node
 from tests.support.fake_backend import FakeBackend, chat_action
+from tests.support.open_responses import event_problems, response_problems
 from tests.support.server import REPO, StatestoreServer
 
 FINAL = ("response.completed", "response.incomplete", "response.failed", "error")
@@ -446,3 +447,41 @@ def test_typescript_responses_over_a_websocket(
     # The store: false responses were never stored.
     missing = httpx.get(f"{responses_server.url}/v1/responses/{seen['secondId']}", headers={"x-api-key": api_key})
     assert missing.status_code == 404
+
+
+def test_every_event_and_response_over_a_socket_validates_against_the_specification(
+    responses_server: StatestoreServer, api_key: str, backend: FakeBackend
+) -> None:
+    """The Open Responses document holds a socket's events as it holds SSE's: a text turn, a function call, its
+    continuation and a store: false turn, every event and every Response they carry."""
+    headers = {"authorization": f"Bearer {api_key}"}
+    with websockets.sync.client.connect(ws_url(responses_server), additional_headers=headers) as socket:
+        text = raw_turn(socket, model="echo-1", input="hello", instructions="Be brief.", temperature=0.3)
+        backend.script(
+            chat_action(
+                {"role": "assistant", "content": None,
+                 "tool_calls": [{"id": "call_1", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": '{"city":"Paris"}'}}]},
+                finish_reason="tool_calls",
+            )
+        )  # fmt: skip
+        called = raw_turn(socket, model="echo-1", input="weather?", tools=[WEATHER])
+        call = called[-1]["response"]["output"][0]
+        answered = raw_turn(
+            socket,
+            model="echo-1",
+            tools=[WEATHER],
+            previous_response_id=called[-1]["response"]["id"],
+            input=[{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}],
+        )
+        unstored = raw_turn(socket, model="echo-1", input="not kept", store=False)
+    turns = [text, called, answered, unstored]
+    assert [events[-1]["type"] for events in turns] == ["response.completed"] * 4
+    assert call["type"] == "function_call"
+    for events in turns:
+        assert {"response.created", "response.in_progress"} <= {event["type"] for event in events}
+        for event in events:
+            assert not event_problems(event), f"{event['type']}: {event_problems(event)[:5]}"
+            if "response" in event:
+                assert not response_problems(event["response"]), response_problems(event["response"])[:5]
+    assert text[-1]["response"]["temperature"] == 0.3
