@@ -19,7 +19,13 @@ from statestore.store.leased_log import CONVERSATIONS, LeasedLog, Release, Renew
 from statestore.store.response_commit import item_rows
 from statestore.store.response_records import ConversationRow, StoredItem
 from statestore.store.response_sealing import active, conversation_data, conversation_item_data, seal_items
-from statestore.store.response_statements import AppendItems, PgResponseStatements, item_arrays
+from statestore.store.response_statements import (
+    LOAD_CONVERSATION,
+    AppendItems,
+    OfConversation,
+    PgResponseStatements,
+    item_arrays,
+)
 from statestore.store.schema import conversation_items, conversations
 
 
@@ -188,18 +194,15 @@ class ConversationStore:
         await self.log.release(CONVERSATIONS, Release(log_id=conversation_id, token=token))
 
     async def context_items(self, owner: str, conversation_id: str) -> list[tuple[str, bytes]]:
-        """The (kind, rendering) of every item, in order (responses/context.py joins them)."""
+        """The (kind, rendering) of every item, in order (responses/context.py joins them), read by one statement
+        (response_statements.LOAD_CONVERSATION): on PostgreSQL compiled for asyncpg, else through Core."""
         rows: Sequence[Sequence[Any]]
         if self._pg is not None:
             rows = await self._pg.conversation_items(conversation_id)
         else:
-            query = (
-                select(conversation_items.c.kind, conversation_items.c.rendered, conversation_items.c.position)
-                .where(conversation_items.c.conversation_id == conversation_id)
-                .order_by(conversation_items.c.position)
-            )
+            of = OfConversation(conversation_id=conversation_id)
             async with self.engine.connect() as conn:
-                rows = (await conn.execute(query)).all()
+                rows = (await conn.execute(LOAD_CONVERSATION.statement, LOAD_CONVERSATION.values(of))).all()
         if self._keys is None:
             return [(row[0], row[1]) for row in rows]
         opened = await self._opened_items(owner, conversation_id, rows, at=1, column="rendered")

@@ -20,7 +20,7 @@ from sqlalchemy import LargeBinary, case, cast, func, literal_column, null, sele
 
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_records import StoredItem
-from statestore.store.schema import conversations, response_items, responses
+from statestore.store.schema import conversation_items, conversations, response_items, responses
 from statestore.store.statement import CoreStatement, PgStatement, core_param
 
 
@@ -250,12 +250,16 @@ SELECT start FROM claimed
     durable=True,
 )
 
-LOAD_CONVERSATION: Final = PgStatement(
+# A conversation's items, (kind, rendered, position) in order. Written once: PostgreSQL runs it compiled
+# (LOAD_CONVERSATION.pg), SQLite through Core.
+LOAD_CONVERSATION: Final = CoreStatement(
     OfConversation,
-    "SELECT kind, rendered, position FROM conversation_items WHERE conversation_id = :conversation_id"
-    " ORDER BY position",
+    select(conversation_items.c.kind, conversation_items.c.rendered, conversation_items.c.position)
+    .where(conversation_items.c.conversation_id == core_param("conversation_id"))
+    .order_by(conversation_items.c.position),
     durable=True,
 )
+_LOAD_CONVERSATION_PG: Final = LOAD_CONVERSATION.on_pg()
 # A chain rebuilt from the database (store/response_store.py chain_segments says how it is read): every member
 # once, ahead of its items, marked 'pointed' when its items are in its conversation. Rows are (depth, kind, rendered,
 # id, position). Written once: PostgreSQL runs it compiled (CHAIN_CONTEXT.pg), SQLite through Core.
@@ -343,7 +347,7 @@ class PgResponseStatements:
 
     async def conversation_items(self, conversation_id: str) -> list[asyncpg.Record]:
         """(kind, rendered, position) of a conversation's items, in order."""
-        return await self._pg.fetch(LOAD_CONVERSATION, OfConversation(conversation_id=conversation_id))
+        return await self._pg.fetch(_LOAD_CONVERSATION_PG, OfConversation(conversation_id=conversation_id))
 
     async def append_items(self, append: AppendItems) -> int | None:
         """The first position of the items appended (APPEND_ITEMS); None when the lease was no longer held."""
