@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from operator import attrgetter
-from typing import Final
+from typing import Any, Final
 
 import asyncpg
-from sqlalchemy import LargeBinary, case, cast, func, literal_column, null, select, union_all
+from sqlalchemy import LargeBinary, and_, case, cast, func, literal_column, null, select, union_all
 
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_records import StoredItem
@@ -303,18 +303,34 @@ ORDER BY p.ord, i.run_position
 """,
     durable=True,
 )
-# The items a response made on a conversation points at there.
-POINTED_ITEMS: Final = PgStatement(
+
+
+def in_conversation(items: Any) -> Any:
+    """The conversation_items a response points at (none for a response whose items are in response_items)."""
+    return and_(
+        items.c.conversation_id == responses.c.conversation_id,
+        items.c.position >= responses.c.conversation_position,
+        items.c.position < responses.c.conversation_position + responses.c.input_count + responses.c.output_count,
+    )
+
+
+# The items a response made on a conversation points at there: (kind, rendered, position, conversation id) in order.
+# Written once: PostgreSQL runs it compiled (POINTED_ITEMS.pg), SQLite through Core.
+POINTED_ITEMS: Final = CoreStatement(
     OfResponse,
-    """
-SELECT i.kind, i.rendered, i.position, i.conversation_id FROM responses r JOIN conversation_items i
-    ON i.conversation_id = r.conversation_id AND i.position >= r.conversation_position
-    AND i.position < r.conversation_position + r.input_count + r.output_count
-WHERE r.id = :response_id
-ORDER BY i.position
-""",
+    select(
+        conversation_items.c.kind,
+        conversation_items.c.rendered,
+        conversation_items.c.position,
+        conversation_items.c.conversation_id,
+    )
+    .select_from(responses)
+    .join(conversation_items, in_conversation(conversation_items))
+    .where(responses.c.id == core_param("response_id"))
+    .order_by(conversation_items.c.position),
     durable=True,
 )
+_POINTED_ITEMS_PG: Final = POINTED_ITEMS.on_pg()
 
 
 _ID, _BODY, _KIND, _RENDERED = (attrgetter(name) for name in ("item_id", "body", "kind", "rendered"))
@@ -343,7 +359,7 @@ class PgResponseStatements:
 
     async def pointed_items(self, response_id: str) -> list[asyncpg.Record]:
         """(kind, rendered, position, conversation id) of the items a response made on a conversation points at."""
-        return await self._pg.fetch(POINTED_ITEMS, OfResponse(response_id=response_id))
+        return await self._pg.fetch(_POINTED_ITEMS_PG, OfResponse(response_id=response_id))
 
     async def conversation_items(self, conversation_id: str) -> list[asyncpg.Record]:
         """(kind, rendered, position) of a conversation's items, in order."""

@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import and_, delete, literal, select, union_all
+from sqlalchemy import delete, literal, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -31,23 +31,16 @@ from statestore.store.response_sealing import (
 from statestore.store.response_statements import (
     CHAIN_CONTEXT,
     GET_RESPONSE,
+    POINTED_ITEMS,
     GetResponse,
     OfResponse,
     PgResponseStatements,
+    in_conversation,
 )
 from statestore.store.schema import conversation_items, response_items, responses
 
 # A chain member whose items are in its conversation (response_statements.CHAIN_CONTEXT says it too).
 _POINTED = "pointed"
-
-
-def _in_conversation(items: Any) -> Any:
-    """The conversation_items a response points at (none for a response whose items are in response_items)."""
-    return and_(
-        items.c.conversation_id == responses.c.conversation_id,
-        items.c.position >= responses.c.conversation_position,
-        items.c.position < responses.c.conversation_position + responses.c.input_count + responses.c.output_count,
-    )
 
 
 class ResponseStore:
@@ -168,20 +161,9 @@ class ResponseStore:
         if self._pg is not None:
             rows = await self._pg.pointed_items(response_id)
         else:
-            pointed = (
-                select(
-                    conversation_items.c.kind,
-                    conversation_items.c.rendered,
-                    conversation_items.c.position,
-                    conversation_items.c.conversation_id,
-                )
-                .select_from(responses)
-                .join(conversation_items, _in_conversation(conversation_items))
-                .where(responses.c.id == response_id)
-                .order_by(conversation_items.c.position)
-            )
+            of = OfResponse(response_id=response_id)
             async with self.engine.connect() as conn:
-                rows = (await conn.execute(pointed)).all()
+                rows = (await conn.execute(POINTED_ITEMS.statement, POINTED_ITEMS.values(of))).all()
         if self._keys is None:
             return [(row[0], row[1]) for row in rows]
         data = [conversation_item_data(owner, row[3], row[2], "rendered") for row in rows]
@@ -240,7 +222,7 @@ class ResponseStore:
                 query = (
                     select(conversation_items.c.body, conversation_items.c.position)
                     .select_from(responses)
-                    .join(conversation_items, _in_conversation(conversation_items))
+                    .join(conversation_items, in_conversation(conversation_items))
                     .where(
                         responses.c.id == response_id,
                         conversation_items.c.position < responses.c.conversation_position + responses.c.input_count,
