@@ -15,12 +15,11 @@ from statestore.api.idempotent import key_of, keyed_write, with_key
 from statestore.api.openai_responses import JSON, header, json_response, list_params, page, turns_of
 from statestore.api.responses import bytes_response
 from statestore.core.idempotency import Outcome
-from statestore.core.policy_enforcement import TurnMeasures
 from statestore.policy import Policy
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
 from statestore.responses.context import conversation_cache_key
-from statestore.responses.conversation_append import append_items
+from statestore.responses.conversation_append import append_items, items_measures
 from statestore.responses.errors import NotFound, conversation_locked, conversation_not_found
 from statestore.responses.ids import looks_like, new_id
 from statestore.responses.items import normalise_input, stored
@@ -66,7 +65,7 @@ async def create_conversation(request: Request, resources: ResourcesDep) -> Resp
     policy = await turns.policy(principal, storing=True)
     now = resources.clock()
     row = ConversationRow(new_id("conv_"), orjson.dumps(metadata), int(time.time()) * 1000)
-    ttl = enforced(policy, TurnMeasures(requested_ttl=header(request.headers.raw, b"statestore-ttl")))
+    ttl = enforced(policy, items_measures(items, requested_ttl=header(request.headers.raw, b"statestore-ttl")))
     await turns.conversations.create(
         conversation_id=row.id,
         owner=principal.owner,

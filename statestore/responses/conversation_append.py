@@ -3,7 +3,7 @@ lease), the items committed only while that lease is the append's, and a commit 
 every turn's is (core/lost_commit.py). So neither a commit carried out twice nor a client's retry after a lost
 acknowledgement adds the items twice. The owner's policy bounds an append as it bounds a turn
 (core/policy_enforcement.py): one that would take the conversation over `max_messages` or `max_thread_bytes` is
-refused, nothing stored."""
+refused, nothing stored; so is a conversation created with items over them (`items_measures`)."""
 
 from __future__ import annotations
 
@@ -98,16 +98,26 @@ async def _check_limits(
     ones), less the reply an append does not ask for."""
     cached = await cache.get(conversation_cache_key(conversation_id))
     context = await conversation_context(conversations, owner, conversation_id, position=position, cached=cached)
-    new = join_rendered((i.kind, i.rendered) for i in items)
-    measures = TurnMeasures(
-        stores=False,  # whether the owner may store at all is the conversation's creation's to refuse
-        messages=count_messages(context) + count_messages(new),
-        size=len(context) + sum(len(i.rendered) for i in items),
-    )
+    # Whether the owner may store at all is the conversation's creation's to refuse.
+    measures = items_measures(items, context=context, stores=False)
     try:
         enforce(policy, measures)
     except PolicyRefusal as refusal:
         raise policy_error(refusal) from None
+
+
+def items_measures(
+    items: Sequence[StoredItem], *, context: bytes = b"", stores: bool = True, requested_ttl: bytes | None = None
+) -> TurnMeasures:
+    """Items stored without a reply, measured as a turn is: the messages and bytes of `context` (the conversation's
+    stored items: none for a new one) with theirs. A conversation created with items is an append to an empty one."""
+    new = join_rendered((i.kind, i.rendered) for i in items)
+    return TurnMeasures(
+        stores=stores,
+        messages=count_messages(context) + count_messages(new),
+        size=len(context) + sum(len(i.rendered) for i in items),
+        requested_ttl=requested_ttl,
+    )
 
 
 async def _give_back(conversations: ConversationStore, conversation_id: str, turn: str) -> None:

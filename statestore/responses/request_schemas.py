@@ -377,7 +377,9 @@ class ResponseInputTokensRequest(BaseModel):
 
 class ConversationCreateRequest(BaseModel):
     items: Annotated[list[ItemParam], Field(max_length=MAX_ITEMS_PER_REQUEST)] | None = Field(
-        default=None, description="initial items"
+        default=None,
+        description="initial items; over the owner's max_messages or max_thread_bytes, 400 as an append over them "
+        "(too_many_messages, context_too_large) and nothing stored",
     )
     metadata: Metadata | None = None
 

@@ -132,6 +132,34 @@ def test_an_append_is_held_to_the_limits_a_turn_is(server: StatestoreServer, bac
             assert len(gpt.conversations.items.list(conversation.id).data) == 5
 
 
+def test_a_conversation_created_with_items_is_held_to_the_limits_an_append_is(
+    server: StatestoreServer, backend: FakeBackend
+) -> None:
+    """`POST /v1/conversations` with `items` over `max_messages` or `max_thread_bytes` is refused as an append over
+    them is, no conversation stored (creation stored any number and size of items before)."""
+    with AdminApi(server.url) as admin:
+        tenant, key = admin.tenant_with_key()
+        admin.put_policy(tenant["id"], max_messages=2, max_thread_bytes=400)
+        with openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) as gpt:
+            # At the limits, not over them: stored.
+            at_limit = gpt.conversations.create(
+                items=[{"type": "message", "role": "user", "content": c} for c in ("one", "two")]
+            )
+            assert len(gpt.conversations.items.list(at_limit.id).data) == 2
+            with pytest.raises(openai.BadRequestError) as refused:
+                gpt.conversations.create(
+                    items=[{"type": "message", "role": "user", "content": c} for c in ("one", "two", "three")]
+                )
+            assert (refused.value.code, refused.value.param) == ("too_many_messages", "input")
+            assert "limit of 2 messages" in refused.value.message
+            with pytest.raises(openai.BadRequestError) as large:
+                gpt.conversations.create(items=[{"type": "message", "role": "user", "content": "x" * 400}])
+            assert (large.value.code, large.value.param) == ("context_too_large", "input")
+            assert "limit of 400 bytes" in large.value.message
+        # Nothing stored by either refusal: the tenant holds the one conversation created at the limits.
+        assert admin.stats(tenant["id"])["live_conversations"] == 1
+
+
 def test_a_count_is_held_to_the_limits_its_turn_is_on_both_doors(
     server: StatestoreServer, backend: FakeBackend
 ) -> None:
