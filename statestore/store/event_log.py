@@ -6,8 +6,8 @@ every entry carries the attempt (the claim) of the run that wrote it. A publish 
 the stream already holds a later attempt's events or the numbers it would write, so two runs of one turn never make
 one stream that mixes their events. Streams are capped and expire with the response.
 
-Publishing and reading without waiting go through the history cache's lean client (a standalone Redis); a follower's
-blocking XREAD, which needs a connection of its own while it waits, through redis-py."""
+A standalone Redis is spoken to by the history cache's client (store/resp.py), a follower's blocking XREAD on a
+connection of its own while it waits."""
 
 from __future__ import annotations
 
@@ -126,33 +126,28 @@ def _event(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Event:
 
 
 def _flat_event(entry: Any) -> Event:
-    """An entry as the lean client reads it: [id, [field, value, ...]]."""
+    """An entry as store/resp.py reads it: [id, [field, value, ...]]."""
     entry_id, flat = entry
     return _event(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
 
 
 class RedisEventLog:
-    """Publishes and reads without blocking through the history cache's lean client (store/resp.py) on a standalone
-    Redis, a few commands per turn; a follower's blocking read, which holds a connection while it waits, through
-    redis-py's pool (which also serves Redis Cluster for everything)."""
+    """A publish is one script, a read an XRANGE, and a follower's wait an XREAD BLOCK on a connection of its own
+    (store/resp.py, RespClient.blocking), so a waiting follower holds up no publish. Redis Cluster goes through
+    redis-py."""
 
     def __init__(self, url: str, prefix: str, *, cap: int) -> None:
         plain, cluster = split_cluster_flag(url)
-        client: Any
+        self._cluster: Any = None
         if cluster:
-            client = aioredis.RedisCluster.from_url(
+            self._cluster = aioredis.RedisCluster.from_url(
                 plain, socket_timeout=_TIMEOUT, socket_connect_timeout=2.0, retry=_stale_connection_retry()
             )
-        else:
-            client = aioredis.Redis.from_url(
-                plain, socket_timeout=_TIMEOUT, socket_connect_timeout=2.0, retry=_stale_connection_retry()
-            )
-        self._redis: Any = client
-        self._lean = None if cluster else RespClient(plain, timeout_s=_TIMEOUT, connections=2)
+        self._client = None if cluster else RespClient(plain, timeout_s=_TIMEOUT, connections=2)
         self._prefix = prefix
         self._cap = cap
-        self._script = client.register_script(_PUBLISH)
-        self._lean_script = Script(_PUBLISH)
+        self._script = Script(_PUBLISH)
+        self._cluster_script: Any = self._cluster.register_script(_PUBLISH) if cluster else None
 
     def _key(self, response_id: str) -> str:
         return f"{self._prefix}bg:{{{response_id}}}:events"
@@ -165,24 +160,14 @@ class RedisEventLog:
         args: list[Any] = [attempt, max(ttl_ms, 1000), self._cap]
         for event in events:
             args += [_entry_id(event.seq), event.frame, 1 if event.final else 0]
-        if self._lean is not None:
-            # Sent once more on a fresh connection when the first attempt failed on the way (a connection a Redis
-            # reset closed fails the first time it is used): the script takes a batch it already wrote as written.
-            for tries_left in range(STALE_CONNECTION_RETRIES, -1, -1):
-                try:
-                    await self._lean_script.run(self._lean, [self._key(response_id)], args)
-                    return
-                except RespError as exc:
-                    if "SUPERSEDED" in str(exc):
-                        raise Superseded(str(exc)) from None
-                    raise EventLogUnavailable("RespError") from exc
-                except _UNREACHABLE as exc:
-                    if not tries_left:
-                        raise EventLogUnavailable(type(exc).__name__) from exc
-            return
+        # A publish the client sends again on a fresh connection (statestore/retry_policy.py) finds its batch written
+        # if the first one was: the script takes it as written.
         try:
-            await self._script(keys=[self._key(response_id)], args=args)
-        except ResponseError as exc:
+            if self._client is not None:
+                await self._script.run(self._client, [self._key(response_id)], args)
+            else:
+                await self._cluster_script(keys=[self._key(response_id)], args=args)
+        except (RespError, ResponseError) as exc:
             if "SUPERSEDED" in str(exc):
                 raise Superseded(str(exc)) from None
             raise EventLogUnavailable(type(exc).__name__) from exc
@@ -192,27 +177,29 @@ class RedisEventLog:
     async def read(self, response_id: str, after: int, *, block_ms: int) -> list[Event]:
         key = self._key(response_id)
         try:
-            if self._lean is not None:
-                flat = await self._lean.execute("XRANGE", key, _entry_id(after + 1), "+", "COUNT", 1000)
-                if flat:
-                    return [_flat_event(entry) for entry in flat]
-                found = []
-            else:
-                found = await self._redis.xrange(key, min=_entry_id(after + 1), max="+", count=1000)
-            if not found and block_ms > 0:
-                streams = await self._redis.xread({key: _entry_id(after)}, count=1000, block=block_ms)
-                found = streams[0][1] if streams else []
+            if self._client is None:
+                found = await self._cluster.xrange(key, min=_entry_id(after + 1), max="+", count=1000)
+                if not found and block_ms > 0:
+                    streams = await self._cluster.xread({key: _entry_id(after)}, count=1000, block=block_ms)
+                    found = streams[0][1] if streams else []
+                return [_event(entry_id, fields) for entry_id, fields in found]
+            flat = await self._client.execute("XRANGE", key, _entry_id(after + 1), "+", "COUNT", 1000)
+            if not flat and block_ms > 0:
+                streams = await self._client.blocking(
+                    "XREAD", "COUNT", 1000, "BLOCK", block_ms, "STREAMS", key, _entry_id(after), wait_s=block_ms / 1000
+                )
+                flat = streams[0][1] if streams else []
         except _UNREACHABLE as exc:
             raise EventLogUnavailable(type(exc).__name__) from exc
-        return [_event(entry_id, fields) for entry_id, fields in found]
+        return [_flat_event(entry) for entry in flat]
 
     async def last(self, response_id: str) -> tuple[int, int] | None:
         try:
-            if self._lean is not None:
-                flat = await self._lean.execute("XREVRANGE", self._key(response_id), "+", "-", "COUNT", 1)
+            if self._client is not None:
+                flat = await self._client.execute("XREVRANGE", self._key(response_id), "+", "-", "COUNT", 1)
                 top = [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in flat]
             else:
-                top = await self._redis.xrevrange(self._key(response_id), count=1)
+                top = await self._cluster.xrevrange(self._key(response_id), count=1)
         except _UNREACHABLE as exc:
             raise EventLogUnavailable(type(exc).__name__) from exc
         if not top:
@@ -221,9 +208,10 @@ class RedisEventLog:
         return _seq_of(entry_id), int(fields.get(b"a", b"0"))
 
     async def aclose(self) -> None:
-        if self._lean is not None:
-            await self._lean.aclose()
-        await self._redis.aclose()
+        if self._client is not None:
+            await self._client.aclose()
+        else:
+            await self._cluster.aclose()
 
 
 @dataclass(slots=True)

@@ -8,10 +8,10 @@ order, so a FIFO of futures matches replies to requests), arms one timer per com
 one `writelines`. redis-py stays for Redis Cluster (store/redis_commands.py), whose slot routing is
 worth its cost.
 
-Every failure is an exception the cache takes as a miss: `RespError` (an error reply), `ConnectionError` (the
-connection failed or was lost; `RedisSkipped` while the breaker skips Redis) and `TimeoutError` (no reply in time; the
-connection is then dropped, as a reply that arrives late would otherwise be matched to the wrong request). Both
-built-ins are OSErrors.
+Every failure is an exception the cache takes as a miss: `RespError` (an error reply), `RedisConnectionError` (the
+connection failed or was lost; `RedisSkipped` while the breaker skips Redis) and `RedisTimeout` (no reply in time; the
+connection is then dropped, as a reply that arrives late would otherwise be matched to the wrong request). Both are
+OSErrors (a ConnectionError, a TimeoutError).
 
 Retries and the breaker follow statestore/retry_policy.py: a command that failed on a connection found dead goes once
 more on a fresh one, a timeout never; after an outage (a timeout, a connection refused or lost) the client skips Redis
@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 import hiredis
 
 from statestore.retry_policy import REDIS_BACKOFF_MAX_S, REDIS_BACKOFF_S, STALE_CONNECTION_RETRIES
-from statestore.store.resp_reader import RespError, RespProtocolError, RespReader
+from statestore.store.resp_reader import RedisConnectionError, RedisTimeout, RespError, RespProtocolError, RespReader
 
 Arg = bytes | str | int
 
@@ -133,7 +133,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._fail(ConnectionError("the redis connection was lost"))
+        self._fail(RedisConnectionError("the redis connection was lost"))
 
     def _fail(self, exc: BaseException) -> None:
         self.closed = True
@@ -144,27 +144,29 @@ class _Connection(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_exception(exc)
 
-    def _expire(self, waiter: asyncio.Future[Any]) -> None:
+    def _expire(self, waiter: asyncio.Future[Any], timeout_s: float) -> None:
         if not waiter.done():
-            self._fail(TimeoutError(f"no reply from redis within {self._timeout_s} s"))
+            self._fail(RedisTimeout(f"no reply from redis within {timeout_s:g} s"))
 
-    async def send(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
-        """Write commands back to back and wait for their replies (error replies are returned, not raised)."""
+    async def send(self, commands: Sequence[Sequence[Arg]], *, timeout_s: float | None = None) -> list[Any]:
+        """Write commands back to back and wait for their replies (error replies are returned, not raised).
+        `timeout_s`: the connection's own unless given (a blocking read waits longer)."""
         if self.closed or self._transport is None:
-            raise ConnectionError("the redis connection is closed")
+            raise RedisConnectionError("the redis connection is closed")
         loop = asyncio.get_running_loop()
         chunks = [pack(command) for command in commands]
         try:
             self._transport.writelines(chunks)
         except RuntimeError:  # uvloop's, for a transport a reset closed before connection_lost reached us
-            self._fail(ConnectionError("the redis connection was lost"))
-            raise ConnectionError("the redis connection was lost") from None
+            self._fail(RedisConnectionError("the redis connection was lost"))
+            raise RedisConnectionError("the redis connection was lost") from None
         waiters = []
         for _ in commands:
             waiter: asyncio.Future[Any] = loop.create_future()
             self._waiters.append(waiter)
             waiters.append(waiter)
-        timer = loop.call_later(self._timeout_s, self._expire, waiters[-1])
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
+        timer = loop.call_later(timeout_s, self._expire, waiters[-1], timeout_s)
         try:
             return [await waiter for waiter in waiters]
         finally:
@@ -176,7 +178,7 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
 
 
-class RedisSkipped(ConnectionError):
+class RedisSkipped(RedisConnectionError):
     """Redis is not asked: it failed moments ago and the breaker's pause is not over."""
 
 
@@ -225,6 +227,11 @@ class RespClient:
         self.breaker = breaker or RedisBreaker()
         self._slots: list[_Connection | None] = [None] * connections
         self._connecting: list[asyncio.Future[_Connection] | None] = [None] * connections
+        # Blocking reads' connections, one per read while it waits (a command blocked on a shared connection would
+        # hold up every command queued behind it); up to `connections` idle ones are kept for the next reads.
+        self._idle_blocking: list[_Connection] = []
+        self._blocking: set[_Connection] = set()
+        self._idle_limit = connections
 
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -239,7 +246,7 @@ class RespClient:
                         lambda: _Connection(self._timeout_s), end.host or "localhost", end.port, ssl=tls
                     )
         except OSError as exc:
-            raise ConnectionError(f"cannot connect to redis: {type(exc).__name__}: {exc}") from None
+            raise RedisConnectionError(f"cannot connect to redis: {type(exc).__name__}: {exc}") from None
         setup: list[list[Arg]] = []
         if end.password is not None:
             setup.append(["AUTH", end.username, end.password] if end.username else ["AUTH", end.password])
@@ -303,7 +310,7 @@ class RespClient:
         while True:
             try:
                 return await (await self._connection()).send(commands)
-            except ConnectionError:
+            except RedisConnectionError:
                 if not retries:
                     raise
                 retries -= 1
@@ -314,11 +321,63 @@ class RespClient:
             raise reply
         return reply
 
+    async def blocking(self, *command: Arg, wait_s: float) -> Any:
+        """A command Redis may hold up to `wait_s` (XREAD BLOCK), on a connection of its own while it waits; raised
+        as `execute`'s. A reader cancelled while it waits closes that connection: its reply would come to no one."""
+        if self.breaker.skips():
+            raise RedisSkipped("redis failed moments ago: skipped for now")
+        retries = STALE_CONNECTION_RETRIES
+        while True:
+            conn = await self._blocking_connection()
+            try:
+                (reply,) = await conn.send([command], timeout_s=self._timeout_s + wait_s)
+            except RedisConnectionError:
+                self._blocking.discard(conn)
+                if retries:
+                    retries -= 1
+                    continue
+                self.breaker.failed()
+                raise
+            except _OUTAGES:
+                self._blocking.discard(conn)
+                self.breaker.failed()
+                raise
+            except BaseException:
+                self._blocking.discard(conn)
+                conn.close()
+                raise
+            break
+        self.breaker.succeeded()
+        if len(self._idle_blocking) < self._idle_limit:
+            self._idle_blocking.append(conn)
+        else:
+            self._blocking.discard(conn)
+            conn.close()
+        if isinstance(reply, RespError):
+            raise reply
+        return reply
+
+    async def _blocking_connection(self) -> _Connection:
+        while self._idle_blocking:
+            conn = self._idle_blocking.pop()
+            if not conn.closed:
+                return conn
+            self._blocking.discard(conn)
+        try:
+            conn = await self._connect()
+        except _OUTAGES:
+            self.breaker.failed()
+            raise
+        self._blocking.add(conn)
+        return conn
+
     async def aclose(self) -> None:
-        for conn in self._slots:
+        for conn in (*self._slots, *self._blocking):
             if conn is not None:
                 conn.close()
         self._slots = [None] * len(self._slots)
+        self._blocking.clear()
+        self._idle_blocking.clear()
 
 
 class Script:

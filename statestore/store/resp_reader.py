@@ -18,7 +18,15 @@ class RespError(Exception):
     """An error reply from Redis (its text never carries stored values)."""
 
 
-class RespProtocolError(ConnectionError):
+class RedisConnectionError(ConnectionError):
+    """Redis cannot be reached: a connection refused, lost or closed, or skipped by the breaker (store/resp.py)."""
+
+
+class RedisTimeout(TimeoutError):
+    """Redis did not answer in time (the connection is then dropped: a late reply would meet the wrong request)."""
+
+
+class RespProtocolError(RedisConnectionError):
     """Bytes that are not RESP2: the connection cannot be trusted any further."""
 
 
