@@ -1,4 +1,4 @@
-"""What binding a statement by name costs (store/statement.py): a thread turn's commit (28 values) and its lease take
+"""What binding a statement by name costs (store/statement.py): a thread turn's commit (30 values) and its lease take
 (6), each from its typed parameter object, against the same values written out as a positional tuple, the way the
 commit bound them before. CPU only, in this process; the two are timed alternately and the best of each is kept.
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from statestore.store.leased_log import PG_TAKE_THREAD_BY_RESPONSE, TakeThreadByResponse
-from statestore.store.thread_commit import PG_COMMIT_THREAD_TURN, CommitThreadTurn, usage_key
+from statestore.store.thread_commit import COMMIT_THREAD_TURN, CommitThreadTurn, usage_key
 from statestore.store.turn_records import TurnCommit, TurnUsage
 
 COMMIT = TurnCommit(
@@ -34,18 +34,23 @@ COMMIT = TurnCommit(
 )
 
 
+_COMMIT_PG = COMMIT_THREAD_TURN.on_pg()
+
+
 def commit_as_tuple() -> tuple[Any, ...]:
-    """The 23 positional expressions the commit was bound from, the context part inlined."""
+    """The positional expressions the commit was bound from, the context part inlined."""
     commit = COMMIT
     return (
         commit.thread_id,
         commit.lease_token,
+        commit.expected_head,
         commit.head_message_id,
         sum(len(body) for body, _ in commit.rows),
         commit.ttl_seconds,
         commit.now_ms,
         commit.expires_ms,
         commit.metadata_user_id,
+        len(commit.rows),
         [commit.start_position + offset for offset in range(len(commit.rows))],
         [body for body, _ in commit.rows],
         [response_id for _, response_id in commit.rows],
@@ -62,7 +67,7 @@ def commit_as_tuple() -> tuple[Any, ...]:
 
 
 def commit_by_name() -> tuple[Any, ...]:
-    return PG_COMMIT_THREAD_TURN.bind(CommitThreadTurn.of(COMMIT))
+    return _COMMIT_PG.bind(CommitThreadTurn.of(COMMIT))
 
 
 def take_as_tuple() -> tuple[Any, ...]:
@@ -95,7 +100,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--number", type=int, default=50_000)
     args = parser.parse_args()
-    assert len(commit_as_tuple()) == len(commit_by_name()) == 28
+    assert len(commit_as_tuple()) == len(commit_by_name()) == 30
     for name, pair in (("commit", (commit_as_tuple, commit_by_name)), ("take", (take_as_tuple, take_by_name))):
         positional, by_name = best_us(pair, args.repeats, args.number)
         extra = by_name - positional

@@ -184,7 +184,7 @@ async def commit_response(
 
 def _count_usage(engine: AsyncEngine, day: int, shard: int, stored: int) -> Insert:
     postgres = engine.dialect.name == "postgresql"
-    return count_usage(is_postgres=postgres, door="responses", day=day, shard=shard, added_bytes=stored)
+    return count_usage(postgres=postgres, door="responses", day=day, shard=shard, added_bytes=stored)
 
 
 def _response_values(turn: ResponseTurnRow) -> dict[str, Any]:

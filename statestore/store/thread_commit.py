@@ -1,7 +1,7 @@
 """A thread turn's commit: append its messages, move the head, add to the day's usage, give the lease back, all at
 once and only if the turn still holds the lease (store/leased_log.py). On PostgreSQL one prepared statement, one
-round trip, one durable flush; on SQLite (and for a commit that rebinds a session name) a transaction of Core
-statements.
+round trip, one durable flush; on SQLite (and for a commit that rebinds a session name) a transaction of the same
+Core statements.
 
 The (thread_id, position) primary key of thread_messages is the last line of defence against a double append.
 """
@@ -11,15 +11,36 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import func, insert, update
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    Boolean,
+    Integer,
+    LargeBinary,
+    Select,
+    String,
+    and_,
+    case,
+    func,
+    insert,
+    literal_column,
+    null,
+    or_,
+    select,
+    true,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.sql.dml import Insert
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.selectable import FromClause
 
 from statestore.content_keys import CLEAR
 from statestore.store import usage_rows
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.schema import sessions, thread_messages, threads
-from statestore.store.statement import PgStatement
+from statestore.store.statement import CoreStatement, core_param, core_values
 from statestore.store.thread_sealing import field_data, message_data
 from statestore.store.turn_records import HeadAfter, TurnCommit
 
@@ -31,7 +52,7 @@ def usage_key(commit: TurnCommit) -> tuple[int, int]:
 
 @dataclass(slots=True, kw_only=True)
 class CommitThreadTurn:
-    """PG_COMMIT_THREAD_TURN's parameters: the messages as parallel arrays (one unnest inserts them all)."""
+    """COMMIT_THREAD_TURN's parameters: the messages as parallel arrays (PostgreSQL's one unnest inserts them all)."""
 
     thread_id: str
     # The turn's token; a claimed turn (store/thread_claims.py) also the head it was sent with, which it commits on
@@ -44,6 +65,7 @@ class CommitThreadTurn:
     now_ms: int
     expires_ms: int
     metadata_user_id: str | None
+    count: int  # messages
     positions: list[int]
     bodies: list[bytes]
     response_ids: list[str | None]
@@ -101,6 +123,7 @@ class CommitThreadTurn:
             now_ms=commit.now_ms,
             expires_ms=commit.expires_ms,
             metadata_user_id=commit.metadata_user_id,
+            count=len(positions),
             positions=positions,
             bodies=bodies,
             response_ids=[response_id for _, response_id in rows],
@@ -124,70 +147,130 @@ class CommitThreadTurn:
         )
 
 
-# The day's usage counters (the console's charts) move in the same statement as the head: counted exactly when the
-# turn is stored, without a scan of history or another round trip.
-PG_COMMIT_THREAD_TURN: Final = PgStatement(
-    CommitThreadTurn,
-    """
-WITH moved AS (
-    UPDATE threads SET
-        head_message_id = :head_message_id,
-        head_position = head_position + cardinality(:positions::integer[]),
-        byte_count = byte_count + :added_bytes,
-        turn_count = turn_count + 1,
-        usage_input_tokens = usage_input_tokens + :input_tokens,
-        usage_output_tokens = usage_output_tokens + :output_tokens,
-        usage_cache_creation_input_tokens = usage_cache_creation_input_tokens + :cache_creation_input_tokens,
-        usage_cache_read_input_tokens = usage_cache_read_input_tokens + :cache_read_input_tokens,
-        lease_token = NULL,
-        lease_expires_ms = NULL,
-        ttl_seconds = :ttl_seconds,
-        updated_ms = :now_ms,
-        expires_ms = :expires_ms,
-        metadata_user_id = COALESCE(metadata_user_id, :metadata_user_id::varchar),
-        context_tokens = :context_tokens,
-        base_position = CASE WHEN :moved::boolean THEN :base_position::integer ELSE base_position END,
-        base_bytes = CASE WHEN :moved::boolean THEN :base_bytes::bigint ELSE base_bytes END,
-        context_head = CASE WHEN :moved::boolean THEN :context_head::bytea ELSE context_head END,
-        context_compacted = context_compacted + :compacted,
-        context_truncated = context_truncated + :truncated,
-        context_summarized = context_summarized + :summarized,
-        last_model = :model::varchar,
-        last_max_tokens = :max_tokens::integer
-    WHERE id = :thread_id AND (
-        lease_token = :token
-        OR (head_message_id = :expected_head::varchar AND expires_ms > :now_ms
-            AND (lease_token IS NULL OR lease_expires_ms <= :now_ms))
+# -- the commit, written once -------------------------------------------------------------------------------------
+# Its steps are Core, for both databases: the head moved (only while the turn holds the lease: a claimed turn, also
+# while the head is still the one it was sent with and no lease is live), the messages appended, the day's usage
+# counted (the console's charts: counted exactly when the turn is stored, without a scan of history). PostgreSQL runs
+# them as one statement, compiled once for asyncpg (one round trip, one durable flush); SQLite as a transaction.
+_p = core_param
+_moved_flag = _p("moved", Boolean)
+
+
+def _when_moved(value: ColumnElement[Any], column: ColumnElement[Any]) -> ColumnElement[Any]:
+    """`value` when the turn moved its context's base (docs/protocol.md §9), else the column as it was."""
+    return case((_moved_flag, value), else_=column)
+
+
+_HELD = and_(
+    threads.c.id == _p("thread_id"),
+    or_(
+        threads.c.lease_token == _p("token"),
+        and_(
+            threads.c.head_message_id == _p("expected_head", String),
+            threads.c.expires_ms > _p("now_ms"),
+            or_(threads.c.lease_token.is_(None), threads.c.lease_expires_ms <= _p("now_ms")),
+        ),
+    ),
+)
+MOVE_HEAD: Final = (
+    update(threads)
+    .where(_HELD)
+    .values(
+        head_message_id=_p("head_message_id"),
+        head_position=threads.c.head_position + _p("count", Integer),
+        byte_count=threads.c.byte_count + _p("added_bytes", BigInteger),
+        turn_count=threads.c.turn_count + literal_column("1"),
+        usage_input_tokens=threads.c.usage_input_tokens + _p("input_tokens", BigInteger),
+        usage_output_tokens=threads.c.usage_output_tokens + _p("output_tokens", BigInteger),
+        usage_cache_creation_input_tokens=threads.c.usage_cache_creation_input_tokens
+        + _p("cache_creation_input_tokens", BigInteger),
+        usage_cache_read_input_tokens=threads.c.usage_cache_read_input_tokens
+        + _p("cache_read_input_tokens", BigInteger),
+        lease_token=null(),
+        lease_expires_ms=null(),
+        ttl_seconds=_p("ttl_seconds"),
+        updated_ms=_p("now_ms"),
+        expires_ms=_p("expires_ms"),
+        metadata_user_id=func.coalesce(threads.c.metadata_user_id, _p("metadata_user_id", String)),
+        context_tokens=_p("context_tokens"),
+        base_position=_when_moved(_p("base_position", Integer), threads.c.base_position),
+        base_bytes=_when_moved(_p("base_bytes", BigInteger), threads.c.base_bytes),
+        context_head=_when_moved(_p("context_head", LargeBinary), threads.c.context_head),
+        context_compacted=threads.c.context_compacted + _p("compacted", Integer),
+        context_truncated=threads.c.context_truncated + _p("truncated", Integer),
+        context_summarized=threads.c.context_summarized + _p("summarized", Integer),
+        last_model=_p("model", String),
+        last_max_tokens=_p("max_tokens", Integer),
     )
-    RETURNING id, head_position, byte_count, ttl_seconds, expires_ms, base_position, base_bytes,
-        COALESCE(octet_length(context_head), 0) AS head_bytes, context_tokens, metadata_user_id
-), counted AS (
-    INSERT INTO daily_usage (day, shard, door, turns, bytes)
-    SELECT :day, :shard, 'messages', 1, :added_bytes FROM moved
-    ON CONFLICT (day, shard) DO UPDATE
-    SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
-), added AS (
-    INSERT INTO thread_messages (thread_id, position, body, response_id, backend_id)
-    SELECT moved.id, m.position, m.body, m.response_id, m.backend_id
-    FROM moved, unnest(:positions::integer[], :bodies::bytea[], :response_ids::varchar[], :backend_ids::varchar[])
-        AS m(position, body, response_id, backend_id)
-    RETURNING 1
+    .returning(
+        threads.c.id,
+        threads.c.head_position,
+        threads.c.byte_count,
+        threads.c.ttl_seconds,
+        threads.c.expires_ms,
+        threads.c.base_position,
+        threads.c.base_bytes,
+        func.coalesce(func.length(threads.c.context_head), literal_column("0")).label("head_bytes"),
+        threads.c.context_tokens,
+        threads.c.metadata_user_id,
+    )
 )
-SELECT moved.*, (SELECT count(*) FROM added) AS added FROM moved
-""",
-    durable=True,
-)
+
+
+def _usage(postgres: bool, after: FromClause | None = None) -> Insert:
+    return usage_rows.count_usage(
+        postgres=postgres,
+        door="messages",
+        day=_p("day", Integer),
+        shard=_p("shard", Integer),
+        added_bytes=_p("added_bytes", BigInteger),
+        after=after,
+    )
+
+
+def _one_statement() -> Select[Any]:
+    """The steps as one PostgreSQL statement: the messages come as parallel arrays, one unnest inserts them all."""
+    moved = MOVE_HEAD.cte("moved")
+    messages = (
+        func.unnest(
+            _p("positions", ARRAY(Integer)),
+            _p("bodies", ARRAY(LargeBinary)),
+            _p("response_ids", ARRAY(String)),
+            _p("backend_ids", ARRAY(String)),
+        )
+        .table_valued("position", "body", "response_id", "backend_id")
+        .render_derived(name="m")
+    )
+    added = (
+        insert(thread_messages)
+        .from_select(
+            ["thread_id", "position", "body", "response_id", "backend_id"],
+            select(moved.c.id, messages.c.position, messages.c.body, messages.c.response_id, messages.c.backend_id)
+            .select_from(moved)
+            .join(messages, true()),
+        )
+        .returning(literal_column("1"))
+        .cte("added")
+    )
+    return select(moved, select(func.count()).select_from(added).scalar_subquery().label("added")).add_cte(
+        _usage(True, after=moved).cte("counted")
+    )
+
+
+COMMIT_THREAD_TURN: Final = CoreStatement(CommitThreadTurn, _one_statement(), durable=True)
+_COMMIT_THREAD_TURN_PG: Final = COMMIT_THREAD_TURN.on_pg()
+_USAGE: Final = {True: _usage(True), False: _usage(False)}
 
 
 async def commit_thread_turn(engine: AsyncEngine, pg: PgHotPath | None, commit: TurnCommit) -> HeadAfter | bool:
     """The row as the commit left it (PostgreSQL), or True, when stored; False when the turn no longer held the lease
-    or, claimed, the head moved (nothing changed). Both dialects bind from the one CommitThreadTurn."""
+    or, claimed, the head moved (nothing changed). Both databases bind from the one CommitThreadTurn."""
     params = CommitThreadTurn.of(commit)
     if pg is not None and commit.rebind_session is None:
-        row = await pg.fetchrow(PG_COMMIT_THREAD_TURN, params)
+        row = await pg.fetchrow(_COMMIT_THREAD_TURN_PG, params)
         if row is None:  # the lease was lost, or the head moved: nothing changed
             return False
-        if row["added"] != len(params.positions):
+        if row["added"] != params.count:
             raise RuntimeError("a thread commit inserted fewer messages than it moved the head by")
         return HeadAfter(
             head_position=row["head_position"],
@@ -200,35 +283,10 @@ async def commit_thread_turn(engine: AsyncEngine, pg: PgHotPath | None, commit: 
             context_tokens=row["context_tokens"],
             metadata_user_id=row["metadata_user_id"],
         )
-    if params.expected_head is not None:
-        raise ValueError("a claimed turn commits on PostgreSQL's prepared statement only")
     postgres = engine.dialect.name == "postgresql"
+    values = core_values(params)
     async with engine.begin() as conn:
-        moved = await conn.execute(
-            update(threads)
-            .where(threads.c.id == params.thread_id, threads.c.lease_token == params.token)
-            .values(
-                head_message_id=params.head_message_id,
-                head_position=threads.c.head_position + len(params.positions),
-                byte_count=threads.c.byte_count + params.added_bytes,
-                turn_count=threads.c.turn_count + 1,
-                usage_input_tokens=threads.c.usage_input_tokens + params.input_tokens,
-                usage_output_tokens=threads.c.usage_output_tokens + params.output_tokens,
-                usage_cache_creation_input_tokens=threads.c.usage_cache_creation_input_tokens
-                + params.cache_creation_input_tokens,
-                usage_cache_read_input_tokens=threads.c.usage_cache_read_input_tokens + params.cache_read_input_tokens,
-                lease_token=None,
-                lease_expires_ms=None,
-                ttl_seconds=params.ttl_seconds,
-                updated_ms=params.now_ms,
-                expires_ms=params.expires_ms,
-                metadata_user_id=func.coalesce(threads.c.metadata_user_id, params.metadata_user_id),
-                **_context_values(params),
-                last_model=params.model,
-                last_max_tokens=params.max_tokens,
-            )
-        )
-        if moved.rowcount != 1:
+        if (await conn.execute(MOVE_HEAD, values)).first() is None:
             await conn.rollback()
             return False
         await conn.execute(
@@ -246,33 +304,10 @@ async def commit_thread_turn(engine: AsyncEngine, pg: PgHotPath | None, commit: 
                 )
             ],
         )
-        await _count_usage(conn, params, postgres=postgres)
+        await conn.execute(_USAGE[postgres], values)
         if commit.rebind_session is not None:
             await _rebind_session(conn, commit.rebind_session, params.thread_id, params.now_ms, postgres=postgres)
     return True
-
-
-def _context_values(params: CommitThreadTurn) -> dict[str, Any]:
-    values: dict[str, Any] = {"context_tokens": params.context_tokens}
-    if params.moved:
-        values |= {
-            "base_position": params.base_position,
-            "base_bytes": params.base_bytes,
-            "context_head": params.context_head,
-            "context_compacted": threads.c.context_compacted + params.compacted,
-            "context_truncated": threads.c.context_truncated + params.truncated,
-            "context_summarized": threads.c.context_summarized + params.summarized,
-        }
-    return values
-
-
-async def _count_usage(conn: AsyncConnection, params: CommitThreadTurn, *, postgres: bool) -> None:
-    """The day's counters, in the commit's transaction (PostgreSQL's one-statement commit does this in a CTE)."""
-    await conn.execute(
-        usage_rows.count_usage(
-            is_postgres=postgres, door="messages", day=params.day, shard=params.shard, added_bytes=params.added_bytes
-        )
-    )
 
 
 async def _rebind_session(
