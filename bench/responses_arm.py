@@ -3,6 +3,7 @@ run (closed loop, concurrency 1, no backend delay), so the figures compare as ra
 
     make bench-responses                                   # 100 rounds per size
     .venv/bin/python -m bench.responses_arm --rounds 20    # quicker
+    .venv/bin/python -m bench.responses_arm --arms response,response-sse,socket   # WebSocket mode beside HTTP
 
 Each arm runs a batch of turns at a time, interleaved each round, and each batch is billed (bench/bill.py):
 statestore's CPU, PostgreSQL's and Redis's per turn, and their total, beside the latency.
@@ -266,7 +267,7 @@ Arm = Callable[[], Awaitable[float]]
 
 
 async def measure(
-    statestore: str, backend: str, rounds: int, meter: Meter, *, batch: int, depths: list[int]
+    statestore: str, backend: str, rounds: int, meter: Meter, *, batch: int, depths: list[int], only: list[str]
 ) -> dict[str, dict[str, dict[str, float]]]:
     results: dict[str, dict[str, dict[str, float]]] = {}
     timeout = aiohttp.ClientTimeout(total=120)
@@ -290,7 +291,7 @@ async def measure(
                     order[f"head@{depth}"] = chain.head_continue
                     order[f"branch@{depth}"] = chain.regenerate
                     order[f"first-branch@{depth}"] = chain.first_branch
-            names = list(order)
+            names = [name for name in order if not only or name in only]
             samples: dict[str, list[float]] = {name: [] for name in names}
             bills: dict[str, list[Bill]] = {name: [] for name in names}
             for round_ in range(rounds + 2):
@@ -324,6 +325,11 @@ def main() -> None:
         "--depths", default="", help="chain depths for the head@D and branch@D arms, e.g. 20,200,1000 (default none)"
     )
     parser.add_argument(
+        "--arms",
+        default="",
+        help="only these arms, e.g. response,response-sse,socket (default all); ratios are then to the first",
+    )
+    parser.add_argument(
         "--services",
         choices=("own", "shared"),
         default="own",
@@ -332,6 +338,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     depths = [int(d) for d in args.depths.split(",") if d]
+    only = [arm for arm in args.arms.split(",") if arm]
     work = Path(tempfile.mkdtemp(prefix="statestore-bench-responses-"))
     backend_port, statestore_port = free_port(), free_port()
     backend_url, statestore_url = f"http://127.0.0.1:{backend_port}", f"http://127.0.0.1:{statestore_port}"
@@ -368,26 +375,32 @@ def main() -> None:
             meter = Meter([server.pid], admin_dsn, redis_url)
             meter.idle()
             results = asyncio.run(
-                measure(statestore_url, backend_url, args.rounds, meter, batch=args.batch, depths=depths)
+                measure(statestore_url, backend_url, args.rounds, meter, batch=args.batch, depths=depths, only=only)
             )
         finally:
             if server is not None:
                 server.stop()
             backend.stop()
     (work / "results.json").write_bytes(orjson.dumps(results, option=orjson.OPT_INDENT_2))
+    first = next(iter(next(iter(results.values()))))
+    base = "thread" if not only or "thread" in only else first
     print(
-        f"{'size':>6} {'arm':>12} {'p50 ms':>9} {'p99 ms':>9} {'p50/thread':>11} "
-        f"{'statestore us':>14} {'postgres us':>12} {'redis us':>9} {'total us':>9} {'total/thread':>13}"
+        f"{'size':>6} {'arm':>12} {'p50 ms':>9} {'p99 ms':>9} {'p50/' + base:>11} "
+        f"{'statestore us':>14} {'postgres us':>12} {'redis us':>9} {'total us':>9} {'total/' + base:>13}"
     )
     for size_name, arms in results.items():
         for arm, f in arms.items():
-            thread = arms["thread"]
+            thread = arms[base]
             print(
                 f"{size_name:>6} {arm:>12} {f['p50_ms']:>9.2f} {f['p99_ms']:>9.2f} "
                 f"{f['p50_ms'] / thread['p50_ms']:>11.2f} "
                 f"{f['statestore_us']:>14.0f} {f['postgres_us']:>12.0f} {f['redis_us']:>9.0f} {f['total_us']:>9.0f} "
                 f"{f['total_us'] / thread['total_us']:>13.2f}"
             )
+        if "socket" in arms and "response-sse" in arms:  # WebSocket mode's own figure: its CPU to the same over SSE
+            socket, sse = arms["socket"], arms["response-sse"]
+            cpu, p50 = socket["statestore_us"] / sse["statestore_us"], socket["p50_ms"] / sse["p50_ms"]
+            print(f"{size_name:>6} socket / response-sse: statestore CPU {cpu:.2f}x, p50 {p50:.2f}x")
     print(f"results: {work / 'results.json'}")
 
 

@@ -12,8 +12,9 @@ writable by the server, in the environment of the process that starts the worker
 reads it at import time, so it must be set before the server starts, not from the app). Each worker
 then writes its samples to files there through prometheus_client's own metrics, and `render()` merges
 the files of all workers, whichever worker serves `/metrics`. Empty the directory before each start, or
-counters carry over from the last run. There are no gauges here, so nothing needs cleaning up when a
-worker exits.
+counters carry over from the last run. There are no other gauges here, so nothing needs cleaning up when a
+worker exits, save one: `websocket_connections` adds up the live workers' files (`livesum`); a worker that stops
+closes its connections first, so its file holds 0.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.multiprocess import MultiProcessCollector
 
@@ -62,9 +63,10 @@ class Declared:
     help: str
     labels: tuple[str, ...]
     buckets: tuple[float, ...] = ()  # a histogram's upper bounds, without +Inf
+    gauge: bool = False
 
 
-M = TypeVar("M", Counter, Histogram)
+M = TypeVar("M", Counter, Histogram, Gauge)
 
 
 class _Series(Generic[M]):
@@ -133,6 +135,18 @@ RESPONSE_PARENTS = Declared(
     "context, or from the database.",
     ("read",),
 )
+WEBSOCKET_CONNECTIONS = Declared(
+    "websocket_connections",
+    "WebSocket connections open, by route (WebSocket mode on /v1/responses).",
+    ("route",),
+    gauge=True,
+)
+WEBSOCKET_RESPONSES = Declared(
+    "websocket_responses",
+    "response.create events answered on a WebSocket, by the status the same request would have had over HTTP (an "
+    "error event's `status`; 499 when the client left first).",
+    ("status",),
+)
 DECLARED = (
     HTTP_REQUESTS,
     HTTP_REQUEST_DURATION,
@@ -144,6 +158,8 @@ DECLARED = (
     CACHE_LOOKUPS,
     THREAD_HEADS,
     RESPONSE_PARENTS,
+    WEBSOCKET_CONNECTIONS,
+    WEBSOCKET_RESPONSES,
 )
 
 
@@ -175,6 +191,16 @@ class Metrics:
         self._cache_lookups = self._counter(CACHE_LOOKUPS)
         self._thread_heads = self._counter(THREAD_HEADS)
         self._response_parents = self._counter(RESPONSE_PARENTS)
+        self._websocket_connections = _Series(
+            Gauge(
+                WEBSOCKET_CONNECTIONS.name,
+                WEBSOCKET_CONNECTIONS.help,
+                WEBSOCKET_CONNECTIONS.labels,
+                registry=self.registry,
+                multiprocess_mode="livesum",
+            )
+        )
+        self._websocket_responses = self._counter(WEBSOCKET_RESPONSES)
         self._initialise_fixed_series()
 
     def _counter(self, declared: Declared) -> _Series[Counter]:
@@ -234,6 +260,19 @@ class Metrics:
 
     def count_response_parent(self, read: ParentRead) -> None:
         self._response_parents.labels(read).inc()
+
+    def declare_websocket_route(self, route: str) -> None:
+        """The open connections' series of a route that takes WebSockets, at 0 from the start."""
+        self._websocket_connections.labels(route)
+
+    def websocket_opened(self, route: str) -> None:
+        self._websocket_connections.labels(route).inc()
+
+    def websocket_closed(self, route: str) -> None:
+        self._websocket_connections.labels(route).dec()
+
+    def count_websocket_response(self, status: int) -> None:
+        self._websocket_responses.labels(str(status)).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The `/metrics` body and its content type (the classic text format, which every Prometheus reads)."""

@@ -62,7 +62,11 @@ class FrontDoor:
         self.app = app
         # WebSocket mode on /v1/responses; every other WebSocket is refused by the FastAPI app (403).
         self.socket = ResponsesSocket(
-            app, max_message_bytes=max_body_bytes, max_seconds=socket_max_seconds, grace_seconds=socket_grace_seconds
+            app,
+            metrics=metrics,
+            max_message_bytes=max_body_bytes,
+            max_seconds=socket_max_seconds,
+            grace_seconds=socket_grace_seconds,
         )
         self._rest: ASGIApp = app  # every other request
         self.max_body_bytes = max_body_bytes

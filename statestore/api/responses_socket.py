@@ -11,6 +11,8 @@ import asyncio
 import collections
 import contextlib
 import logging
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -21,7 +23,9 @@ from statestore import socket_protocol
 from statestore.api.openai_responses import begin_turn, end_turn, turns_of
 from statestore.auth import Principal
 from statestore.errors import ServiceUnavailable, StatestoreError, StreamBrokenOff
-from statestore.logs import new_request_id
+from statestore.logs import new_request_id, request_id_var
+from statestore.metrics import Metrics
+from statestore.middleware import CLIENT_CLOSED_REQUEST, access_logger
 from statestore.resources import Resources
 from statestore.responses import steering
 from statestore.responses.errors import BackendError, BadRequest, as_openai
@@ -53,8 +57,12 @@ Job = tuple[dict[str, Any], list[Steer]]  # a response.create event, and the ste
 class ResponsesSocket:
     """The ASGI app of a WebSocket on /v1/responses."""
 
-    def __init__(self, app: FastAPI, *, max_message_bytes: int, max_seconds: float, grace_seconds: float) -> None:
+    def __init__(
+        self, app: FastAPI, *, metrics: Metrics, max_message_bytes: int, max_seconds: float, grace_seconds: float
+    ) -> None:
         self.app = app
+        self.metrics = metrics
+        metrics.declare_websocket_route(PATH)
         self.max_message_bytes = max_message_bytes
         self.max_seconds = max_seconds
         self.grace_seconds = grace_seconds
@@ -73,26 +81,34 @@ class ResponsesSocket:
             return
         resources: Resources = self.app.state.resources
         headers: Headers = scope["headers"]
+        started = time.perf_counter()
         try:
             principal = await resources.authenticator.authenticate(headers)
             turns_of(resources)
         except StatestoreError as exc:
-            await _refuse(scope, send, exc)
+            await _refuse(scope, send, exc, started)
             return
         except DATABASE_ERRORS:
-            await _refuse(scope, send, ServiceUnavailable("the response store is unavailable; try again shortly"))
+            error = ServiceUnavailable("the response store is unavailable; try again shortly")
+            await _refuse(scope, send, error, started)
             return
         if self._draining is not None:
-            await _refuse(scope, send, ServiceUnavailable("the server is shutting down; connect again"))
+            await _refuse(scope, send, ServiceUnavailable("the server is shutting down; connect again"), started)
             return
         await send({"type": "websocket.accept"})
         deadline = asyncio.get_running_loop().time() + self.max_seconds
-        connection = Connection(resources, headers, principal, receive, send, self.max_message_bytes, deadline)
+        client = scope.get("client")
+        connection = Connection(
+            resources, headers, principal, receive, send, self.max_message_bytes, deadline, self.metrics
+        )
+        connection.client_ip = client[0] if client else None
         self.open.add(connection)
+        self.metrics.websocket_opened(PATH)
         try:
             await connection.run()
         finally:
             self.open.discard(connection)
+            self.metrics.websocket_closed(PATH)
 
     async def aclose(self, grace_seconds: float) -> None:
         """Shutdown: every connection stops taking responses; those running finish within `grace_seconds`; then
@@ -106,14 +122,43 @@ class ResponsesSocket:
             await connection.close(GOING_AWAY)
 
 
-async def _refuse(scope: Scope, send: Send, error: StatestoreError) -> None:
+def _access_line(*, event: str, status: int, started: float, complete: bool, client_ip: str | None) -> None:
+    """The access log's line for a handshake refused or a `response.create` answered, as the HTTP middleware writes
+    one per request (statestore/middleware.py): status and time, never content. `status`: what the same request would
+    have had over HTTP."""
+    if not access_logger.isEnabledFor(logging.INFO):
+        return
+    access_logger.info(
+        "request",
+        extra={
+            "method": "WEBSOCKET",
+            "route": PATH,
+            "event": event,
+            "status": status,
+            "duration_ms": round((time.perf_counter() - started) * 1000, 3),
+            "complete": complete,
+            "client_ip": client_ip,
+        },
+    )
+
+
+async def _refuse(scope: Scope, send: Send, error: StatestoreError, started: float) -> None:
     """A refused handshake: the API's status and error body (the ASGI denial response), where the server can send
     one; else a close."""
+    shaped = as_openai(error)
+    request_id = new_request_id()
+    client = scope.get("client")
+    with _request_id(request_id):
+        _access_line(
+            event="handshake",
+            status=shaped.status,
+            started=started,
+            complete=True,
+            client_ip=client[0] if client else None,
+        )
     if "websocket.http.response" not in scope.get("extensions", {}):
         await send({"type": "websocket.close", "code": 1008})
         return
-    shaped = as_openai(error)
-    request_id = new_request_id()
     body = shaped.body(request_id)
     headers = [
         (b"content-type", b"application/json"),
@@ -122,6 +167,16 @@ async def _refuse(scope: Scope, send: Send, error: StatestoreError) -> None:
     ]
     await send({"type": "websocket.http.response.start", "status": shaped.status, "headers": headers})
     await send({"type": "websocket.http.response.body", "body": body})
+
+
+@contextlib.contextmanager
+def _request_id(request_id: str) -> Iterator[None]:
+    """The request id the log lines written meanwhile carry (one per `response.create`, as one per HTTP request)."""
+    token = request_id_var.set(request_id)
+    try:
+        yield
+    finally:
+        request_id_var.reset(token)
 
 
 def _error_event(error: StatestoreError, numbered: SocketEvents) -> bytes:
@@ -149,8 +204,12 @@ class Connection:
         send: Send,
         max_message_bytes: int,
         deadline: float,
+        metrics: Metrics,
     ) -> None:
         self.resources = resources
+        self.metrics = metrics
+        self.client_ip: str | None = None
+        self.status: int | None = None  # of the response.create running: 200, or its error event's status
         self.headers = headers
         self.principal = principal
         self._receive = receive
@@ -218,11 +277,11 @@ class Connection:
         here ("closed")."""
         loop = asyncio.get_running_loop()
         while True:
-            remaining = self.deadline - loop.time()
-            if remaining <= 0:
+            if self.deadline <= loop.time():
                 return "expired"
             try:
-                message = await asyncio.wait_for(self._receive(), remaining)
+                async with asyncio.timeout_at(self.deadline):  # a timer, where wait_for made a task per message
+                    message = await self._receive()
             except TimeoutError:
                 return "expired"
             if message["type"] == "websocket.disconnect":
@@ -266,6 +325,11 @@ class Connection:
         numbered = self.running[1] if self.running is not None else self.idle
         with contextlib.suppress(OSError):
             await self.send_event(_error_event(error, numbered))
+
+    async def _fail(self, error: StatestoreError) -> None:
+        """The running response.create ends with `error`'s event."""
+        self.status = as_openai(error).status
+        await self._refuse(error)
 
     # -- steering --------------------------------------------------------------------------------------------------
 
@@ -327,7 +391,26 @@ class Connection:
             self.stopped.set()
 
     async def _create(self, event: dict[str, Any], steers: list[Steer]) -> Job | None:
-        """Run one `response.create`; the automatic successor its steering input asks for, if any."""
+        """Run one `response.create`; the automatic successor its steering input asks for, if any. Counted and
+        logged as an HTTP request is (`_access_line`), under a request id of its own."""
+        started = time.perf_counter()
+        self.status = None
+        with _request_id(new_request_id()):
+            try:
+                return await self._respond(event, steers)
+            finally:
+                # No status: the client left (or the connection failed) before the response ended.
+                status = self.status if self.status is not None else CLIENT_CLOSED_REQUEST
+                self.metrics.count_websocket_response(status)
+                _access_line(
+                    event="response.create",
+                    status=status,
+                    started=started,
+                    complete=self.status is not None,
+                    client_ip=self.client_ip,
+                )
+
+    async def _respond(self, event: dict[str, Any], steers: list[Steer]) -> Job | None:
         body = {name: value for name, value in event.items() if name != "type"}
         try:
             if body.get("background") is True:
@@ -353,7 +436,7 @@ class Connection:
         except StatestoreError as exc:
             previous = event.get("previous_response_id")
             self._evict(previous if isinstance(previous, str) else None)
-            await self._refuse(exc)
+            await self._fail(exc)
             await self._steers_failed(steers, "successor_creation_failed", exc.message)
             return None
         turns = turns_of(self.resources)
@@ -362,7 +445,7 @@ class Connection:
         except _TURN_FAULTS as exc:
             self._evict(turn.previous_response_id)
             error = _statestore_error(exc)
-            await self._refuse(error)
+            await self._fail(error)
             await self._steers_failed(steers, "successor_creation_failed", error.message)
             return None
         numbered = SocketEvents()
@@ -375,7 +458,7 @@ class Connection:
                 await self.send_event(frame)
             completed = True
         except _TURN_FAULTS as exc:
-            await self._refuse(_statestore_error(exc))
+            await self._fail(_statestore_error(exc))
         finally:
             self.running = None
             self.finished.append(prepared.response_id)
@@ -383,6 +466,8 @@ class Connection:
             await end_turn(turns, prepared, upstream)
         queued = target.queued
         final = numbered.final
+        if completed and final is not None:
+            self.status = 200
         if not completed or final is None:
             self._evict(turn.previous_response_id)
             await self._steers_failed(queued, "response_not_active", "The response failed; the input was not used.")

@@ -62,14 +62,15 @@ def test_every_row_names_a_setting() -> None:
 
 
 def test_every_metric_the_docs_name_is_served_with_its_labels() -> None:
-    """Each `name_total{labels}` or `name_seconds{labels}` docs/observability.md writes is a series /metrics serves,
-    with exactly those labels; and every series is named there."""
+    """Each `name{labels}` docs/observability.md writes (a counter's `name_total`, a histogram's `name_seconds`, a
+    gauge's own name) is a series /metrics serves, with exactly those labels; and every series is named there."""
     served = {
-        (declared.name if declared.buckets else declared.name + "_total"): set(declared.labels) for declared in DECLARED
+        (declared.name if declared.buckets or declared.gauge else declared.name + "_total"): set(declared.labels)
+        for declared in DECLARED
     }
     named = {
         name: {label.strip() for label in labels.split(",")}
-        for name, labels in re.findall(r"`([a-z_]+(?:_total|_seconds))\{([a-z_, ]+)\}", OBSERVABILITY.read_text())
+        for name, labels in re.findall(r"`([a-z_]+)\{([a-z_, ]+)\}", OBSERVABILITY.read_text())
     }
     assert {name: labels for name, labels in named.items() if served.get(name) != labels} == {}
     assert sorted(set(served) - set(named)) == []

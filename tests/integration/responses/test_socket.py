@@ -4,6 +4,7 @@ handshake's authentication, and stored responses that any server continues over 
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -279,6 +280,78 @@ def test_a_client_that_leaves_mid_response_leaves_no_row(
     with websockets.sync.client.connect(ws_url(responses_server), additional_headers=headers) as socket:
         assert raw_turn(socket, model="echo-1", input="back")[-1]["type"] == "response.completed"
     assert asyncio.run(rows.counts(api_key))["responses"] == 1
+
+
+@pytest.mark.parametrize("compression", ["deflate", None])
+def test_each_event_is_a_message_of_its_own_compressed_or_not(
+    responses_server: StatestoreServer, api_key: str, compression: str | None
+) -> None:
+    """A turn's events leave in few writes (statestore/socket_protocol.py), framed by statestore where nothing is
+    negotiated and by websockets where permessage-deflate is: either way one message an event, in order."""
+    headers = {"authorization": f"Bearer {api_key}"}
+    with websockets.sync.client.connect(
+        ws_url(responses_server), additional_headers=headers, compression=compression
+    ) as socket:
+        first = raw_turn(socket, model="echo-1", input="x" * 70_000)  # a frame with a 64-bit length
+        events = raw_turn(socket, model="echo-1", input="again", previous_response_id=first[-1]["response"]["id"])
+    assert [event["type"] for event in events] == [event["type"] for event in first]
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.completed"
+    assert first[-1]["response"]["output"][0]["content"][0]["text"] == "echo: " + "x" * 70_000
+
+
+def _open_sockets(server: StatestoreServer) -> float:
+    metrics = httpx.get(server.url + "/metrics").text
+    return float(metrics.split('websocket_connections{route="/v1/responses"} ', 1)[1].split()[0])
+
+
+def _answered(server: StatestoreServer, status: int) -> float:
+    found = re.search(rf'websocket_responses_total{{status="{status}"}} (\S+)', httpx.get(server.url + "/metrics").text)
+    return float(found.group(1)) if found else 0.0
+
+
+def _settled(read: Any, expected: float) -> None:
+    deadline = time.monotonic() + 10
+    while read() != expected:  # a close is seen by the server a moment after the client's returns
+        assert time.monotonic() < deadline, read()
+        time.sleep(0.05)
+
+
+def test_each_response_create_is_an_access_line_and_open_sockets_a_metric(
+    responses_server: StatestoreServer, api_key: str, backend: FakeBackend
+) -> None:
+    """As an HTTP request is counted and logged: one access line per response.create (its status, time and a request
+    id of its own, never its content), one per refused handshake, and the connections open as a gauge."""
+    server = responses_server
+    logged = len(server.log())
+    before = {status: _answered(server, status) for status in (200, 400, 499)}
+    open_before = _open_sockets(server)
+    with pytest.raises(InvalidStatus):
+        websockets.sync.client.connect(ws_url(server)).close()
+    headers = {"authorization": f"Bearer {api_key}"}
+    with websockets.sync.client.connect(ws_url(server), additional_headers=headers) as socket:
+        assert _open_sockets(server) == open_before + 1
+        made = raw_turn(socket, model="echo-1", input="a tangerine secret")[-1]
+        assert made["type"] == "response.completed"
+        refused = raw_turn(socket, model="echo-1", input="more", previous_response_id="resp_" + "0" * 24)[-1]
+        assert refused["type"] == "error" and refused["status"] == 400
+        backend.script({"kind": "echo", "path": "/v1/chat/completions", "stall_after_events": 1, "stall_seconds": 1.5})
+        socket.send(orjson.dumps({"type": "response.create", "model": "echo-1", "input": "leaving"}).decode())
+        assert orjson.loads(socket.recv(timeout=30))["type"] == "response.created"
+    _settled(lambda: _open_sockets(server), open_before)
+    _settled(lambda: _answered(server, 499), before[499] + 1)
+    assert _answered(server, 200) == before[200] + 1 and _answered(server, 400) == before[400] + 1
+    lines = [orjson.loads(line) for line in server.log()[logged:].splitlines() if line.startswith("{")]
+    access = [line for line in lines if line["logger"] == "statestore.access" and line.get("method") == "WEBSOCKET"]
+    assert [(line["event"], line["status"], line["complete"]) for line in access] == [
+        ("handshake", 401, True),
+        ("response.create", 200, True),
+        ("response.create", 400, True),
+        ("response.create", 499, False),
+    ]
+    assert all(line["route"] == "/v1/responses" and line["duration_ms"] > 0 for line in access)
+    assert len({line["request_id"] for line in access}) == 4
+    assert not [line for line in lines if "tangerine" in orjson.dumps(line).decode()]
 
 
 def test_a_function_call_round_trip_over_a_socket(any_openai_client: openai.OpenAI, backend: FakeBackend) -> None:
