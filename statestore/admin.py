@@ -3,8 +3,6 @@ Each change is audited: who, when, what, before and after; never message content
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import secrets
 import types
@@ -16,6 +14,7 @@ from typing import Any
 from statestore.auth import Authenticator, hash_key, new_api_key
 from statestore.clock import Clock
 from statestore.doors import DOORS, Door
+from statestore.erasure_runs import ErasureRuns
 from statestore.errors import InvalidRequest, NotFound, StatestoreError
 from statestore.policy import Policy
 from statestore.policy_fields import FIELD_NAMES, PolicyValueError, validate_values
@@ -28,7 +27,7 @@ from statestore.store.admin_repository import (
     AuditFilter,
     Tenant,
 )
-from statestore.store.erasure_log import ErasureLog, ErasureState
+from statestore.store.erasure_log import ErasureState
 from statestore.store.retention_queries import Erasure
 from statestore.store.usage_rows import DAY_MS
 from statestore.threads.policy_store import PolicyStore
@@ -148,15 +147,16 @@ class AdminService:
         retention: Retention,
         authenticator: Authenticator | None,
         clock: Clock,
+        erasures: ErasureRuns,
     ) -> None:
         self.repository = repository
         self.policies = policies
         self.retention = retention
         self.authenticator = authenticator
         self.clock = clock
-        self.erasures = ErasureLog(repository.engine)
-        # The erasures this process runs for the admin API and the console, until each is done.
-        self._running: set[asyncio.Task[None]] = set()
+        # The erasures this process runs (for the admin API, the console and the CLI, or taken up), each under a
+        # claim that another replica takes over should this process stop.
+        self.erasures = erasures
 
     # -- tenants and keys ----------------------------------------------------------------------------------------
 
@@ -297,22 +297,23 @@ class AdminService:
         return await self.retention.purge(actor=actor)
 
     async def erase(self, *, actor: str, tenant: str | None, user_id: str | None) -> ErasureState:
-        """Erase now, and return the erasure done (the CLI's: its process lasts as long as the erasure)."""
+        """Erase now, and return the erasure done (the CLI's: its process lasts as long as the erasure; stopped, the
+        erasure is taken up by a server)."""
         state = await self._begin_erasure(actor=actor, tenant=tenant, user_id=user_id)
-        return await self._run_erasure(state)
+        return await self.erasures.run(state)
 
     async def start_erasure(self, *, actor: str, tenant: str | None, user_id: str | None) -> ErasureState:
         """Start an erasure and return it `running`, at once: destroying its data keys is immediate, but deleting its
         rows waits out every replica's remembered keys (STATESTORE_DATA_KEY_CACHE_SECONDS and a commit's time), longer
         than a client waits for an answer. Poll `erasure(id)` until it is `done`."""
         state = await self._begin_erasure(actor=actor, tenant=tenant, user_id=user_id)
-        task = asyncio.create_task(self._erase_in_background(state), name=f"erasure {state.id}")
-        self._running.add(task)
-        task.add_done_callback(self._running.discard)
+        self.erasures.start(state)
         return state
 
     async def erasure(self, erasure_id: str) -> ErasureState:
-        found = await self.erasures.get(erasure_id) if len(erasure_id) <= 40 and "\x00" not in erasure_id else None
+        found = (
+            await self.erasures.records.get(erasure_id) if len(erasure_id) <= 40 and "\x00" not in erasure_id else None
+        )
         if found is None:
             raise NotFound(f"no erasure {erasure_id!r}")
         return found
@@ -332,39 +333,9 @@ class AdminService:
         await self.erasures.begin(state)
         return state
 
-    async def _erase_in_background(self, state: ErasureState) -> None:
-        with contextlib.suppress(Exception):  # logged and recorded as failed by _run_erasure
-            await self._run_erasure(state)
-
-    async def _run_erasure(self, state: ErasureState) -> ErasureState:
-        try:
-            erased = await self.retention.erase(actor=state.actor, tenant_id=state.tenant_id, user_id=state.user_id)
-        except Exception as exc:
-            # Its type only: an error may quote a stored value. Sent again, an erasure takes up what is left.
-            log.error("erasure failed", extra={"erasure": state.id, "error": type(exc).__name__})
-            try:
-                await self.erasures.fail(state.id, now_ms=self.clock())
-            except Exception as recording:
-                log.error("erasure failure not recorded", extra={"error": type(recording).__name__})
-            raise
-        finished = self.clock()
-        await self.erasures.finish(state.id, erased, now_ms=finished)
-        return ErasureState(
-            id=state.id,
-            actor=state.actor,
-            tenant_id=state.tenant_id,
-            user_id=state.user_id,
-            status="done",
-            created_ms=state.created_ms,
-            finished_ms=finished,
-            erased=erased,
-        )
-
     async def aclose(self) -> None:
-        """Stop the erasures still running here: each stays `running` (send it again: erasing is idempotent)."""
-        for task in list(self._running):
-            task.cancel()
-        await asyncio.gather(*self._running, return_exceptions=True)
+        """Stop the erasures still running here: each stays `running`, and another replica takes it up."""
+        await self.erasures.aclose()
 
     async def erasable(self, *, tenant: str | None, user_id: str | None) -> Erasure:
         """How many threads, responses and conversations `erase` with the same criteria would delete now: what a

@@ -91,6 +91,8 @@ def create_app(settings: Settings | None = None, *, tracer_provider: TracerProvi
             purger = asyncio.create_task(
                 run_purger(resources.retention, settings.purge_interval_seconds), name="purger"
             )
+            # Erasures whose process stopped midway (this one, restarted, or another replica) are taken up from now.
+            resources.admin.erasures.watch()
             if resources.background is not None and settings.background_workers > 0:
                 resources.background.runner.start()
             log.info(

@@ -74,8 +74,10 @@ class ContentKeys(Protocol):
         self, values: Sequence[bytes | memoryview], associated: Sequence[bytes], *, row: str
     ) -> list[bytes]: ...
 
-    async def erase(self, *, tenant_id: str | None, user_id: str | None) -> int:
-        """Destroy the data keys of the scopes an erasure names; how many."""
+    async def erase(self, *, tenant_id: str | None, user_id: str | None, resumed: bool = False) -> int:
+        """Destroy the data keys of the scopes an erasure names; how many. `resumed`: the erasure is taken up after
+        its process stopped, which may have destroyed the keys moments before: what replicas remember of them is
+        waited out all the same."""
         ...
 
     async def start_problem(self) -> str | None:

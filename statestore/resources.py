@@ -18,6 +18,7 @@ from statestore.content_keys import ContentKeys
 from statestore.core.idempotency import Idempotency
 from statestore.core.windows import Windows
 from statestore.encryption.setup import content_keys
+from statestore.erasure_runs import ErasureRuns
 from statestore.metrics import Metrics
 from statestore.policy import Policy
 from statestore.responses.background import BackgroundTurns
@@ -32,6 +33,7 @@ from statestore.store.cache_setup import create_cache, response_heads, thread_cl
 from statestore.store.console_guard import ConsoleGuard
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.engine import create_engine
+from statestore.store.erasure_log import ErasureLog
 from statestore.store.event_log import create_event_log
 from statestore.store.idempotency_store import IdempotencyStore
 from statestore.store.leased_log import LeasedLog
@@ -267,6 +269,9 @@ async def build_resources(
                 retention=retention,
                 authenticator=authenticator,
                 clock=clock,
+                erasures=ErasureRuns(
+                    ErasureLog(admin_repository.engine), retention, clock=clock, lease_seconds=settings.lease_seconds
+                ),
             ),
             queries=ThreadQueries(engine, content),
             retention=retention,

@@ -26,6 +26,16 @@ from statestore.store.retention_queries import Erasure, RetentionQueries
 log = logging.getLogger(__name__)
 
 
+@dataclass(slots=True)
+class ErasureProgress:
+    """What an erasure has erased so far, batch by batch: its process records it with its claim, so that a replica
+    taking the erasure up after that process stopped reports what the two runs erased together."""
+
+    threads: int = 0
+    responses: int = 0
+    conversations: int = 0
+
+
 @dataclass(frozen=True, slots=True)
 class Purged:
     """What one purge deleted, by kind: the Messages door's threads, the Responses door's responses and
@@ -114,13 +124,24 @@ class Retention:
             log.info("purged expired", extra={"threads": total, "responses": responses, "conversations": conversations})
         return Purged(threads=total, responses=responses, conversations=conversations)
 
-    async def erase(self, *, actor: str, tenant_id: str | None = None, user_id: str | None = None) -> Erasure:
+    async def erase(
+        self,
+        *,
+        actor: str,
+        tenant_id: str | None = None,
+        user_id: str | None = None,
+        progress: ErasureProgress | None = None,
+        resumed: bool = False,
+    ) -> Erasure:
         """Delete every thread, response tree and conversation of a tenant, of one `metadata.user_id`, or of both
         together, live or not. Their data keys are destroyed first (with encryption off too: keys made while it was
-        on still name their scopes), so the rows are unreadable before the first is deleted."""
+        on still name their scopes), so the rows are unreadable before the first is deleted. Idempotent: run again
+        (`resumed`, after its process stopped midway), it erases what is left. `progress` follows it batch by
+        batch."""
         if self.content is None:
             raise RuntimeError("an erasure needs the content keys (Retention(content=...))")
-        keys = await self.content.erase(tenant_id=tenant_id, user_id=user_id)
+        progress = progress if progress is not None else ErasureProgress()
+        keys = await self.content.erase(tenant_id=tenant_id, user_id=user_id, resumed=resumed)
         total = 0
         while True:
             ids = await self.queries.erase_batch(batch_size=self.batch_size, tenant_id=tenant_id, user_id=user_id)
@@ -128,9 +149,10 @@ class Retention:
                 await self._forget_in_cache([thread_key(i) for i in ids])
                 await self.admin.add_to_counter("erased_threads", len(ids))
                 total += len(ids)
+                progress.threads = total
             if len(ids) < self.batch_size:
                 break
-        responses, conversations = await self._erase_responses(tenant_id, user_id)
+        responses, conversations = await self._erase_responses(tenant_id, user_id, progress)
         if self.idempotency is not None:
             # The outcomes kept under their keys hold replies: they go with the rest (and opened nowhere already,
             # their data keys destroyed above).
@@ -172,7 +194,11 @@ class Retention:
             pass
 
     async def _drain(
-        self, batch: Callable[[], Awaitable[list[str]]], counter: str, forget: Callable[[list[str]], Awaitable[None]]
+        self,
+        batch: Callable[[], Awaitable[list[str]]],
+        counter: str,
+        forget: Callable[[list[str]], Awaitable[None]],
+        tally: Callable[[int], None] | None = None,
     ) -> int:
         total = 0
         while True:
@@ -181,6 +207,8 @@ class Retention:
                 await forget(ids)
                 await self.admin.add_to_counter(counter, len(ids))
                 total += len(ids)
+                if tally is not None:
+                    tally(total)
             if len(ids) < self.batch_size:
                 return total
 
@@ -202,7 +230,9 @@ class Retention:
         )
         return responses, conversations
 
-    async def _erase_responses(self, tenant_id: str | None, user_id: str | None) -> tuple[int, int]:
+    async def _erase_responses(
+        self, tenant_id: str | None, user_id: str | None, progress: ErasureProgress
+    ) -> tuple[int, int]:
         size = self.batch_size
 
         async def erase_batch() -> list[str]:
@@ -212,11 +242,18 @@ class Retention:
                 await self.forget_conversations(erased.conversation_ids)
             return erased.response_ids
 
-        responses = await self._drain(erase_batch, "erased_responses", self._forget_responses)
+        def responses_so_far(count: int) -> None:
+            progress.responses = count
+
+        def conversations_so_far(count: int) -> None:
+            progress.conversations = count
+
+        responses = await self._drain(erase_batch, "erased_responses", self._forget_responses, responses_so_far)
         conversations = await self._drain(
             lambda: self.queries.erase_conversations_batch(batch_size=size, tenant_id=tenant_id, user_id=user_id),
             "erased_conversations",
             self.forget_conversations,
+            conversations_so_far,
         )
         return responses, conversations
 

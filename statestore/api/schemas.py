@@ -225,7 +225,8 @@ class Purged(BaseModel):
 class Erasure(BaseModel):
     """An erasure of a tenant's and/or a user's threads, responses and conversations, live or expired (database rows
     and cache entries). `running` until nothing it erases is readable anywhere, then `done` with what it deleted;
-    `failed` if it stopped on an error (send it again: erasing is idempotent)."""
+    `failed` if it stopped on an error (send it again: erasing is idempotent). One whose replica stopped is taken up
+    by another within about a lease (STATESTORE_LEASE_SECONDS), and its counts are both runs'."""
 
     id: str
     status: Literal["running", "done", "failed"]

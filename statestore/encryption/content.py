@@ -83,7 +83,7 @@ class ClearContent:
     ) -> list[bytes]:
         return [await self.open(bytes(value), b"", row=row) for value in values]
 
-    async def erase(self, *, tenant_id: str | None, user_id: str | None) -> int:
+    async def erase(self, *, tenant_id: str | None, user_id: str | None, resumed: bool = False) -> int:
         # Keys made while encryption was on still name their scopes: an erasure destroys them all the same.
         return len(await self._keystore.destroy(tenant_id=tenant_id, user_id=user_id))
 
@@ -221,7 +221,7 @@ class SealedContent:
                 key_ids.add(bytes(value[len(MAGIC) : len(MAGIC) + KEY_ID_BYTES]))
         return await self._ciphers(key_ids, row) if key_ids else {}
 
-    async def erase(self, *, tenant_id: str | None, user_id: str | None) -> int:
+    async def erase(self, *, tenant_id: str | None, user_id: str | None, resumed: bool = False) -> int:
         destroyed = {bytes.fromhex(i) for i in await self._keystore.destroy(tenant_id=tenant_id, user_id=user_id)}
         if destroyed:
             scopes = {self._by_id[i][1] for i in destroyed if i in self._by_id}
@@ -234,7 +234,7 @@ class SealedContent:
                 if sealer.key_id in destroyed:
                     del self._by_scope[scope_hash]
         self._erasures += 1
-        if destroyed:
+        if destroyed or resumed:
             # Until every replica has forgotten the keys, a turn of the scope may still seal under one; its rows are
             # visible to the deletion that follows only after this wait, so the deletion takes them too.
             await self._pause(self._remember + self._settle)

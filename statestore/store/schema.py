@@ -395,6 +395,8 @@ idempotency_keys = Table(
 
 # Erasures (docs/administration.md#erasure; revision 0019): one row each, `running` until every row of its tenant
 # and/or user is gone and its data keys are destroyed everywhere (`done`), or `failed`; what it erased, once done.
+# A running erasure is claimed by the process running it (revision 0020), until `claim_expires_ms` unless renewed:
+# past it, another replica takes the erasure up. `threads`, `responses`, `conversations` hold what it erased so far.
 erasures = Table(
     "erasures",
     metadata,
@@ -408,4 +410,6 @@ erasures = Table(
     Column("threads", Integer, nullable=True),
     Column("responses", Integer, nullable=True),
     Column("conversations", Integer, nullable=True),
+    Column("claim_token", String(32), nullable=True),
+    Column("claim_expires_ms", BigInteger, nullable=True),
 )
