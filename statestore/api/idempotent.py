@@ -61,6 +61,47 @@ def key_of(headers: list[tuple[bytes, bytes]]) -> bytes | None:
     return None
 
 
+async def _nothing_found(_intended: str) -> Outcome | None:
+    return None
+
+
+async def write_once(
+    idempotency: Idempotency,
+    principal: Principal,
+    headers: list[tuple[bytes, bytes]],
+    *,
+    route: str,
+    body: bytes,
+    shaping: tuple[bytes | None, ...] = (),
+    intended: str,
+    run: Callable[[str], Awaitable[Response]],
+    recover: Recover = _nothing_found,
+    user_id: str | None = None,
+) -> Response:
+    """`run(intended)`, under the request's Idempotency-Key when it has one (keyed_write), else as it is. `recover`:
+    the outcome a write left when it is found done; by default none is (the write runs again, under the same ids)."""
+    raw_key = key_of(headers)
+    if raw_key is None:
+        return await run(intended)
+    return await keyed_write(
+        idempotency,
+        principal,
+        raw_key,
+        route=route,
+        body=body,
+        shaping=shaping,
+        intended=intended,
+        run=run,
+        recover=recover,
+        user_id=user_id,
+    )
+
+
+def outcome_of(response: Response) -> Outcome:
+    """A whole response as the outcome a retry gets (a write found done by `recover`)."""
+    return _outcome(response, bytes(response.body), streamed=False)
+
+
 async def keyed_write(
     idempotency: Idempotency,
     principal: Principal,
@@ -73,12 +114,15 @@ async def keyed_write(
     run: Callable[[str], Awaitable[Response]],
     recover: Recover,
     follow: Follow | None = None,
+    user_id: str | None = None,
 ) -> Response:
-    """Run `run(intended ids)` once under the key, or answer with the outcome kept (or found stored by `recover`)."""
+    """Run `run(intended ids)` once under the key, or answer with the outcome kept (or found stored by `recover`).
+    `user_id`: the `metadata.user_id` whose erasure erases the key, when the body does not say it (an append's is
+    its conversation's)."""
     request = KeyedRequest(
         owner=principal.owner,
         tenant_id=principal.tenant_id,
-        user_id=user_of(body),
+        user_id=user_id if user_id is not None else user_of(body),
         key=read_key(raw_key),
         fingerprint=fingerprint(route, body, *shaping),
     )

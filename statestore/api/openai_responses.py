@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
 from statestore.api.hot_routes import hot_route
-from statestore.api.idempotent import key_of, keyed_write, with_key
+from statestore.api.idempotent import key_of, keyed_write, outcome_of, with_key, write_once
 from statestore.api.responses import bytes_response, streaming_response
 from statestore.auth import Principal
 from statestore.core.idempotency import Outcome
@@ -326,21 +326,45 @@ async def cancel_response(response_id: str, request: Request, resources: Resourc
 
 
 @router.delete(
-    "/v1/responses/{response_id}", responses=schemas.ok(schemas.ResponseDeleted, "deleted, with its descendants' cache")
+    "/v1/responses/{response_id}",
+    openapi_extra=with_key({}),
+    responses=schemas.ok(schemas.ResponseDeleted, "deleted, with its descendants' cache"),
 )
 async def delete_response(response_id: str, request: Request, resources: ResourcesDep) -> Response:
-    owner = await _owner(request, resources)
+    principal = await resources.authenticator.authenticate(request.headers.raw)
+    owner = principal.owner
     turns = turns_of(resources)
-    tree = (
-        await turns.responses.delete(owner, response_id, now_ms=resources.clock())
-        if looks_like("resp_", response_id)
-        else None
+    background = background_of(resources)
+    deleted = json_response({"id": response_id, "object": "response.deleted", "deleted": True})
+
+    async def run(_intended: str) -> Response:
+        tree = (
+            await turns.responses.delete(owner, response_id, now_ms=resources.clock())
+            if looks_like("resp_", response_id)
+            else None
+        )
+        forgotten = await background.forget(owner, response_id) if looks_like("resp_", response_id) else False
+        if tree is None and not forgotten:
+            raise response_not_found(response_id)
+        await resources.retention.forget_in_cache([cache_key(i) for i in tree or ()])
+        return deleted
+
+    async def recover(_intended: str) -> Outcome | None:
+        # The first attempt ended without an outcome: the response gone, it was deleted.
+        if await turns.responses.get(owner, response_id, now_ms=resources.clock()) is not None:
+            return None
+        return None if await background.state(owner, response_id) is not None else outcome_of(deleted)
+
+    return await write_once(
+        resources.idempotency,
+        principal,
+        request.headers.raw,
+        route=f"DELETE /v1/responses/{response_id}",
+        body=b"",
+        intended=response_id,
+        run=run,
+        recover=recover,
     )
-    forgotten = await background_of(resources).forget(owner, response_id) if looks_like("resp_", response_id) else False
-    if tree is None and not forgotten:
-        raise response_not_found(response_id)
-    await resources.retention.forget_in_cache([cache_key(i) for i in tree or ()])
-    return json_response({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
 def page(bodies: list[bytes], has_more: bool) -> Response:

@@ -13,13 +13,17 @@ from starlette.responses import Response
 
 from statestore.api import schemas
 from statestore.api.deps import ResourcesDep
+from statestore.api.idempotent import outcome_of, with_key, write_once
+from statestore.api.responses import bytes_response
 from statestore.auth import Principal
+from statestore.core.idempotency import Outcome
 from statestore.errors import InvalidRequest, NotFound
 from statestore.store.thread_reads import ThreadInfo
 from statestore.threads.ids import is_thread_id
 
 router = APIRouter(tags=["threads"], responses=schemas.error_responses(400, 401, 404, 503))
 _SESSION_NAME = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+_JSON = [(b"content-type", b"application/json")]
 
 
 async def principal(request: Request, resources: ResourcesDep) -> Principal:
@@ -147,11 +151,34 @@ async def export_thread(
     return Response(b"".join(parts), media_type="application/json")
 
 
-@router.delete("/statestore/v1/threads/{thread_id}", response_model=schemas.ThreadDeleted)
-async def delete_thread(thread_id: str, caller: Caller, resources: ResourcesDep) -> dict[str, Any]:
-    if not is_thread_id(thread_id) or not await resources.retention.delete_thread(caller.owner, thread_id):
-        raise _not_found(thread_id)
-    return {"id": thread_id, "type": "thread_deleted"}
+@router.delete(
+    "/statestore/v1/threads/{thread_id}",
+    response_model=schemas.ThreadDeleted,
+    openapi_extra=with_key({}),
+)
+async def delete_thread(thread_id: str, request: Request, caller: Caller, resources: ResourcesDep) -> Response:
+    deleted = bytes_response(200, orjson.dumps({"id": thread_id, "type": "thread_deleted"}), _JSON)
+
+    async def run(_intended: str) -> Response:
+        if not is_thread_id(thread_id) or not await resources.retention.delete_thread(caller.owner, thread_id):
+            raise _not_found(thread_id)
+        return deleted
+
+    async def recover(_intended: str) -> Outcome | None:
+        # The first attempt ended without an outcome: the thread gone, it was deleted.
+        gone = await resources.queries.thread_info(caller.owner, thread_id, now_ms=resources.clock()) is None
+        return outcome_of(deleted) if gone else None
+
+    return await write_once(
+        resources.idempotency,
+        caller,
+        request.headers.raw,
+        route=f"DELETE /statestore/v1/threads/{thread_id}",
+        body=b"",
+        intended=thread_id,
+        run=run,
+        recover=recover,
+    )
 
 
 @router.get("/statestore/v1/sessions/{session_id}", response_model=schemas.Session)

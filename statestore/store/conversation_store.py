@@ -114,6 +114,12 @@ class ConversationStore:
             metadata = await self._keys.open(metadata, conversation_data(owner, conversation_id), row=row[0])
         return ConversationRow(row[0], metadata, row[2])
 
+    async def user_id(self, owner: str, conversation_id: str, *, now_ms: int) -> str | None:
+        """The conversation's `metadata.user_id` (None too when there is no such conversation): what its erasure is
+        by, for what is kept of a write to it (an Idempotency-Key's outcome)."""
+        scope = await self._scope(owner, conversation_id, now_ms)
+        return None if scope is None else scope.user_id
+
     async def update_metadata(
         self, owner: str, conversation_id: str, *, metadata: bytes, user_id: str | None, now_ms: int
     ) -> bool:

@@ -254,6 +254,27 @@ def test_delete_erases_the_thread(api: Api, backend: FakeBackend) -> None:
     assert backend.requests()[-1].json()["messages"] == [user("anew")]
 
 
+def test_a_delete_sent_again_with_its_idempotency_key_answers_the_first_200(api: Api) -> None:
+    """A retry of a delete whose answer was lost (§7, §11): with the key it gets the first outcome, not a 404."""
+    thread_id, _ = created(api.create("to delete once"))
+    other, _ = created(api.create("another"))
+    key = {"Idempotency-Key": "delete-" + secrets.token_hex(8)}
+    first = api.http.delete(f"/statestore/v1/threads/{thread_id}", headers=key)
+    again = api.http.delete(f"/statestore/v1/threads/{thread_id}", headers=key)
+    assert json_of(first) == json_of(again) == {"id": thread_id, "type": "thread_deleted"}
+    assert again.headers["idempotent-replayed"] == "true" and "idempotent-replayed" not in first.headers
+    error_of(api.delete(thread_id), 404, "not_found_error")
+    # The key was this delete's: another thread's delete with it is refused, naming the key, and deletes nothing.
+    refused = error_of(
+        api.http.delete(f"/statestore/v1/threads/{other}", headers=key),
+        422,
+        "invalid_request_error",
+        "idempotency_key_reused",
+    )
+    assert key["Idempotency-Key"] in refused["message"]
+    assert api.thread_ids() == [other]
+
+
 async def test_threads_stored_before_revision_0007_export_without_model(
     pg_server: StatestoreServer, migrated_pg_url: str, api_key: str
 ) -> None:

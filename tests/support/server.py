@@ -55,6 +55,7 @@ class StatestoreServer:
     ) -> None:
         """`command` runs another installation's `statestore` (its argv up to `serve`), from `cwd`."""
         self.port = free_port()
+        self.database_url = database_url
         self.redis_prefix = redis_prefix
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path or Path(os.environ.get("TMPDIR", "/tmp")) / f"statestore-{self.port}.log"
