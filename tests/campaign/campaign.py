@@ -19,7 +19,8 @@ import orjson
 from tests.campaign.checker import Anomalies, Checker, FinalState, op_of
 from tests.campaign.cluster import REPLICA_SETTINGS, Cluster
 from tests.campaign.history import History, Op
-from tests.campaign.nemesis import Nemesis
+from tests.campaign.keyed_check import keyed_counts, keyed_state
+from tests.campaign.nemesis import CommitNemesis, Nemesis
 from tests.campaign.workload import Client, ThreadState
 from tests.reliability.support import query
 
@@ -39,6 +40,7 @@ class Plan:
     max_seconds: float
     mean_gap: float
     mean_hold: float
+    commit_gap: float  # the commit nemesis's mean gap between faults (tests/campaign/nemesis.py)
 
 
 @dataclass
@@ -52,6 +54,7 @@ class Report:
     seconds: float
     outcomes: dict[str, int]
     background: dict[str, int]
+    keyed: dict[str, int]
     anomalies: Anomalies
     history_file: Path
 
@@ -59,7 +62,7 @@ class Report:
         return (
             f"campaign seed={self.plan.seed}: {self.ops} ops ({self.turns} turns, outcomes {self.outcomes}), "
             f"{self.faults} nemesis faults + {self.backend_faults} backend faults, {self.threads} threads, "
-            f"background responses by how they ended {self.background}, "
+            f"background responses by how they ended {self.background}, keyed writes {self.keyed}, "
             f"{self.seconds:.0f} s; anomalies: {self.anomalies.counts() or 'none'}; history: {self.history_file}"
         )
 
@@ -67,8 +70,9 @@ class Report:
 async def _workload(cluster: Cluster, plan: Plan, history: History, clients: list[Client]) -> None:
     stop = asyncio.Event()
     nemesis = Nemesis(cluster, history, plan.seed, mean_gap=plan.mean_gap, mean_hold=plan.mean_hold)
+    commits = CommitNemesis(cluster, history, plan.seed, mean_gap=plan.commit_gap, mean_hold=plan.mean_hold)
     tasks = [asyncio.create_task(client.run(stop)) for client in clients]
-    chaos = asyncio.create_task(nemesis.run(stop))
+    chaos = asyncio.gather(nemesis.run(stop), commits.run(stop))
     started = time.monotonic()
     while True:
         await asyncio.sleep(0.5)
@@ -77,6 +81,8 @@ async def _workload(cluster: Cluster, plan: Plan, history: History, clients: lis
         if elapsed >= plan.max_seconds or (enough and elapsed >= plan.min_seconds):
             break
     stop.set()
+    for client in clients:
+        client.stopping()
     await chaos
     await asyncio.gather(*tasks)
 
@@ -189,9 +195,11 @@ async def _final_state(cluster: Cluster, clients: Sequence[Client], history: His
                 unexpected.append(texts[0] if texts else key)
             else:
                 histories[key] = texts
-    for key in {op.thread_key for op in history.ops if not op.kind.startswith("bg-")}:
+    for key in {op.thread_key for op in history.ops if op.is_turn or op.kind in ("read", "head", "delete", "erase")}:
         histories.setdefault(key, None)
+    conversations = [client.keyed.conversation_id for client in clients if client.keyed.conversation_id]
     return FinalState(
+        keyed=await asyncio.to_thread(keyed_state, cluster.database_url, conversations),
         faults=history.faults,
         histories=histories,
         removed_left=await asyncio.to_thread(_removed_left, cluster, history),
@@ -248,12 +256,15 @@ async def run_campaign(cluster: Cluster, plan: Plan) -> Report:
                 if op is not None:
                     heal_ops[key] = op
 
-        # Each client heals its own threads one after another, and settles its background responses; the clients run
-        # side by side.
+        # Each client heals its own threads one after another, settles its background responses, and sends again under
+        # its key each keyed write left unanswered; the clients run side by side. Then each lists its keyed
+        # conversation.
         await asyncio.gather(
             *(heal_all(client) for client in clients),
             *(client.background.settle(BACKGROUND_GRACE) for client in clients),
+            *(client.keyed.settle(HEAL_WITHIN) for client in clients),
         )
+        await asyncio.gather(*(client.keyed.conversation_items() for client in clients))
         final = await _final_state(cluster, clients, history)
     finally:
         for client in clients:
@@ -274,6 +285,7 @@ async def run_campaign(cluster: Cluster, plan: Plan) -> Report:
         seconds=history.now(),
         outcomes=outcomes,
         background=_background_ends(history),
+        keyed=keyed_counts(history.ops, history.faults),
         anomalies=anomalies,
         history_file=_write_history(history, plan, anomalies),
     )

@@ -18,7 +18,8 @@ A thread's final history is its export once every fault has stopped (the op ids 
 - `unhealed`: a live thread that did not continue once the faults had stopped.
 
 Background responses have kinds of their own (`stuck`, `mixed-stream`, `lost-response`, `resurrected-after-cancel`,
-`status-changed`): tests/campaign/background_check.py.
+`status-changed`): tests/campaign/background_check.py; keyed writes (`replay-differs`, `key-reused`, and `duplicated`,
+`lost`, `phantom` of their own): tests/campaign/keyed_check.py.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 from tests.campaign.background_check import BackgroundCheck
 from tests.campaign.history import Op
+from tests.campaign.keyed_check import KeyedCheck, KeyedState
 from tests.campaign.workload import NEVER_STORED
 
 
@@ -40,6 +42,7 @@ class FinalState:
     unexpected_threads: list[str] = field(default_factory=list)  # texts of first turns of threads found at the end
     rebuilds: list[list[dict[str, Any]]] = field(default_factory=list)  # `messages` of each backend request
     faults: list[dict[str, Any]] = field(default_factory=list)  # the nemesis's, as the history has them
+    keyed: KeyedState = field(default_factory=KeyedState)  # what the database holds of the keyed writes
 
 
 @dataclass
@@ -104,6 +107,7 @@ class Checker:
         for text in self.final.unexpected_threads:
             self.anomalies.add("phantom", f"a thread that should not exist, first turn {text!r}", [self._op(text)])
         BackgroundCheck(list(self.ops.values()), self.final.faults, self.anomalies).check()
+        KeyedCheck(list(self.ops.values()), self.final.keyed, self.anomalies).check()
         return self.anomalies
 
     def _op(self, text: str) -> Op | None:

@@ -17,6 +17,7 @@ import httpx
 
 from statestore.store.keystore import create_keystore
 from statestore.store.migrate import upgrade
+from tests.campaign.commit_loss import through
 from tests.campaign.network import Balancer, FaultProxy, NetworkLoop
 from tests.reliability.proof_support import ADMIN_TOKEN
 from tests.reliability.support import PrivatePostgres, PrivateRedis, ServerProcess, wait_for
@@ -45,9 +46,13 @@ class Cluster:
     proxies: dict[str, FaultProxy]
     replicas: list[ServerProcess]
     balancer: Balancer
+    # Each replica's own proxy to PostgreSQL, in front of the shared one: a commit's acknowledgement lost on the way
+    # to one replica (tests/campaign/commit_loss.py), which the nemesis may then kill.
+    replica_pg: list[FaultProxy]
     database_url: str
     settings: dict[str, str] = field(default_factory=dict)  # what every replica runs with
     paused_pg: list[int] = field(default_factory=list)
+    held: set[int] = field(default_factory=set)  # the ports of replicas a fault holds down now
 
     @property
     def url(self) -> str:
@@ -58,7 +63,7 @@ class Cluster:
 
     def heal(self) -> None:
         """Undo every fault still in force: clear the proxies, wake and start what was paused or stopped."""
-        for proxy in self.proxies.values():
+        for proxy in (*self.proxies.values(), *self.replica_pg):
             proxy.faults.clear()
         if self.paused_pg:
             self.pg.resume(self.paused_pg)
@@ -84,13 +89,6 @@ def _ready(url: str) -> bool:
     with contextlib.suppress(httpx.HTTPError):
         return httpx.get(url + "/readyz", timeout=2).status_code == 200
     return False
-
-
-def _through(url: str, port: int) -> str:
-    parts = urlsplit(url)
-    return parts._replace(
-        netloc=f"{parts.username}@127.0.0.1:{port}" if parts.username else f"127.0.0.1:{port}"
-    ).geturl()
 
 
 # A master key ring for clusters run with encryption at rest (docs/encryption.md): fixed, so a test can
@@ -138,13 +136,17 @@ def running_cluster(
             keystore_url = pg.url.rsplit("/", 1)[0] + "/" + keystore_database
             pg.create_database(keystore_database)
             asyncio.run(create_keystore(keystore_url))
-            settings["STATESTORE_KEYSTORE_URL"] = _through(keystore_url, proxies["postgres"].port)
+            settings["STATESTORE_KEYSTORE_URL"] = through(keystore_url, proxies["postgres"].port)
         processes: list[ServerProcess] = []
-        for _ in range(replicas):
+        replica_pg: list[FaultProxy] = []
+        for index in range(replicas):
+            own = FaultProxy(network, f"postgres-{index}", proxies["postgres"].port)
+            stack.callback(own.close)
+            replica_pg.append(own)
             process = ServerProcess(
-                database_url=_through(pg.url, proxies["postgres"].port),
+                database_url=through(pg.url, own.port),
                 upstream_url=f"http://127.0.0.1:{proxies['backend'].port}",
-                redis_url=_through(redis.url, proxies["redis"].port),
+                redis_url=through(redis.url, proxies["redis"].port),
                 redis_prefix=redis_prefix,
                 # The Responses door (background responses) on the same backend, through the same proxy.
                 env={**settings, "STATESTORE_CHAT_UPSTREAM_URL": f"http://127.0.0.1:{proxies['backend'].port}"},
@@ -153,4 +155,4 @@ def running_cluster(
             processes.append(process)
         balancer = Balancer(network, lambda: [p.port for p in processes])
         stack.callback(balancer.close)
-        yield Cluster(pg, redis, backend, network, proxies, processes, balancer, pg.url, settings)
+        yield Cluster(pg, redis, backend, network, proxies, processes, balancer, replica_pg, pg.url, settings)

@@ -19,6 +19,10 @@ Outcome = Literal["ok", "fail", "unknown"]
 # background.py): bg-create (JSON) and bg-stream (stream: true) create one, bg-resume reads its stream on, bg-poll and
 # bg-cancel tell where it stands, bg-delete deletes it; at the end bg-final reads how it ended, bg-tail the rest of its
 # stream and bg-replay its whole stream again; bg-conversation creates a conversation, bg-items lists its user texts.
+# Keyed writes (tests/campaign/keyed.py), each sent with an Idempotency-Key and retried with it until answered:
+# key-respond (a Response on the client's keyed conversation), key-chain (a Response continuing a keyed chain),
+# key-append (items appended to the keyed conversation); key-conversation creates that conversation, key-items lists
+# its user texts at the end.
 Kind = Literal[
     "create",
     "continue",
@@ -41,6 +45,11 @@ Kind = Literal[
     "bg-replay",
     "bg-conversation",
     "bg-items",
+    "key-respond",
+    "key-chain",
+    "key-append",
+    "key-conversation",
+    "key-items",
 ]
 TURN_KINDS = frozenset({"create", "continue", "stale", "race", "session", "heal"})
 
@@ -75,6 +84,11 @@ class Op:
     response_error: str | None = None
     events: list[tuple[int, str, str]] | None = None
     after: int | None = None
+    # A keyed write: its key, the number of requests sent under it, and each 2xx answer (what it told: the ids and
+    # text, and whether it said `idempotent-replayed`).
+    key: str | None = None
+    attempts: int = 0
+    answers: list[tuple[str, bool]] | None = None
 
     @property
     def is_turn(self) -> bool:
@@ -86,7 +100,7 @@ class Op:
 
     def brief(self) -> dict[str, Any]:
         shown: dict[str, Any] = {"op": self.id, "kind": self.kind, "thread": self.thread_key, "outcome": self.outcome}
-        for name in (*_SHOWN, "response_id", "response_status", "after"):
+        for name in (*_SHOWN, "response_id", "response_status", "after", "key", "answers"):
             if getattr(self, name) is not None:
                 shown[name] = getattr(self, name)
         if self.events:

@@ -6,16 +6,29 @@ Faults: SIGKILL of a statestore replica (restarted on the same port), PostgreSQL
 (`pg_ctl -m immediate`) or hung (SIGSTOP of every process of its cluster), Redis flushed, killed or hung, and on each
 path to PostgreSQL, Redis and the backend the proxy's latency, stall, bandwidth cap, reset and dropped connections and
 refused connects, and a commit carried out whose answer is lost. Backend errors, stalls and cut replies are met by
-single turns (tests/campaign/workload.py)."""
+single turns (tests/campaign/workload.py).
+
+Beside it, the commit nemesis (`CommitNemesis`, a generator of its own) aims at the keyed writes
+(tests/campaign/keyed.py): a keyed Response's commit carried out and its acknowledgement lost on the way to its
+replica, which settles it (`lost-commit`), or which is SIGKILLed at that very moment, so that only the client's retry
+under its key, on another replica, can tell (`lost-commit-kill`). A replica one fault holds down is left alone by the
+other."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import random
+import signal
+import time
 from collections.abc import Awaitable, Callable
 
 from tests.campaign.cluster import Cluster
+from tests.campaign.commit_loss import commit_lost, disarm, lose_commit
 from tests.campaign.history import History
+from tests.campaign.keyed import MARKER
+from tests.reliability.support import ServerProcess
 
 PATHS = ("postgres", "redis", "backend")
 
@@ -53,14 +66,7 @@ class Nemesis:
             self.history.fault(name, at, hold=round(hold, 2), **details)
 
     async def kill_replica(self, hold: float) -> dict[str, object]:
-        replica = self.rng.choice(self.cluster.replicas)
-        await asyncio.to_thread(replica.kill)
-        await asyncio.sleep(hold)
-        try:
-            await asyncio.to_thread(replica.start)
-        except RuntimeError:
-            return {"port": replica.port, "restarted": False}  # healing starts it again
-        return {"port": replica.port}
+        return await kill_replica(self.cluster, self.rng.choice(self.cluster.replicas), hold)
 
     async def postgres_crash(self, hold: float) -> dict[str, object]:
         await asyncio.to_thread(self.cluster.pg.crash)
@@ -129,3 +135,101 @@ class Nemesis:
 
 
 NETWORK_FAULTS = ("latency", "stall", "bandwidth", "reset", "drop", "refuse")
+
+
+async def kill_replica(cluster: Cluster, replica: ServerProcess, hold: float) -> dict[str, object]:
+    """SIGKILL `replica`, keep it down for `hold` seconds, start it again; nothing if another fault holds it down."""
+    if replica.port in cluster.held:
+        return {"port": replica.port, "skipped": True}
+    cluster.held.add(replica.port)
+    try:
+        await asyncio.to_thread(replica.kill)
+        await asyncio.sleep(hold)
+        return await _restart(replica)
+    finally:
+        cluster.held.discard(replica.port)
+
+
+async def _restart(replica: ServerProcess) -> dict[str, object]:
+    try:
+        await asyncio.to_thread(replica.start)
+    except RuntimeError:
+        return {"port": replica.port, "restarted": False}  # healing starts it again
+    return {"port": replica.port}
+
+
+# How long a lost-commit fault waits for a keyed Response to commit through the proxy it armed.
+ARMED_FOR = 3.0
+
+
+class CommitNemesis:
+    """Faults for the keyed writes, one at a time, from a generator seeded apart from the nemesis's."""
+
+    def __init__(self, cluster: Cluster, history: History, seed: int, *, mean_gap: float, mean_hold: float) -> None:
+        self.cluster = cluster
+        self.history = history
+        self.rng = random.Random(seed + 7919)
+        self.mean_gap = mean_gap
+        self.mean_hold = mean_hold
+        self.faults: list[tuple[str, Callable[[float], Awaitable[dict[str, object]]]]] = [
+            ("lost-commit", self.lost_commit),
+            ("lost-commit-kill", self.lost_commit_kill),
+        ]
+        self.stop = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        self.stop = stop
+        while not stop.is_set():
+            gap = self.rng.expovariate(1 / self.mean_gap)
+            name, fault = self.rng.choice(self.faults)
+            hold = min(self.rng.expovariate(1 / self.mean_hold), 4 * self.mean_hold)
+            try:
+                await asyncio.wait_for(stop.wait(), gap)
+                return
+            except TimeoutError:
+                pass
+            at = self.history.now()
+            details = await fault(hold)
+            self.history.fault(name, at, hold=round(hold, 2), **details)
+
+    async def _armed(self, proxy_index: int | None, then: Callable[[], None] | None) -> bool:
+        """Arm a lost commit for the next keyed Response (its metadata.user_id, stored in clear, carries MARKER),
+        committed by a statement of its own, on one replica's proxy or the shared one; whether one was hit."""
+        proxy = self.cluster.proxies["postgres"] if proxy_index is None else self.cluster.replica_pg[proxy_index]
+        lose_commit(proxy, MARKER, alone=True, then=then)
+        deadline = time.monotonic() + ARMED_FOR
+        while not commit_lost(proxy) and time.monotonic() < deadline and not self.stop.is_set():
+            await asyncio.sleep(0.05)
+        hit = commit_lost(proxy)
+        # Hit: the acknowledgement is withheld (and `then` run) when PostgreSQL answers the commit, a moment later.
+        while hit and proxy.faults.on_commit_lost is not None and time.monotonic() < deadline + 2:
+            await asyncio.sleep(0.02)
+        disarm(proxy)
+        return hit
+
+    async def lost_commit(self, hold: float) -> dict[str, object]:
+        """A keyed Response's commit carried out, its acknowledgement lost: the replica settles it (fence, look)."""
+        return {"hit": await self._armed(None, None)}
+
+    async def lost_commit_kill(self, hold: float) -> dict[str, object]:
+        """A keyed Response's commit carried out, its acknowledgement lost, and its replica SIGKILLed that moment:
+        its client hears nothing, and retries under its key."""
+        index = self.rng.randrange(len(self.cluster.replicas))
+        replica = self.cluster.replicas[index]
+        if replica.port in self.cluster.held or replica.process is None or replica.process.poll() is not None:
+            return {"port": replica.port, "skipped": True}
+        self.cluster.held.add(replica.port)
+        try:
+            pid = replica.pid
+
+            def kill() -> None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
+            if not await self._armed(index, kill):
+                return {"port": replica.port, "hit": False}
+            await asyncio.to_thread(replica.kill)  # reaps it
+            await asyncio.sleep(hold)
+            return {**await _restart(replica), "hit": True}
+        finally:
+            self.cluster.held.discard(replica.port)

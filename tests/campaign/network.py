@@ -67,6 +67,10 @@ class LinkFaults:
     # transaction (the first ReadyForQuery that reports the connection idle), and is reset: a COMMIT, or a statement
     # that commits by itself, carried out, its acknowledgement lost.
     lose_commit_reply_after: bytes | None = None
+    # With lose_commit_reply_after: only bytes sent outside a transaction arm it (a statement that commits by itself,
+    # not one inside BEGIN ... COMMIT), and `on_commit_lost` runs the moment that commit's acknowledgement is withheld.
+    lose_commit_alone: bool = False
+    on_commit_lost: Callable[[], None] | None = None
     # Once: the chunk from the client that carries these bytes never reaches the server, and the connection is reset
     # (a request lost on its way: nothing of it carried out).
     drop_request_with: bytes | None = None
@@ -76,6 +80,8 @@ class LinkFaults:
         self.latency = 0.0
         self.bytes_per_second = 0
         self.lose_reply_after = self.lose_commit_reply_after = self.drop_request_with = None
+        self.lose_commit_alone = False
+        self.on_commit_lost = None
 
 
 class _Pipes:
@@ -95,8 +101,10 @@ class _Pipes:
 LOSE_REPLY_DELAY = 0.3
 
 
-# PostgreSQL's ReadyForQuery with transaction status idle: what ends the reply to a transaction's last statement.
-READY_IDLE = b"Z\x00\x00\x00\x05I"
+# PostgreSQL's ReadyForQuery, then its transaction status (I idle, T in a transaction, E failed transaction); idle
+# ends the reply to a transaction's last statement.
+READY = b"Z\x00\x00\x00\x05"
+READY_IDLE = READY + b"I"
 
 
 @dataclass
@@ -104,6 +112,7 @@ class _Link:
     client: asyncio.StreamWriter
     replies_lost: bool = False
     commit_armed: bool = False  # lose_commit_reply_after: the marker went by; the reply ending its transaction goes
+    in_transaction: bool = False  # PostgreSQL: the last ReadyForQuery said a transaction is open
 
 
 async def _pump(
@@ -131,13 +140,19 @@ async def _pump(
                     _abort(link.client, reset=True)
                     return
                 committing = faults.lose_commit_reply_after
-                if to_server and committing is not None and committing in data:
+                if not to_server and (ready := data.rfind(READY)) >= 0 and ready + 5 < len(data):
+                    link.in_transaction = data[ready + 5 : ready + 6] != b"I"
+                alone = not (faults.lose_commit_alone and link.in_transaction)
+                if to_server and committing is not None and committing in data and alone:
                     faults.lose_commit_reply_after = None
                     link.commit_armed = True
                 if not to_server and link.commit_armed and READY_IDLE in data:
                     # The server has committed (it says the connection is idle again): the client never hears it.
                     link.commit_armed = False
                     link.replies_lost = True
+                    then, faults.on_commit_lost = faults.on_commit_lost, None
+                    if then is not None:
+                        then()
                     _abort(link.client, reset=True)
                 while faults.stalled:
                     await asyncio.sleep(0.05)

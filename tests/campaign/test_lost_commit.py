@@ -5,8 +5,13 @@ reply's row: found, the turn is answered as stored; not found, it was not and ne
 
 from __future__ import annotations
 
+import functools
+import os
 import secrets
+import signal
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,8 +22,9 @@ import orjson
 import pytest
 
 from statestore.store.migrate import upgrade
+from tests.campaign.commit_loss import commit_lost, lose_commit, through
 from tests.campaign.network import FaultProxy, NetworkLoop
-from tests.reliability.support import RawClient, sse_data, user
+from tests.reliability.support import RawClient, ServerProcess, query, sse_data, user
 from tests.support.admin_api import run_async
 from tests.support.fake_backend import FakeBackend
 from tests.support.server import StatestoreServer
@@ -31,11 +37,12 @@ def lossy_server(fresh_pg_url: str) -> Iterator[tuple[StatestoreServer, FaultPro
     assert parts.port is not None
     network = NetworkLoop()
     proxy = FaultProxy(network, "postgres", parts.port)
-    through = parts._replace(netloc=parts.netloc.replace(f":{parts.port}", f":{proxy.port}")).geturl()
     try:
         with FakeBackend() as backend:
             server = StatestoreServer(
-                database_url=through, upstream_url=backend.url, env={"STATESTORE_CHAT_UPSTREAM_URL": backend.url}
+                database_url=through(fresh_pg_url, proxy.port),
+                upstream_url=backend.url,
+                env={"STATESTORE_CHAT_UPSTREAM_URL": backend.url},
             )
             try:
                 yield server, proxy
@@ -185,7 +192,7 @@ def test_an_append_whose_commit_reply_was_lost_adds_its_items_once(
         conversation = client.conversations.create(items=[{"type": "message", "role": "user", "content": "zero"}])
         marker = f"lost-append-{secrets.token_hex(4)}"
         # The acknowledgement of the transaction that carries the items is lost, however many statements it has.
-        proxy.faults.lose_commit_reply_after = marker.encode()
+        lose_commit(proxy, marker.encode())
         added = client.conversations.items.create(
             conversation.id,
             items=[
@@ -193,7 +200,7 @@ def test_an_append_whose_commit_reply_was_lost_adds_its_items_once(
                 {"type": "message", "role": "assistant", "content": "two"},
             ],
         )
-        assert proxy.faults.lose_commit_reply_after is None, "the commit never went through the proxy"
+        assert commit_lost(proxy), "the commit never went through the proxy"
         assert len(added.data) == 2
         assert _texts(client, conversation.id) == ["zero", marker, "two"]
         # The conversation is free again, and goes on from there.
@@ -242,3 +249,61 @@ def test_a_commit_lost_on_its_way_is_a_503_that_says_not_stored(
         }
         assert _texts(client, conversation.id) == expected[kind]
         assert _copies(fresh_pg_url, marker) == (0 if kind == "append" else 1)
+
+
+def test_a_keyed_response_whose_replica_died_with_its_commit_is_answered_once_by_another(fresh_pg_url: str) -> None:
+    """The campaign's lost-commit-kill, once: a keyed Response is committed, its acknowledgement withheld and its
+    replica SIGKILLed that moment, so its client hears nothing; the same request under the same key, sent to another
+    replica, is answered with that Response (once the dead replica's claim on the key has run out) and stores
+    nothing again."""
+    upgrade(fresh_pg_url)
+    port = urlsplit(fresh_pg_url).port
+    assert port is not None
+    network = NetworkLoop()
+    proxy = FaultProxy(network, "postgres", port)
+    try:
+        with FakeBackend() as backend:
+            env = {"STATESTORE_CHAT_UPSTREAM_URL": backend.url, "STATESTORE_LEASE_SECONDS": "2"}
+            start = functools.partial(ServerProcess, upstream_url=backend.url, env=env)
+            with ThreadPoolExecutor(2) as starting:  # side by side: each start waits for its server to answer
+                started = [
+                    starting.submit(start, database_url=url)
+                    for url in (through(fresh_pg_url, proxy.port), fresh_pg_url)
+                ]
+            dying, other = (server.result() for server in started)
+            try:
+                _answered_once_by_another(fresh_pg_url, proxy, dying, other)
+            finally:
+                dying.stop()
+                other.stop()
+    finally:
+        proxy.close()
+        network.stop()
+
+
+def _answered_once_by_another(database_url: str, proxy: FaultProxy, dying: ServerProcess, other: ServerProcess) -> None:
+    user_id = f"keyed:{secrets.token_hex(4)}"
+    body = {"model": "echo-1", "input": "hello", "metadata": {"user_id": user_id}}
+    headers = {"authorization": f"Bearer sk-lost-{secrets.token_hex(6)}", "idempotency-key": secrets.token_hex(8)}
+    pid = dying.pid
+    # The key's claim (inside a transaction) carries the user id too: only the Response's own commit is lost.
+    lose_commit(proxy, user_id.encode(), alone=True, then=lambda: os.kill(pid, signal.SIGKILL))
+    with pytest.raises(httpx.TransportError):
+        httpx.post(f"{dying.url}/v1/responses", json=body, headers=headers, timeout=30)
+    assert commit_lost(proxy), "the commit never went through the proxy"
+    assert dying.process is not None and dying.process.wait(timeout=10) == -signal.SIGKILL
+    stored = query(database_url, "SELECT id FROM responses WHERE metadata_user_id = :u", {"u": user_id})
+    assert len(stored) == 1, "the commit was carried out"
+    deadline = time.monotonic() + 20
+    while True:
+        retried = httpx.post(f"{other.url}/v1/responses", json=body, headers=headers, timeout=30)
+        if retried.status_code != 409 or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)  # idempotency_key_in_flight: the dead replica's claim runs out within the lease
+    assert retried.status_code == 200, retried.text
+    assert retried.headers.get("idempotent-replayed") == "true"
+    assert retried.json()["id"] == stored[0][0]
+    assert retried.json()["output"][0]["content"][0]["text"] == "echo: hello"
+    again = httpx.post(f"{other.url}/v1/responses", json=body, headers=headers, timeout=30)
+    assert again.status_code == 200 and again.json() == retried.json()
+    assert query(database_url, "SELECT id FROM responses WHERE metadata_user_id = :u", {"u": user_id}) == stored

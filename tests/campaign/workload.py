@@ -17,6 +17,7 @@ import orjson
 
 from tests.campaign.background import BackgroundClient
 from tests.campaign.history import History, Kind, Op, Outcome
+from tests.campaign.keyed import KeyedClient
 from tests.reliability.proof_support import ADMIN, MODEL, THREADS_BETA
 from tests.reliability.support import sse_data
 from tests.support.fake_backend import FakeBackend
@@ -33,8 +34,10 @@ BACKEND_FAULTS: dict[str, dict[str, Any]] = {
     "delay": {"kind": "echo", "delay_seconds": 0.8},
 }
 NEVER_STORED = frozenset({"error", "close", "cut"})
-# The share of a client's steps that are background responses' (tests/campaign/background.py).
+# The share of a client's steps that are background responses' (tests/campaign/background.py), and keyed writes'
+# (tests/campaign/keyed.py).
 BACKGROUND_SHARE = 0.05
+KEYED_SHARE = 0.08
 
 
 def user_texts(messages: list[dict[str, Any]]) -> list[str]:
@@ -99,6 +102,7 @@ class Client:
         self.background = BackgroundClient(
             index, self.key, base_url, replica_urls or [base_url], history, backend, self.rng, OP_TIMEOUT
         )
+        self.keyed = KeyedClient(index, self.key, base_url, replica_urls or [base_url], history, self.rng, OP_TIMEOUT)
 
     # -- one operation ------------------------------------------------------------------------------------------
 
@@ -256,8 +260,12 @@ class Client:
             thread.gone = True
 
     async def step(self) -> None:
-        if self.rng.random() < BACKGROUND_SHARE:
+        roll = self.rng.random()
+        if roll < BACKGROUND_SHARE:
             await self.background.step()
+            return
+        if roll < BACKGROUND_SHARE + KEYED_SHARE:
+            await self.keyed.step()
             return
         self.threads = [t for t in self.threads if not t.gone and t.turns < TURNS_PER_THREAD]
         while len(self.threads) < self.settings.live_threads:
@@ -312,9 +320,14 @@ class Client:
         while not stop.is_set():
             await self.step()
 
+    def stopping(self) -> None:
+        """The workload stops: a keyed write still retried gives up now (it is sent again once healed)."""
+        self.keyed.stop.set()
+
     async def close(self) -> None:
         await self.http.aclose()
         await self.background.close()
+        await self.keyed.close()
 
 
 def _outcome(status: int) -> Outcome:
