@@ -3,7 +3,8 @@ lease), the items committed only while that lease is the append's, and a commit 
 every turn's is (core/lost_commit.py). So neither a commit carried out twice nor a client's retry after a lost
 acknowledgement adds the items twice. The owner's policy bounds an append as it bounds a turn
 (core/policy_enforcement.py): one that would take the conversation over `max_messages` or `max_thread_bytes` is
-refused, nothing stored; so is a conversation created with items over them (`items_measures`)."""
+refused, nothing stored; so is a conversation created with items over them (`items_measures`), and an append once
+the owner's storing is turned off (threads_enabled), as a turn on the conversation is."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from statestore.core.lost_commit import settle_lost_commit
 from statestore.core.policy_enforcement import PolicyRefusal, TurnMeasures, enforce
 from statestore.policy import Policy
 from statestore.responses.context import conversation_cache_key, conversation_context
-from statestore.responses.errors import conversation_locked, conversation_not_found, policy_error
+from statestore.responses.errors import BadRequest, conversation_locked, conversation_not_found, policy_error
 from statestore.responses.items import join_rendered
 from statestore.responses.prepared import count_messages
 from statestore.store.cache import HistoryCache
@@ -95,14 +96,17 @@ async def _check_limits(
     position: int,
 ) -> None:
     """The policy's bounds, measured as a turn measures them (the conversation's messages and bytes with the new
-    ones), less the reply an append does not ask for."""
+    ones), less the reply an append does not ask for; and whether the owner may store at all (threads_enabled, which
+    may have been turned off since the conversation was created: a turn on it is refused then, and so is an append)."""
     cached = await cache.get(conversation_cache_key(conversation_id))
     context = await conversation_context(conversations, owner, conversation_id, position=position, cached=cached)
-    # Whether the owner may store at all is the conversation's creation's to refuse.
-    measures = items_measures(items, context=context, stores=False)
     try:
-        enforce(policy, measures)
+        enforce(policy, items_measures(items, context=context))
     except PolicyRefusal as refusal:
+        if refusal.field == "threads_enabled":  # an append has no `store` to turn off, as a turn has
+            raise BadRequest(
+                "Storing conversations is disabled by this deployment's retention policy.", code="storage_disabled"
+            ) from None
         raise policy_error(refusal) from None
 
 

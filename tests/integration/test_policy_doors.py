@@ -219,6 +219,38 @@ def test_threads_off_refuses_storing_on_every_door(server: StatestoreServer, bac
         assert gpt.responses.create(model=MODEL, input="one", store=False).output_text == "echo: one"
 
 
+def test_threads_turned_off_refuses_adding_to_what_was_stored_on_every_door(
+    server: StatestoreServer, backend: FakeBackend
+) -> None:
+    """Storing turned off after a thread and a conversation were stored: continuing either is refused, and so is an
+    append to the conversation (appends stored past it before: only the conversation's creation was checked)."""
+    with AdminApi(server.url) as admin:
+        tenant, key = admin.tenant_with_key()
+        with (
+            anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0) as claude,
+            openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) as gpt,
+        ):
+            thread = claude.beta.messages.thread(model=MODEL, max_tokens=64)
+            thread.send({"role": "user", "content": "one"})
+            conversation = gpt.conversations.create(items=[{"type": "message", "role": "user", "content": "one"}])
+            admin.put_policy(tenant["id"], threads_enabled=False)
+            with pytest.raises(anthropic.BadRequestError) as continued:
+                thread.send({"role": "user", "content": "two"})
+            assert "threads are turned off" in continued.value.message
+            with pytest.raises(openai.BadRequestError) as turn:
+                gpt.responses.create(model=MODEL, input="two", conversation=conversation.id)
+            assert turn.value.code == "storage_disabled"
+            with pytest.raises(openai.BadRequestError) as appended:
+                gpt.conversations.items.create(
+                    conversation.id, items=[{"type": "message", "role": "user", "content": "two"}]
+                )
+            assert appended.value.code == "storage_disabled"
+            assert "store: false" not in appended.value.message  # an append has no `store` to send
+            assert len(gpt.conversations.items.list(conversation.id).data) == 1
+            # What is stored stays readable, and a turn that stores nothing is served from the conversation.
+            assert gpt.responses.create(model=MODEL, input="two", conversation=conversation.id, store=False).output_text
+
+
 def test_lowering_max_ttl_bounds_what_both_doors_stored(server: StatestoreServer, backend: FakeBackend) -> None:
     """A lower max_ttl_seconds shortens live threads at once; it bounds stored responses and conversations alike
     (counted from their creation), their cached chain heads included."""
