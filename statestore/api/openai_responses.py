@@ -195,18 +195,25 @@ async def begin_turn(
     turn: TurnRequest,
     *,
     kept: KeptResponse | None = None,
+    held: KeptResponse | None = None,
     response_id: str | None = None,
 ) -> tuple[PreparedResponse, UpstreamResponse]:
     """A foreground turn up to the backend's reply: prepared (owner, policy, context, lease), compacted or planned,
     and sent. What prepare took is given back if this fails; after it, the caller's (`end_turn`, or a commit).
     Shared by `POST /v1/responses` and WebSocket mode (api/responses_socket.py); `kept`: the connection's response
-    kept in memory (store: false), which `previous_response_id` may name; `response_id`: the id an Idempotency-Key's
-    claim named."""
+    kept in memory (store: false), which `previous_response_id` may name; `held`: the stored chain head it made last,
+    with its context (ResponseTurns.prepare); `response_id`: the id an Idempotency-Key's claim named."""
     turns = turns_of(resources)
     if turn.compaction and turns.seal is None:
         raise compaction_unavailable("context_management")
     prepared = await turns.prepare(
-        turn, principal, header(headers, b"statestore-ttl"), headers=headers, kept=kept, response_id=response_id
+        turn,
+        principal,
+        header(headers, b"statestore-ttl"),
+        headers=headers,
+        kept=kept,
+        held=held,
+        response_id=response_id,
     )
     try:
         summarize = summarizer(resources.chat_upstream, headers, principal)

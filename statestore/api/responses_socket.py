@@ -29,12 +29,14 @@ from statestore.middleware import CLIENT_CLOSED_REQUEST, access_logger
 from statestore.resources import Resources
 from statestore.responses import steering
 from statestore.responses.errors import BackendError, BadRequest, as_openai
+from statestore.responses.items import join_segments
 from statestore.responses.kept import KeptResponse, keep
-from statestore.responses.request import turn_of_event
+from statestore.responses.request import TurnRequest, turn_of_event
 from statestore.responses.steering import Steer, SteerRefused, SteerTarget
 from statestore.responses.stream import SocketEvents
 from statestore.responses.turn_events import turn_events
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
+from statestore.store.response_records import ResponseRow
 
 log = logging.getLogger("statestore.responses_socket")
 
@@ -217,6 +219,9 @@ class Connection:
         self.max_message_bytes = max_message_bytes
         self.deadline = deadline
         self.kept: KeptResponse | None = None  # the last store: false response made here
+        # The last stored chain head made here: its row, its parent's context and its own segment (joined only when a
+        # continue names it). "The chain's head at hand": a continue from it reads no context from Redis.
+        self.head: tuple[ResponseRow, bytes, bytes] | None = None
         self.jobs: collections.deque[Job] = collections.deque()
         self._wake = asyncio.Event()
         self.running: tuple[SteerTarget, SocketEvents] | None = None
@@ -441,7 +446,9 @@ class Connection:
             return None
         turns = turns_of(self.resources)
         try:
-            prepared, upstream = await begin_turn(self.resources, self.headers, self.principal, turn, kept=self.kept)
+            prepared, upstream = await begin_turn(
+                self.resources, self.headers, self.principal, turn, kept=self.kept, held=self._held(turn)
+            )
         except _TURN_FAULTS as exc:
             self._evict(turn.previous_response_id)
             error = _statestore_error(exc)
@@ -474,6 +481,9 @@ class Connection:
             return None
         if not turn.store and turn.conversation_id is None:
             self.kept = keep(prepared, orjson.loads(final), final)  # replaces an older one
+        elif prepared.stored is not None:
+            row, segment = prepared.stored
+            self.head = (row, prepared.context, segment)
         if not queued:
             return None
         required = steering.required_input(final)
@@ -487,6 +497,14 @@ class Connection:
         # The automatic successor: the response's own settings, continued with the queued input.
         inputs = _as_messages([s.raw for s in queued])
         return {**event, "previous_response_id": prepared.response_id, "input": inputs}, list(queued)
+
+    def _held(self, turn: TurnRequest) -> KeptResponse | None:
+        """The chain head this connection made last, when `turn` continues it: Redis is still asked whether it serves
+        that head (a deletion or a continue elsewhere since is a miss, and the turn reads as over HTTP)."""
+        if self.head is None or turn.previous_response_id != self.head[0].id:
+            return None
+        row, context, segment = self.head
+        return KeptResponse(row, join_segments([context, segment]))
 
     def _evict(self, previous: str | None) -> None:
         """A continuation that failed drops the connection's kept response it continued."""

@@ -61,6 +61,9 @@ class PreparedResponse:
     # The backend's token count of the last turn (the parent's, or the conversation's) and the bytes it counted.
     measured: tuple[int, int] = (0, 0)
     compaction: dict[str, Any] | None = None  # the compaction item this turn made (`compact`), its output's first
+    # The committed row and this turn's segment, where Redis keeps chain heads' rows: what a WebSocket connection holds
+    # of the chain's head, its context joined only there (api/responses_socket.py).
+    stored: tuple[ResponseRow, bytes] | None = None
     _base: Base | None = None
 
     @property

@@ -114,10 +114,13 @@ class ResponseTurns:
         response_id: str | None = None,
         created_at: int | None = None,
         kept: KeptResponse | None = None,
+        held: KeptResponse | None = None,
     ) -> PreparedResponse:
         """Check the turn and take what it needs (a conversation's lease). `response_id` and `created_at`: a
         background turn's, run again as it was admitted. `kept`: a WebSocket connection's response kept in memory
-        (responses/kept.py), which `previous_response_id` may name instead of a stored one."""
+        (responses/kept.py), which `previous_response_id` may name instead of a stored one. `held`: the stored head of
+        the chain that connection made last, with its context: a continue from it reads only that Redis still serves
+        it (ResponseHeads.read_held), and the database or the whole entry as any other continue when not."""
         try:
             return await self._prepare(
                 turn,
@@ -127,6 +130,7 @@ class ResponseTurns:
                 response_id=response_id,
                 created_at=created_at,
                 kept=kept,
+                held=held,
             )
         except Exception:
             if turn.store:
@@ -160,6 +164,7 @@ class ResponseTurns:
         response_id: str | None,
         created_at: int | None,
         kept: KeptResponse | None = None,
+        held: KeptResponse | None = None,
     ) -> PreparedResponse:
         policy = await self._with_window(await self.policy(principal, storing=turn.store), turn, principal, headers)
         now = self.clock()
@@ -187,7 +192,7 @@ class ResponseTurns:
             prepared.measured = (kept.row.context_tokens, kept.row.context_bytes)
             prepared.context = kept.context
         elif turn.previous_response_id is not None:
-            await self._read_chain(prepared, turn.previous_response_id, now)
+            await self._read_chain(prepared, turn.previous_response_id, now, held=held)
         elif turn.conversation_id is not None:
             conversation = turn.conversation_id
             if not looks_like("conv_", conversation):
@@ -237,12 +242,20 @@ class ResponseTurns:
                 raise policy_error(refusal) from None
         return prepared
 
-    async def _read_chain(self, prepared: PreparedResponse, previous: str, now: int, *, turn: bool = True) -> None:
+    async def _read_chain(
+        self,
+        prepared: PreparedResponse,
+        previous: str,
+        now: int,
+        *,
+        turn: bool = True,
+        held: KeptResponse | None = None,
+    ) -> None:
         """The chain `prepared` continues, ending at `previous`: its row, measured size and context. `turn`: False for
-        a count, which the metrics of turns leave out."""
+        a count, which the metrics of turns leave out. `held`: see `prepare`."""
         if not looks_like("resp_", previous):
             raise previous_response_not_found(previous)
-        parent, cached = await self._parent(previous, prepared.principal.owner, now, turn=turn)
+        parent, cached = await self._parent(previous, prepared.principal.owner, now, turn=turn, held=held)
         if parent is None:
             raise previous_response_not_found(previous)
         prepared.parent = parent
@@ -298,13 +311,17 @@ class ResponseTurns:
         return prepared
 
     async def _parent(
-        self, previous: str, owner: str, now: int, *, turn: bool = True
+        self, previous: str, owner: str, now: int, *, turn: bool = True, held: KeptResponse | None = None
     ) -> tuple[ResponseRow | None, CachedHistory | None]:
         """The previous response's row and the chain's cached context: the row kept beside that context when there is
         one to serve (store/response_heads.py), else the database's, with the context read beside it."""
         if self.heads is not None:
             try:
-                head = await self.heads.read(previous, owner=owner, now_ms=now)
+                head = None
+                if held is not None and held.row.id == previous:
+                    head = await self.heads.read_held(previous, held.context, owner=owner, now_ms=now)
+                if head is None or head.row is None:
+                    head = await self.heads.read(previous, owner=owner, now_ms=now)
             except CLAIM_FAULTS:
                 head = None  # Redis away: the database's row, and the cache read as before
             if turn:
@@ -420,6 +437,8 @@ class ResponseTurns:
                 row=encode_head(committed) if self.heads is not None else None,
                 parent_row=prepared.parent if self.heads is not None else None,
             )
+            if self.heads is not None:
+                prepared.stored = (committed, segment)
         return True
 
     async def _settle(self, prepared: PreparedResponse, error: BaseException) -> None:

@@ -136,6 +136,20 @@ class ResponseHeads:
     async def read(self, response_id: str, *, owner: str, now_ms: int) -> ChainHead:
         history, count, row = self._keys(response_key(response_id))
         joined, counted, stored = await self._client.execute("MGET", history, count, row)
+        return self._served(response_id, owner, now_ms, (joined, counted, stored))
+
+    async def read_held(self, response_id: str, context: bytes, *, owner: str, now_ms: int) -> ChainHead:
+        """`read`, for a head whose context the reader holds already (a WebSocket connection, the chain's last
+        response made there): the entry's count and row only, the history taken as `context`. A stored response
+        never changes, so an entry still there under its id holds that very context; one dropped (a deletion, an
+        erasure, the purger) or moved on (the chain continued from it elsewhere) is a miss, as `read`'s would be."""
+        _, count, row = self._keys(response_key(response_id))
+        counted, stored = await self._client.execute("MGET", count, row)
+        return self._served(response_id, owner, now_ms, (context, counted, stored))
+
+    def _served(self, response_id: str, owner: str, now_ms: int, values: tuple[object, object, object]) -> ChainHead:
+        """What one read found: the entry's history, count and row, as Redis answered them."""
+        joined, counted, stored = values
         cached = self._decode(counted, joined) if isinstance(joined, bytes) and isinstance(counted, bytes) else None
         if cached is None or not isinstance(stored, bytes):
             return ChainHead(row=None, cached=cached)

@@ -56,8 +56,8 @@ def test_a_row_this_code_cannot_read_is_a_miss(raw: bytes) -> None:
 class _Replies:
     """A Redis client whose MGET answers what the test put in."""
 
-    def __init__(self, joined: bytes | None, count: bytes | None, row: bytes | None) -> None:
-        self.replies = [joined, count, row]
+    def __init__(self, joined: bytes | None, count: bytes | None, row: bytes | None, *, held: bool = False) -> None:
+        self.replies = [count, row] if held else [joined, count, row]
         self.asked: list[tuple[Any, ...]] = []
 
     async def execute(self, *command: Any) -> list[bytes | None]:
@@ -74,19 +74,30 @@ def _heads(client: _Replies) -> ResponseHeads:
 
 
 async def _read(
-    *, row: bytes | None, count: int = 3, version: int | None = None, owner: str = "owner-1", now: int = NOW
+    *,
+    row: bytes | None,
+    count: int = 3,
+    version: int | None = None,
+    owner: str = "owner-1",
+    now: int = NOW,
+    held: bool = False,
 ) -> tuple[ResponseRow | None, CachedHistory | None]:
-    client = _Replies(b"a,b,c", encode_count(count, version), row)
-    head = await _heads(client).read("resp_2", owner=owner, now_ms=now)
-    assert client.asked == [("MGET", "resp:resp_2:h", "resp:resp_2:n", "resp:resp_2:r")]
+    client = _Replies(b"a,b,c", encode_count(count, version), row, held=held)
+    if held:  # a connection's head, whose context it holds: Redis is asked for the entry's count and row only
+        head = await _heads(client).read_held("resp_2", b"a,b,c", owner=owner, now_ms=now)
+        assert client.asked == [("MGET", "resp:resp_2:n", "resp:resp_2:r")]
+    else:
+        head = await _heads(client).read("resp_2", owner=owner, now_ms=now)
+        assert client.asked == [("MGET", "resp:resp_2:h", "resp:resp_2:n", "resp:resp_2:r")]
     return head.row, head.cached
 
 
-async def test_a_row_is_served_beside_its_chains_context() -> None:
-    row, cached = await _read(row=encode_head(ROW))
+@pytest.mark.parametrize("held", [False, True])
+async def test_a_row_is_served_beside_its_chains_context(held: bool) -> None:
+    row, cached = await _read(row=encode_head(ROW), held=held)
     assert row == ROW and cached == CachedHistory(3, b"a,b,c")
     # a branch point's entry holds the same chain
-    row, _ = await _read(row=encode_head(ROW), version=BRANCH_POINT)
+    row, _ = await _read(row=encode_head(ROW), version=BRANCH_POINT, held=held)
     assert row == ROW
 
 
@@ -94,9 +105,10 @@ async def test_a_row_is_served_beside_its_chains_context() -> None:
     "case",
     ["no row", "expired", "another owner", "another depth", "a conversation's version", "another response's row"],
 )
-async def test_a_row_is_not_served_otherwise(case: str) -> None:
+@pytest.mark.parametrize("held", [False, True])
+async def test_a_row_is_not_served_otherwise(case: str, held: bool) -> None:
     encoded = encode_head(ROW)
-    kwargs: dict[str, Any] = {"row": encoded}
+    kwargs: dict[str, Any] = {"row": encoded, "held": held}
     if case == "no row":
         kwargs["row"] = None
     elif case == "expired":

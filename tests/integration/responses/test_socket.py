@@ -122,6 +122,46 @@ def test_a_response_stored_over_a_socket_is_continued_by_another_server_over_htt
     ]
 
 
+def test_the_head_a_connection_holds_is_branched_or_refused_as_over_http_once_changed_elsewhere(
+    openai_client: openai.OpenAI, backend: FakeBackend
+) -> None:
+    """A connection continues the chain it made from the head it holds, asking Redis only whether that head is still
+    served (ResponseHeads.read_held): one continued elsewhere since is branched from with its own context, and one
+    deleted since is refused as a continue over HTTP is."""
+    client = openai_client
+    with client.responses.connect() as connection:
+        first = turn(connection, model="echo-1", input="one")[-1].response
+        second = turn(connection, model="echo-1", input="two", previous_response_id=first.id)[-1].response
+        elsewhere = client.responses.create(model="echo-1", input="elsewhere", previous_response_id=second.id)
+        assert elsewhere.output_text == "echo: elsewhere"
+        branched = turn(connection, model="echo-1", input="three", previous_response_id=second.id)[-1].response
+        assert branched.output_text == "echo: three"
+        context = [
+            {"role": "user", "content": "one"},
+            {"role": "assistant", "content": "echo: one"},
+            {"role": "user", "content": "two"},
+            {"role": "assistant", "content": "echo: two"},
+        ]
+        assert chat_requests(backend)[-1]["messages"] == [*context, {"role": "user", "content": "three"}]
+        held = turn(connection, model="echo-1", input="four", previous_response_id=branched.id)[-1].response
+        assert chat_requests(backend)[-1]["messages"] == [
+            *context,
+            {"role": "user", "content": "three"},
+            {"role": "assistant", "content": "echo: three"},
+            {"role": "user", "content": "four"},
+        ]
+        client.responses.delete(held.id)
+        with pytest.raises(openai.BadRequestError) as over_http:
+            client.responses.create(model="echo-1", input="five", previous_response_id=held.id)
+        refused = turn(connection, model="echo-1", input="five", previous_response_id=held.id)
+        assert [event.type for event in refused] == ["error"]
+        assert refused[-1].error.code == "previous_response_not_found" == over_http.value.code
+        assert refused[-1].error.message == over_http.value.body["message"]  # type: ignore[index]
+        # The connection goes on, from any response of the chain.
+        again = turn(connection, model="echo-1", input="six", previous_response_id=branched.id)[-1].response
+        assert again.output_text == "echo: six"
+
+
 def test_a_store_false_response_is_continued_on_its_connection_only(
     any_openai_client: openai.OpenAI, backend: FakeBackend, api_key: str
 ) -> None:
