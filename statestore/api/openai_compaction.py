@@ -7,8 +7,8 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from statestore.api.deps import ResourcesDep
-from statestore.api.idempotent import with_key, write_once
-from statestore.api.openai_responses import json_response, turns_of
+from statestore.api.idempotent import key_of, with_key, write_once
+from statestore.api.openai_responses import json_response, turns_of, user_of_turn
 from statestore.errors import ServiceUnavailable
 from statestore.responses import request_schemas, schemas
 from statestore.responses.compact_request import compacted
@@ -56,4 +56,5 @@ async def compact_response(request: Request, resources: ResourcesDep) -> Respons
         body=raw,
         intended=new_id("resp_"),
         run=run,
+        user_id=await user_of_turn(resources, turns, principal.owner, turn) if key_of(headers) is not None else None,
     )

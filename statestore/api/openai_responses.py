@@ -132,6 +132,7 @@ async def _keyed(
         resources.idempotency,
         principal,
         raw_key,
+        user_id=await user_of_turn(resources, turns, owner, turn),
         route="POST /v1/responses",
         body=body,
         shaping=(header(headers, b"statestore-ttl"),),
@@ -142,6 +143,20 @@ async def _keyed(
         recover=recover,
         follow=follow,
     )
+
+
+async def user_of_turn(resources: Resources, turns: ResponseTurns, owner: str, turn: TurnRequest) -> str | None:
+    """Whose erasure erases what a keyed turn's key keeps (its input and reply): the turn's own `metadata.user_id`,
+    else its conversation's, else its previous response's, whose data it adds to."""
+    user = turn.metadata.get("user_id")
+    if user is not None:
+        return user
+    now = resources.clock()
+    if turn.conversation_id is not None and looks_like("conv_", turn.conversation_id):
+        return await turns.conversations.user_id(owner, turn.conversation_id, now_ms=now)
+    if turn.previous_response_id is not None and looks_like("resp_", turn.previous_response_id):
+        return await turns.responses.user_id(owner, turn.previous_response_id, now_ms=now)
+    return None
 
 
 async def _run(

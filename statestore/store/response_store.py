@@ -177,6 +177,16 @@ class ResponseStore:
         stored = await self.log.commit_response(sealed, conversation_lease)
         return stored_row(new, stored) if stored is not None else None
 
+    async def user_id(self, owner: str, response_id: str, *, now_ms: int) -> str | None:
+        """The response's `metadata.user_id` (None too when there is no such live response): what its erasure is by,
+        for what is kept of a write that continues it (an Idempotency-Key's outcome). Only keyed writes ask."""
+        query = select(responses.c.metadata_user_id).where(
+            responses.c.id == response_id, responses.c.owner == owner, responses.c.expires_ms > now_ms
+        )
+        async with self.engine.connect() as conn:
+            found = (await conn.execute(query)).first()
+        return None if found is None else found[0]
+
     async def is_stored(self, response_id: str) -> bool:
         """Whether the response was stored, a commit of it still running in the database waited out first: the read
         is an insert of the same id, which waits on the primary key until that commit ends and is rolled back (it

@@ -220,41 +220,73 @@ def test_cancel_takes_no_key(client: openai.OpenAI) -> None:
     assert not replayed(again) and again.parse().id == first.id and again.parse().status == first.status
 
 
+def keys_of(server: StatestoreServer, owner: str, user: str, keys: list[str]) -> list[str]:
+    """Which of these keys are kept, as this user's."""
+    return [
+        key
+        for key in keys
+        if count(
+            server,
+            "SELECT count(*) FROM idempotency_keys WHERE owner = :o AND key = :k AND metadata_user_id = :u",
+            o=owner,
+            k=key,
+            u=user,
+        )
+    ]
+
+
 def test_keys_of_a_conversation_s_writes_are_erased_with_its_user(
     responses_server: StatestoreServer, api_key: str
 ) -> None:
-    """An append's body names no user: its key (whose outcome holds the items) is the conversation's user's, and an
-    erasure of that user takes it with the conversation, as it takes the key of the create."""
+    """An append's body names no user, nor a turn's on the conversation that says none: their keys (whose outcomes
+    hold what was said) are the conversation's user's, and an erasure of that user takes them with the conversation,
+    as it takes the key of the create."""
     user = "user-" + secrets.token_hex(6)
     owner = owner_of(api_key)
-    created_key, appended_key, removed_key, kept_key = new_key(), new_key(), new_key(), new_key()
+    created_key, appended_key, turn_key, removed_key, kept_key = (new_key() for _ in range(5))
     with openai.OpenAI(base_url=responses_server.url + "/v1", api_key=api_key, max_retries=0) as client:
         conversation = client.conversations.create(metadata={"user_id": user}, extra_headers=keyed(created_key))
         client.conversations.items.create(conversation.id, items=ITEMS, extra_headers=keyed(appended_key))
+        client.responses.create(
+            model="echo-1", input="on it", conversation=conversation.id, extra_headers=keyed(turn_key)
+        )
         item = id_of(client.conversations.items.list(conversation.id).data[0])
         client.conversations.items.delete(item, conversation_id=conversation.id, extra_headers=keyed(removed_key))
         someone_else = client.conversations.create(metadata={"user_id": "someone-else"})
         client.conversations.items.create(someone_else.id, items=ITEMS, extra_headers=keyed(kept_key))
 
-        def users() -> dict[str, int]:
-            return {
-                key: count(
-                    responses_server,
-                    "SELECT count(*) FROM idempotency_keys WHERE owner = :o AND key = :k AND metadata_user_id = :u",
-                    o=owner,
-                    k=key,
-                    u=user if key != kept_key else "someone-else",
-                )
-                for key in (created_key, appended_key, removed_key, kept_key)
-            }
-
-        assert users() == dict.fromkeys((created_key, appended_key, removed_key, kept_key), 1)
+        theirs = [created_key, appended_key, turn_key, removed_key]
+        assert keys_of(responses_server, owner, user, theirs) == theirs
+        assert keys_of(responses_server, owner, "someone-else", [kept_key]) == [kept_key]
         with AdminApi(responses_server.url, ADMIN_TOKEN) as admin:
             admin.erase({"user_id": user})
-        assert users() == {created_key: 0, appended_key: 0, removed_key: 0, kept_key: 1}
+        assert count(responses_server, "SELECT count(*) FROM idempotency_keys WHERE owner = :o", o=owner) == 1
+        assert keys_of(responses_server, owner, "someone-else", [kept_key]) == [kept_key]
         # Nothing of the first outcome is left to replay: the append runs anew, on a conversation that is gone.
         with pytest.raises(openai.NotFoundError):
             client.conversations.items.create(conversation.id, items=ITEMS, extra_headers=keyed(appended_key))
+
+
+def test_keys_of_a_chain_s_turns_and_compactions_are_erased_with_its_user(
+    responses_server: StatestoreServer, api_key: str
+) -> None:
+    """A turn or a compaction that continues a user's response and names no user of its own is that user's: erased
+    with the tree it continues."""
+    user = "user-" + secrets.token_hex(6)
+    owner = owner_of(api_key)
+    turn_key, compact_key = new_key(), new_key()
+    with openai.OpenAI(base_url=responses_server.url + "/v1", api_key=api_key, max_retries=0) as client:
+        root = client.responses.create(model="echo-1", input="mine", metadata={"user_id": user})
+        client.responses.create(
+            model="echo-1", input="and more", previous_response_id=root.id, extra_headers=keyed(turn_key)
+        )
+        client.responses.compact(model="echo-1", previous_response_id=root.id, extra_headers=keyed(compact_key))
+        assert keys_of(responses_server, owner, user, [turn_key, compact_key]) == [turn_key, compact_key]
+        with AdminApi(responses_server.url, ADMIN_TOKEN) as admin:
+            admin.erase({"user_id": user})
+        assert keys_of(responses_server, owner, user, [turn_key, compact_key]) == []
+        with pytest.raises(openai.BadRequestError):  # run anew: the response it continued is gone
+            client.responses.compact(model="echo-1", previous_response_id=root.id, extra_headers=keyed(compact_key))
 
 
 def test_the_openapi_document_names_the_key_on_every_write(responses_server: StatestoreServer) -> None:
