@@ -16,16 +16,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.content_keys import ContentKeys, Scope
 from statestore.store.leased_log import CONVERSATIONS, LeasedLog, Release, Renew, TakeConversation
-from statestore.store.response_commit import item_rows
+from statestore.store.response_commit import AppendItems, append_on_sqlite, item_arrays, item_rows
 from statestore.store.response_records import ConversationRow, StoredItem
 from statestore.store.response_sealing import active, conversation_data, conversation_item_data, seal_items
-from statestore.store.response_statements import (
-    LOAD_CONVERSATION,
-    AppendItems,
-    OfConversation,
-    PgResponseStatements,
-    item_arrays,
-)
+from statestore.store.response_statements import LOAD_CONVERSATION, OfConversation, PgResponseStatements
 from statestore.store.schema import conversation_items, conversations
 
 
@@ -226,34 +220,19 @@ class ConversationStore:
                 return False
             sealer = await self._keys.sealer(scope)
             items = seal_items(sealer, items, owner, conversation_id, position, conversation=True)
+        item_ids, bodies, kinds, rendered = item_arrays(items)
+        append = AppendItems(
+            conversation_id=conversation_id,
+            token=token,
+            count=len(items),
+            item_ids=item_ids,
+            bodies=bodies,
+            kinds=kinds,
+            rendered=rendered,
+        )
         if self._pg is not None:
-            item_ids, bodies, kinds, rendered = item_arrays(items)
-            append = AppendItems(
-                conversation_id=conversation_id,
-                token=token,
-                count=len(items),
-                item_ids=item_ids,
-                bodies=bodies,
-                kinds=kinds,
-                rendered=rendered,
-            )
-            return await self._pg.append_items(append) is not None
-        async with self.engine.begin() as conn:
-            claimed = await conn.execute(
-                update(conversations)
-                .where(conversations.c.id == conversation_id, conversations.c.lease_token == token)
-                .values(
-                    next_position=conversations.c.next_position + len(items), lease_token=None, lease_expires_ms=None
-                )
-                .returning(conversations.c.next_position)
-            )
-            end = claimed.scalar_one_or_none()
-            if end is None:
-                await conn.rollback()
-                return False
-            rows = [{**row, "conversation_id": conversation_id} for row in item_rows(items, end - len(items))]
-            await conn.execute(insert(conversation_items), rows)
-        return True
+            return await self._pg.append_items(append)
+        return await append_on_sqlite(self.engine, append, items)
 
     async def holds_append(self, conversation_id: str, *, position: int, item_id: str) -> bool:
         """Whether an append whose items begin at `position` with `item_id` was stored: after its commit's answer was

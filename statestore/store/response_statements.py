@@ -1,25 +1,20 @@
-"""The Responses front door's hot path on PostgreSQL, below SQLAlchemy: the statements every turn runs, as asyncpg
-prepared statements on store/pg_hot_path.py's pools, each bound from its typed parameter object
-(store/statement.py). The conversation's lease is the leased log's (store/leased_log.py). SQLAlchemy Core keeps
-SQLite and every cold path (store/response_store.py, conversation_store.py, response_commit.py).
-
-A turn's commit is one statement, one round trip, one durable flush: the response and its items; on a conversation,
-the conditional move of its position (the lease's check), the response and the items, which are stored once, in
-conversation_items, with the response pointing at them.
+"""The Responses front door's hot reads: the previous response, a chain's context, a conversation's items, run on
+PostgreSQL as asyncpg prepared statements on store/pg_hot_path.py's pools, each bound from its typed parameter
+object (store/statement.py). The conversation's lease is the leased log's (store/leased_log.py); a turn's commit and
+an append are store/response_commit.py's. SQLAlchemy Core keeps SQLite and every cold path (store/response_store.py,
+conversation_store.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, Final
 
 import asyncpg
 from sqlalchemy import LargeBinary, and_, case, cast, func, literal_column, null, select, union_all
 
 from statestore.store.pg_hot_path import PgHotPath
-from statestore.store.response_records import StoredItem
+from statestore.store.response_commit import APPEND_ITEMS_PG, AppendItems
 from statestore.store.schema import conversation_items, conversations, response_items, responses
 from statestore.store.statement import CoreStatement, PgStatement, core_param
 
@@ -29,76 +24,6 @@ class GetResponse:
     response_id: str
     owner: str
     now_ms: int
-
-
-@dataclass(slots=True, kw_only=True)
-class ResponseTurnRow:
-    """What every Responses turn's commit stores, whether it chains on a response or lands on a conversation: the
-    response, its items as parallel arrays (one unnest inserts them all), the daily_usage row the turn adds to, and
-    what the turn measured (store/response_records.py ContextRecord)."""
-
-    id: str
-    owner: str
-    tenant_id: str | None
-    metadata_user_id: str | None
-    chain_bytes: int
-    body: bytes
-    created_ms: int
-    expires_ms: int
-    inputs: int  # the first `inputs` items are the input, the rest the output
-    item_ids: list[str]
-    bodies: list[bytes]
-    kinds: list[str]
-    rendered: list[bytes]
-    # The daily_usage row (store/usage_rows.py) and the bytes the turn stores.
-    usage_day: int
-    usage_shard: int
-    usage_bytes: int
-    context_tokens: int | None
-    context_bytes: int | None
-
-
-@dataclass(slots=True, kw_only=True)
-class InsertResponse(ResponseTurnRow):
-    """A chained turn: its place in the chain, and where the next turn's context starts."""
-
-    parent_id: str | None
-    root_id: str
-    depth: int
-    context_kept: int | None
-    context_head_id: str | None
-    context_head: bytes | None
-    # Where the items go (store/response_runs.py Placement): on in the parent's run, unless it is taken past the
-    # parent's end, else in a run of their own; all None for none.
-    extend_run: int | None
-    extend_from: int | None
-    extended: bytes | None
-    new_run: int | None
-    started: bytes | None
-
-
-@dataclass(slots=True, kw_only=True)
-class CommitConversationTurn(ResponseTurnRow):
-    """A turn on a conversation, committed only while it holds the lease `token` (a conversation's base is its
-    items: nothing else of the context is kept)."""
-
-    conversation_id: str
-    token: str | None
-    count: int  # items, inputs first
-
-
-@dataclass(slots=True, kw_only=True)
-class AppendItems:
-    """Items appended to a conversation (`POST /v1/conversations/{id}/items`), only while the append holds the lease
-    `token`, its turn id: once stored, the lease is gone, so the same append carried out again stores nothing."""
-
-    conversation_id: str
-    token: str
-    count: int
-    item_ids: list[str]
-    bodies: list[bytes]
-    kinds: list[str]
-    rendered: list[bytes]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -155,100 +80,6 @@ GET_RESPONSE: Final = CoreStatement(
     durable=True,
 )
 _GET_RESPONSE_PG: Final = GET_RESPONSE.on_pg()
-
-# A chained turn: the response, then its items (inputs first: an ordinal past :inputs is an output), in the parent's
-# run unless something is stored past the parent's end there (one probe of the runs' index), else in a run of their
-# own (store/response_runs.py). Nothing is stored, and no row returned, when the parent is gone (deleted while the turn
-# ran, or read from a cache entry a deletion could not drop: store/response_heads.py); else whether the run is new.
-INSERT_RESPONSE: Final = PgStatement(
-    InsertResponse,
-    """
-WITH placed AS (
-    SELECT :extend_run::bigint IS NULL OR EXISTS (
-        SELECT 1 FROM response_items WHERE run_id = :extend_run::bigint AND run_position >= :extend_from::integer
-    ) AS fresh
-    WHERE :parent_id::varchar IS NULL OR EXISTS (SELECT 1 FROM responses WHERE id = :parent_id::varchar)
-), added AS (
-    INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id, depth,
-        chain_bytes, body, created_ms, expires_ms, context_tokens, context_bytes, context_kept, context_head_id,
-        context_head, context_runs)
-    SELECT :id, :owner, :tenant_id, :metadata_user_id, :parent_id, :root_id, NULL, :depth, :chain_bytes, :body,
-        :created_ms, :expires_ms, :context_tokens, :context_bytes, :context_kept, :context_head_id, :context_head,
-        CASE WHEN placed.fresh THEN :started::bytea ELSE :extended::bytea END
-    FROM placed
-    RETURNING id
-), counted AS (
-    INSERT INTO daily_usage (day, shard, door, turns, bytes)
-    SELECT :usage_day, :usage_shard, 'responses', 1, :usage_bytes FROM added
-    ON CONFLICT (day, shard) DO UPDATE
-    SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
-), items AS (
-    INSERT INTO response_items (response_id, position, is_output, item_id, body, kind, rendered, run_id,
-        run_position)
-    SELECT added.id, (m.ord - 1)::integer, m.ord > :inputs, m.item_id, m.body, m.kind, m.rendered,
-        CASE WHEN placed.fresh THEN :new_run::bigint ELSE :extend_run::bigint END,
-        CASE WHEN placed.fresh THEN (m.ord - 1)::integer ELSE :extend_from::integer + (m.ord - 1)::integer END
-    FROM added, placed, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
-        WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
-)
-SELECT fresh FROM placed
-""",
-    durable=True,
-)
-
-# A turn on a conversation: nothing happens unless the turn still holds the lease (:token); then its items take the
-# next positions and the response points at the first of them. Returns that position, or no row (the lease was lost).
-COMMIT_CONVERSATION_TURN: Final = PgStatement(
-    CommitConversationTurn,
-    """
-WITH claimed AS (
-    UPDATE conversations SET next_position = next_position + :count, lease_token = NULL, lease_expires_ms = NULL,
-        expires_ms = :expires_ms, context_tokens = coalesce(:context_tokens, context_tokens),
-        context_bytes = coalesce(:context_bytes, context_bytes)
-    WHERE id = :conversation_id AND lease_token = :token
-    RETURNING next_position - :count AS start
-), added AS (
-    INSERT INTO responses (id, owner, tenant_id, metadata_user_id, parent_id, root_id, conversation_id,
-        conversation_position, input_count, output_count, depth, chain_bytes, body, created_ms, expires_ms,
-        context_tokens, context_bytes)
-    SELECT :id, :owner, :tenant_id, :metadata_user_id, NULL, :id, :conversation_id, claimed.start, :inputs,
-        :count - :inputs, 0, :chain_bytes, :body, :created_ms, :expires_ms, :context_tokens, :context_bytes
-    FROM claimed
-), items AS (
-    INSERT INTO conversation_items (conversation_id, position, item_id, body, kind, rendered)
-    SELECT :conversation_id, claimed.start + (m.ord - 1)::integer, m.item_id, m.body, m.kind, m.rendered
-    FROM claimed, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
-        WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
-), counted AS (
-    INSERT INTO daily_usage (day, shard, door, turns, bytes)
-    SELECT :usage_day, :usage_shard, 'responses', 1, :usage_bytes FROM claimed
-    ON CONFLICT (day, shard) DO UPDATE
-    SET turns = daily_usage.turns + 1, bytes = daily_usage.bytes + EXCLUDED.bytes
-)
-SELECT start FROM claimed
-""",
-    durable=True,
-)
-
-# An append's commit, as a turn's on a conversation (COMMIT_CONVERSATION_TURN) without a response: the items' first
-# position, or no row when the append no longer holds the lease.
-APPEND_ITEMS: Final = PgStatement(
-    AppendItems,
-    """
-WITH claimed AS (
-    UPDATE conversations SET next_position = next_position + :count, lease_token = NULL, lease_expires_ms = NULL
-    WHERE id = :conversation_id AND lease_token = :token
-    RETURNING next_position - :count AS start
-), items AS (
-    INSERT INTO conversation_items (conversation_id, position, item_id, body, kind, rendered)
-    SELECT :conversation_id, claimed.start + (m.ord - 1)::integer, m.item_id, m.body, m.kind, m.rendered
-    FROM claimed, unnest(:item_ids::varchar[], :bodies::bytea[], :kinds::varchar[], :rendered::bytea[])
-        WITH ORDINALITY AS m(item_id, body, kind, rendered, ord)
-)
-SELECT start FROM claimed
-""",
-    durable=True,
-)
 
 # A conversation's items, (kind, rendered, position) in order. Written once: PostgreSQL runs it compiled
 # (LOAD_CONVERSATION.pg), SQLite through Core.
@@ -333,14 +164,6 @@ POINTED_ITEMS: Final = CoreStatement(
 _POINTED_ITEMS_PG: Final = POINTED_ITEMS.on_pg()
 
 
-_ID, _BODY, _KIND, _RENDERED = (attrgetter(name) for name in ("item_id", "body", "kind", "rendered"))
-
-
-def item_arrays(items: Sequence[StoredItem]) -> tuple[list[str], list[bytes], list[str], list[bytes]]:
-    """The items' ids, bodies, kinds and renderings, as the four array parameters of a commit (each read in C)."""
-    return list(map(_ID, items)), list(map(_BODY, items)), list(map(_KIND, items)), list(map(_RENDERED, items))
-
-
 class PgResponseStatements:
     def __init__(self, pg: PgHotPath) -> None:
         self._pg = pg
@@ -365,7 +188,6 @@ class PgResponseStatements:
         """(kind, rendered, position) of a conversation's items, in order."""
         return await self._pg.fetch(_LOAD_CONVERSATION_PG, OfConversation(conversation_id=conversation_id))
 
-    async def append_items(self, append: AppendItems) -> int | None:
-        """The first position of the items appended (APPEND_ITEMS); None when the lease was no longer held."""
-        start: int | None = await self._pg.fetchval(APPEND_ITEMS, append)
-        return start
+    async def append_items(self, append: AppendItems) -> bool:
+        """Whether the items were appended (APPEND_ITEMS); False when the lease was no longer held."""
+        return await self._pg.fetchval(APPEND_ITEMS_PG, append) is not None
