@@ -96,6 +96,46 @@ def test_max_messages_refuses_the_third_turn_on_every_door(server: StatestoreSer
         assert gpt.responses.create(model=MODEL, input="solo", store=False).output_text
 
 
+def test_every_kind_of_turn_is_refused_at_its_third_under_max_messages(
+    server: StatestoreServer, backend: FakeBackend
+) -> None:
+    """Each other way a turn stores reaches the same enforcement: a session's turns on the Messages door, and a
+    streamed, a background and a WebSocket turn on the Responses door, each refused at the third turn under
+    `max_messages: 4` with nothing stored (the background one as it would be queued, never queued)."""
+    key = tenant_under(server, max_messages=4)
+    session = {"statestore-session-id": f"limits-{secrets.token_hex(4)}"}
+    with anthropic.Anthropic(base_url=server.url, api_key=key, max_retries=0) as claude:
+        for text in ("one", "two"):
+            claude.messages.create(
+                model=MODEL, max_tokens=64, messages=[{"role": "user", "content": text}], extra_headers=session
+            )
+        with pytest.raises(anthropic.BadRequestError) as refused:
+            claude.messages.create(
+                model=MODEL, max_tokens=64, messages=[{"role": "user", "content": "three"}], extra_headers=session
+            )
+        assert "limit of 4 messages" in refused.value.message
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=key, max_retries=0) as gpt:
+
+        def streamed(text: str, previous: str | None = None) -> str:
+            with gpt.responses.stream(model=MODEL, input=text, previous_response_id=previous) as stream:
+                return stream.get_final_response().id
+
+        second = streamed("two", streamed("one"))
+        with pytest.raises(openai.BadRequestError) as stream_refused:
+            streamed("three", second)
+        assert stream_refused.value.code == "too_many_messages"
+
+        with pytest.raises(openai.BadRequestError) as background_refused:
+            gpt.responses.create(model=MODEL, input="three", previous_response_id=second, background=True)
+        assert background_refused.value.code == "too_many_messages"
+        assert gpt.responses.create(model=MODEL, input="two again", previous_response_id=second, store=False)
+
+        with gpt.responses.connect() as connection:
+            connection.response.create(model=MODEL, input="three", previous_response_id=second)
+            event = next(iter(connection))
+        assert event.type == "error" and event.error.code == "too_many_messages", event
+
+
 def test_an_append_is_held_to_the_limits_a_turn_is(server: StatestoreServer, backend: FakeBackend) -> None:
     """`POST /v1/conversations/{id}/items` that would take the conversation over `max_messages` or
     `max_thread_bytes` is refused as a turn over it is, nothing stored and the conversation free (appends went past
