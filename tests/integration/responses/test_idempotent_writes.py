@@ -307,3 +307,45 @@ def test_the_openapi_document_names_the_key_on_every_write(responses_server: Sta
         assert "Idempotency-Key" in names, (path, method)
     cancel = paths["/v1/responses/{response_id}/cancel"]["post"]
     assert "Idempotency-Key" not in [p["name"] for p in cancel.get("parameters", [])]
+
+
+def lose_outcome(server: StatestoreServer, api_key: str, key: str) -> None:
+    """As if the replica that ran the write stopped before it kept the outcome: the key holds only its ids."""
+
+    async def forget() -> None:
+        engine = create_async_engine(server.database_url, poolclass=NullPool)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(
+                    text(
+                        "UPDATE idempotency_keys SET outcome = NULL, status = NULL, claim_token = 'gone', "
+                        "claim_expires_ms = 1 WHERE owner = :o AND key = :k"
+                    ),
+                    {"o": owner_of(api_key), "k": key},
+                )
+        finally:
+            await engine.dispose()
+
+    asyncio.run(forget())
+
+
+def test_a_retry_after_an_unkept_outcome_finds_the_write_done(
+    client: openai.OpenAI, door: StatestoreServer, api_key: str
+) -> None:
+    """A create or a delete whose outcome was never kept is not done twice: the retry finds the conversation under
+    the id the key named, or the thing deleted, and answers as the first would have."""
+    key = new_key()
+    before = conversations_of(door, api_key)
+    created = client.conversations.create(items=ITEMS, extra_headers=keyed(key))
+    lose_outcome(door, api_key, key)
+    again = client.conversations.create(items=ITEMS, extra_headers=keyed(key))
+    assert again.id == created.id and conversations_of(door, api_key) == before + 1
+    assert texts(client.conversations.items.list(created.id, order="asc").data) == ["first 0", "first 1"]
+
+    made = client.responses.create(model="echo-1", input="gone soon")
+    key = new_key()
+    client.responses.delete(made.id, extra_headers=keyed(key))
+    lose_outcome(door, api_key, key)
+    deleted = client.responses.with_raw_response.delete(made.id, extra_headers=keyed(key))
+    assert deleted.status_code == 200 and replayed(deleted)
+    assert deleted.http_response.json() == {"id": made.id, "object": "response.deleted", "deleted": True}
