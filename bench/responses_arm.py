@@ -87,6 +87,7 @@ class Arms:
         self.sse_head = ""
         self.socket_head = ""
         self.socket: aiohttp.ClientWebSocketResponse | None = None
+        self.offer_deflate = False  # the socket's client offers permessage-deflate, as the SDKs' do
         self.n = 0
 
     async def _post(self, url: str, body: Any, headers: dict[str, str]) -> tuple[float, Any, dict[str, str]]:
@@ -122,7 +123,10 @@ class Arms:
             )
             setattr(self, head, own["id"])
         self.socket = await self.http.ws_connect(
-            self.statestore.replace("http://", "ws://") + "/v1/responses", headers=_bearer(), max_msg_size=0
+            self.statestore.replace("http://", "ws://") + "/v1/responses",
+            headers=_bearer(),
+            max_msg_size=0,
+            compress=15 if self.offer_deflate else 0,
         )
         _, conversation, _ = await self._post(self.statestore + "/v1/conversations", {}, _bearer())
         self.conversation_id = conversation["id"]
@@ -267,13 +271,22 @@ Arm = Callable[[], Awaitable[float]]
 
 
 async def measure(
-    statestore: str, backend: str, rounds: int, meter: Meter, *, batch: int, depths: list[int], only: list[str]
+    statestore: str,
+    backend: str,
+    rounds: int,
+    meter: Meter,
+    *,
+    batch: int,
+    depths: list[int],
+    only: list[str],
+    offer_deflate: bool = False,
 ) -> dict[str, dict[str, dict[str, float]]]:
     results: dict[str, dict[str, dict[str, float]]] = {}
     timeout = aiohttp.ClientTimeout(total=120)
     async with aiohttp.ClientSession(timeout=timeout) as http:
         for size_name, size in SIZES.items():
             arms = Arms(http, statestore, backend, history(size))
+            arms.offer_deflate = offer_deflate
             await arms.setup()
             order: dict[str, Arm] = {
                 "chat": arms.chat,
@@ -330,6 +343,15 @@ def main() -> None:
         help="only these arms, e.g. response,response-sse,socket (default all); ratios are then to the first",
     )
     parser.add_argument(
+        "--offer-deflate",
+        action="store_true",
+        help="the socket's client offers permessage-deflate, as the SDKs' do (statestore takes it up only with "
+        "--set STATESTORE_SOCKET_COMPRESSION=true)",
+    )
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="NAME=VALUE", help="a setting of the statestore server"
+    )
+    parser.add_argument(
         "--services",
         choices=("own", "shared"),
         default="own",
@@ -354,6 +376,7 @@ def main() -> None:
         prefix = services.enter_context(redis_prefix(redis_url))
         env = _statestore_env(database, redis_url, prefix, backend_url, "WARNING")
         env["STATESTORE_CHAT_UPSTREAM_URL"] = backend_url
+        env.update(setting.split("=", 1) for setting in args.set)
         backend = Service(
             "backend", [python(), "-m", "bench.backend", "--port", str(backend_port)], env=env, log_dir=work,
             health_url=backend_url + "/v1/models",
@@ -375,7 +398,16 @@ def main() -> None:
             meter = Meter([server.pid], admin_dsn, redis_url)
             meter.idle()
             results = asyncio.run(
-                measure(statestore_url, backend_url, args.rounds, meter, batch=args.batch, depths=depths, only=only)
+                measure(
+                    statestore_url,
+                    backend_url,
+                    args.rounds,
+                    meter,
+                    batch=args.batch,
+                    depths=depths,
+                    only=only,
+                    offer_deflate=args.offer_deflate,
+                )
             )
         finally:
             if server is not None:

@@ -60,6 +60,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         # WebSocket mode on /v1/responses (api/responses_socket.py): a message is limited as a body is.
         ws=StatestoreWebSocketProtocol,
         ws_max_size=settings.max_body_bytes,
+        ws_per_message_deflate=settings.socket_compression,
         ws_ping_interval=settings.socket_ping_seconds,
         ws_ping_timeout=settings.socket_ping_seconds,
         access_log=False,

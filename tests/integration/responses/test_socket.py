@@ -322,18 +322,41 @@ def test_a_client_that_leaves_mid_response_leaves_no_row(
     assert asyncio.run(rows.counts(api_key))["responses"] == 1
 
 
-@pytest.mark.parametrize("compression", ["deflate", None])
+@pytest.mark.parametrize("compression", ["off", "on"])
 def test_each_event_is_a_message_of_its_own_compressed_or_not(
-    responses_server: StatestoreServer, api_key: str, compression: str | None
+    responses_server: StatestoreServer,
+    tmp_path_factory: pytest.TempPathFactory,
+    fake_backend_process: FakeBackend,
+    api_key: str,
+    compression: str,
 ) -> None:
     """A turn's events leave in few writes (statestore/socket_protocol.py), framed by statestore where nothing is
-    negotiated and by websockets where permessage-deflate is: either way one message an event, in order."""
+    negotiated (permessage-deflate is off unless STATESTORE_SOCKET_COMPRESSION turns it on, though the client offers
+    it as the SDKs do) and by websockets where it is: either way one message an event, in order."""
+    server = responses_server
+    if compression == "on":
+        from statestore.store.migrate import upgrade
+
+        url = f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('socket-deflate') / 'statestore.db'}"
+        upgrade(url)
+        server = StatestoreServer(
+            database_url=url,
+            upstream_url=fake_backend_process.url,
+            env={"STATESTORE_CHAT_UPSTREAM_URL": fake_backend_process.url, "STATESTORE_SOCKET_COMPRESSION": "true"},
+        )
     headers = {"authorization": f"Bearer {api_key}"}
-    with websockets.sync.client.connect(
-        ws_url(responses_server), additional_headers=headers, compression=compression
-    ) as socket:
-        first = raw_turn(socket, model="echo-1", input="x" * 70_000)  # a frame with a 64-bit length
-        events = raw_turn(socket, model="echo-1", input="again", previous_response_id=first[-1]["response"]["id"])
+    try:
+        with websockets.sync.client.connect(
+            ws_url(server), additional_headers=headers, compression="deflate"
+        ) as socket:
+            assert [e.name for e in socket.protocol.extensions] == (
+                ["permessage-deflate"] if compression == "on" else []
+            )
+            first = raw_turn(socket, model="echo-1", input="x" * 70_000)  # a frame with a 64-bit length
+            events = raw_turn(socket, model="echo-1", input="again", previous_response_id=first[-1]["response"]["id"])
+    finally:
+        if server is not responses_server:
+            server.stop()
     assert [event["type"] for event in events] == [event["type"] for event in first]
     assert [event["sequence_number"] for event in events] == list(range(len(events)))
     assert events[-1]["type"] == "response.completed"
