@@ -91,7 +91,7 @@ async def write_once(
         body=body,
         shaping=shaping,
         intended=intended,
-        run=run,
+        run=lambda claim: run(claim.intended),
         recover=recover,
         user_id=user_id,
     )
@@ -111,14 +111,14 @@ async def keyed_write(
     body: bytes,
     shaping: tuple[bytes | None, ...] = (),
     intended: str,
-    run: Callable[[str], Awaitable[Response]],
+    run: Callable[[Claim], Awaitable[Response]],
     recover: Recover,
     follow: Follow | None = None,
     user_id: str | None = None,
 ) -> Response:
-    """Run `run(intended ids)` once under the key, or answer with the outcome kept (or found stored by `recover`).
-    `user_id`: the `metadata.user_id` whose erasure erases the key, when the body does not say it (an append's is
-    its conversation's)."""
+    """Run `run(claim)` once under the key (the write stores under `claim.intended`), or answer with the outcome kept
+    (or found stored by `recover`). `user_id`: the `metadata.user_id` whose erasure erases the key, when the body does
+    not say it (an append's is its conversation's)."""
     request = KeyedRequest(
         owner=principal.owner,
         tenant_id=principal.tenant_id,
@@ -130,7 +130,7 @@ async def keyed_write(
     if isinstance(begun, Outcome):
         return replayed(begun, follow)
     try:
-        response = await run(begun.intended)
+        response = await run(begun)
     except StatestoreError as exc:
         await _fail(idempotency, begun, stored_nothing=exc.status < 500)
         raise

@@ -12,9 +12,11 @@ from starlette.responses import Response
 from statestore.api import schemas
 from statestore.api.deps import ResourcesDep
 from statestore.api.hot_routes import hot_route
+from statestore.api.idempotent import with_key
 from statestore.api.relay import relay
 from statestore.api.threaded import serve_threaded_turn
 from statestore.api.threaded_count import counted_response
+from statestore.api.threaded_keyed import keyed_turn
 from statestore.errors import AuthenticationFailed, InvalidRequest
 from statestore.resources import Resources
 from statestore.store.engine import DATABASE_ERRORS
@@ -51,8 +53,11 @@ def parse_json_body(headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str
     return parsed
 
 
-@hot_route(router, "/v1/messages")
+@hot_route(router, "/v1/messages", openapi_extra=with_key({}))
 async def create_message(resources: Resources, headers: list[tuple[bytes, bytes]], query: str, body: bytes) -> Response:
+    """A relay, or with `thread` or a session header a threaded turn (docs/protocol.md §2, §6). An `Idempotency-Key`
+    makes a threaded turn's retry safe (§11); a relayed request stores nothing, and its key goes to the backend as
+    it came."""
     parsed = parse_json_body(headers, body)
     turn = read_turn(parsed, headers)
     if turn is None:
@@ -61,6 +66,10 @@ async def create_message(resources: Resources, headers: list[tuple[bytes, bytes]
         path = "/v1/messages" + (f"?{query}" if query else "")
         return await relay(resources.upstream, "POST", path, headers, body, credential=credential)
     principal = await resources.authenticator.authenticate(headers)
+    if turn.idempotency_key is not None:
+        return await keyed_turn(
+            resources, turn, principal, headers=headers, query=query, body=body, raw_key=turn.idempotency_key
+        )
     return await serve_threaded_turn(
         resources.threads, resources.upstream, turn=turn, principal=principal, headers=headers, query=query
     )

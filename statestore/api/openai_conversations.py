@@ -14,7 +14,7 @@ from statestore.api.deps import ResourcesDep
 from statestore.api.idempotent import key_of, keyed_write, outcome_of, with_key, write_once
 from statestore.api.openai_responses import JSON, header, json_response, list_params, page, turns_of
 from statestore.api.responses import bytes_response
-from statestore.core.idempotency import Outcome
+from statestore.core.idempotency import Claim, Outcome
 from statestore.policy import Policy
 from statestore.resources import Resources
 from statestore.responses import request_schemas, schemas
@@ -219,9 +219,9 @@ async def add_items(conversation_id: str, request: Request, resources: Resources
     # The items are the conversation's user's: its erasure erases the key, and the outcome that holds them.
     user_id = await conversations.user_id(owner, _checked(conversation_id), now_ms=resources.clock())
 
-    async def run(intended: str) -> Response:
+    async def run(claim: Claim) -> Response:
         # Under the item ids the key's claim named, so a retry can find them stored.
-        ids = orjson.loads(intended)
+        ids = orjson.loads(claim.intended)
         return await _append(
             resources, policy, owner, conversation_id, [{**i, "id": n} for i, n in zip(items, ids, strict=True)]
         )

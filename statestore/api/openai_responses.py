@@ -137,8 +137,8 @@ async def _keyed(
         body=body,
         shaping=(header(headers, b"statestore-ttl"),),
         intended=new_id("resp_"),
-        run=lambda response_id: _run(
-            resources, turns, principal, turn, headers=headers, body=body, response_id=response_id
+        run=lambda claim: _run(
+            resources, turns, principal, turn, headers=headers, body=body, response_id=claim.intended
         ),
         recover=recover,
         follow=follow,

@@ -4,7 +4,7 @@ is committed before the client can see its end (docs/protocol.md §2): the JSON 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import anyio
@@ -56,8 +56,14 @@ async def serve_threaded_turn(
     principal: Principal,
     headers: list[tuple[bytes, bytes]],
     query: str,
+    response_id: str | None = None,
+    begun: Callable[[str], Awaitable[None]] | None = None,
 ) -> Response:
-    return await _ThreadedTurn(service, upstream).serve(turn, principal, headers, query)
+    """`response_id`: the reply's id an Idempotency-Key's claim named; `begun`: told the reply's id once the head is
+    taken, before the turn is forwarded (a keyed turn names it under its key, api/threaded_keyed.py)."""
+    return await _ThreadedTurn(service, upstream).serve(
+        turn, principal, headers, query, response_id=response_id, begun=begun
+    )
 
 
 class _ThreadedTurn:
@@ -68,10 +74,19 @@ class _ThreadedTurn:
         self.upstream = upstream
 
     async def serve(
-        self, turn: ThreadTurn, principal: Principal, headers: list[tuple[bytes, bytes]], query: str
+        self,
+        turn: ThreadTurn,
+        principal: Principal,
+        headers: list[tuple[bytes, bytes]],
+        query: str,
+        *,
+        response_id: str | None,
+        begun: Callable[[str], Awaitable[None]] | None,
     ) -> Response:
-        prepared = await self.service.begin(turn, principal, headers)
+        prepared = await self.service.begin(turn, principal, headers, response_id=response_id)
         try:
+            if begun is not None:
+                await begun(prepared.response_id)
             return await self._forward(prepared, principal, headers, query)
         except BaseException:
             with anyio.CancelScope(shield=True):

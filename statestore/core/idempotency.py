@@ -155,6 +155,15 @@ class Idempotency:
         keeper.start()
         return Claim(request, token, intended, keeper)
 
+    async def intend(self, claim: Claim, intended: str) -> None:
+        """The claimed write will store `intended` instead (ids it learnt only once it began, before its commit), so
+        a retry looks for those. Raises IdempotencyKeyInFlight when the claim ran out and another request took it."""
+        if not await self.store.intend(claim.request.owner, claim.request.key, claim.token, intended):
+            raise IdempotencyKeyInFlight(
+                f"A request with Idempotency-Key '{claim.request.key}' is still being processed."
+            )
+        claim.intended = intended
+
     async def succeed(self, claim: Claim, outcome: Outcome) -> None:
         claim.keeper.stop()
         await self.store.keep(claim.request, outcome, token=claim.token)

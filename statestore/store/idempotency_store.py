@@ -173,6 +173,17 @@ class IdempotencyStore:
             )
         return bool(renewed.rowcount == 1)
 
+    async def intend(self, owner: str, key: str, token: str, intended: str) -> bool:
+        """Name the ids the claimed write will store, once it knows them (a threaded turn learns its thread only when
+        it takes the head), still before its commit; False when the claim was lost."""
+        async with self.engine.begin() as conn:
+            named = await conn.execute(
+                update(ik)
+                .where(ik.c.owner == owner, ik.c.key == key, ik.c.claim_token == token)
+                .values(intended=intended)
+            )
+        return bool(named.rowcount == 1)
+
     async def keep(self, request: KeyedRequest, outcome: Outcome, *, token: str | None) -> bool:
         """Keep the write's outcome under the key, ending its claim. `token` None: an outcome found stored (a write
         whose replica stopped before it kept it), kept unless another did first."""

@@ -53,6 +53,17 @@ class ThreadExport:
     max_tokens: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StoredReply:
+    """A reply as its thread stores it (`{"role": "assistant", "content": [...]}`, opened), with what a turn's answer
+    says beside it: the thread's expiry and session, and the model its latest turn asked for."""
+
+    body: bytes
+    expires_ms: int
+    session_id: str | None
+    model: str | None
+
+
 _INFO_COLUMNS = (
     threads.c.id,
     threads.c.session_id,
@@ -199,6 +210,40 @@ class ThreadQueries:
             model=row.last_model,
             max_tokens=row.last_max_tokens,
         )
+
+    async def stored_reply(self, owner: str, thread_id: str, response_id: str, *, now_ms: int) -> StoredReply | None:
+        """The reply `response_id` of the owner's live thread, or None: how a retry under an Idempotency-Key finds a
+        turn that was stored though its outcome was never kept (api/threaded_keyed.py)."""
+        stmt = (
+            select(
+                thread_messages.c.position,
+                thread_messages.c.body,
+                threads.c.expires_ms,
+                threads.c.session_id,
+                threads.c.last_model,
+            )
+            .join(threads, threads.c.id == thread_messages.c.thread_id)
+            .where(
+                thread_messages.c.thread_id == thread_id,
+                thread_messages.c.response_id == response_id,
+                threads.c.id == thread_id,
+                live(owner, now_ms),
+            )
+        )
+        async with self.engine.connect() as conn:
+            row = (await conn.execute(stmt)).first()
+        if row is None:
+            return None
+        body = bytes(row.body)
+        if self._content is not None:
+            (body,) = await open_rows(
+                self._content,
+                [body],
+                [message_data(owner, thread_id, row.position)],
+                table="thread_messages",
+                thread_id=thread_id,
+            )
+        return StoredReply(body=body, expires_ms=row.expires_ms, session_id=row.session_id, model=row.last_model)
 
     async def _open_export(
         self,

@@ -84,11 +84,18 @@ class ThreadService:
         )
 
     async def begin(
-        self, turn: ThreadTurn, principal: Principal, headers: Iterable[tuple[bytes, bytes]] = ()
+        self,
+        turn: ThreadTurn,
+        principal: Principal,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        *,
+        response_id: str | None = None,
     ) -> PreparedTurn:
         """Take the head of the turn's thread (or start a new one) and rebuild the request to forward. `headers`: the
-        client's, which a summary request carries as the turn does. Raises a StatestoreError (a thread error, 400,
-        503) with nothing held when the turn cannot go ahead."""
+        client's, which a summary request carries as the turn does. `response_id`: the reply's id an Idempotency-Key's
+        claim named (api/threaded_keyed.py), kept when it is of the thread the turn takes (a create's thread is the
+        one it names); else a new one is minted. Raises a StatestoreError (a thread error, 400, 503) with nothing held
+        when the turn cannot go ahead."""
         kind: Literal["create", "continue"] = "continue" if turn.mode == "continue" else "create"
         try:
             policy = await with_window(
@@ -96,7 +103,11 @@ class ThreadService:
             )
             rules.check_policy(policy, turn)
             prepared = await self._prepare(
-                turn, principal, policy, summarizer(self.summaries, headers, principal.upstream_credential)
+                turn,
+                principal,
+                policy,
+                summarizer(self.summaries, headers, principal.upstream_credential),
+                response_id,
             )
         except StatestoreError:
             self.metrics.count_thread_turn(kind, "rejected")
@@ -119,7 +130,12 @@ class ThreadService:
     # -- taking the head ---------------------------------------------------------------------------------------
 
     async def _prepare(
-        self, turn: ThreadTurn, principal: Principal, policy: Policy, summarize: context_step.Summarize | None
+        self,
+        turn: ThreadTurn,
+        principal: Principal,
+        policy: Policy,
+        summarize: context_step.Summarize | None,
+        response_id: str | None,
     ) -> PreparedTurn:
         owner = principal.owner
         now = self.clock()
@@ -134,7 +150,7 @@ class ThreadService:
             held = await self.heads.take_by_response(
                 thread_id=thread_id, owner=owner, response_id=turn.previous_message_id, token=token, now=now
             )
-            return await self._continue(held, token, turn, policy, now, summarize=summarize)
+            return await self._continue(held, token, turn, policy, now, summarize=summarize, response_id=response_id)
         if turn.mode == "session":
             assert turn.session is not None
             leased = await self.repository.acquire_by_session(
@@ -143,10 +159,12 @@ class ThreadService:
             if leased is not None:
                 self.metrics.count_thread_head("lease")
                 held = Held(leased=leased, cached=None, claim=None)
-                return await self._continue(held, token, turn, policy, now, summarize=summarize, prefetched=False)
+                return await self._continue(
+                    held, token, turn, policy, now, summarize=summarize, prefetched=False, response_id=response_id
+                )
             if await self.repository.session_is_busy(owner=owner, session=turn.session, now_ms=now):
                 raise ThreadContinueInFlight("another request is continuing this session right now")
-        return await self._create(principal, token, turn, policy, now)
+        return await self._create(principal, token, turn, policy, now, response_id=response_id)
 
     async def _sealer(self, owner: str, tenant_id: str | None, user_id: str | None) -> ContentSealer:
         """The sealer of a thread's scope; CLEAR (and no await that does work) when encryption is off."""
@@ -155,7 +173,7 @@ class ThreadService:
         return await self._content.sealer(thread_scope(owner, tenant_id, user_id))
 
     async def _create(
-        self, principal: Principal, token: str, turn: ThreadTurn, policy: Policy, now: int
+        self, principal: Principal, token: str, turn: ThreadTurn, policy: Policy, now: int, *, response_id: str | None
     ) -> PreparedTurn:
         system = turn.system if turn.has_system else None
         tools = turn.tools if turn.has_tools else None
@@ -172,8 +190,11 @@ class ThreadService:
             ttl_header=turn.ttl_header,
             current_ttl=None,
         )
+        named = thread_of_response(response_id) if response_id is not None else None
+        if named is None:
+            response_id = None
         thread = NewThread(
-            id=new_thread_id(),
+            id=named or new_thread_id(),
             owner=principal.owner,
             tenant_id=principal.tenant_id,
             session_id=turn.session,
@@ -205,7 +226,7 @@ class ThreadService:
             creating=True,
             start_position=0,
             new_rows=new.stored,
-            response_id=new_response_id(thread.id),
+            response_id=response_id or new_response_id(thread.id),
             ttl_seconds=ttl,
             expires_ms=now + ttl * 1000,
             session=turn.session,
@@ -232,6 +253,7 @@ class ThreadService:
         *,
         summarize: context_step.Summarize | None,
         prefetched: bool = True,
+        response_id: str | None = None,
     ) -> PreparedTurn:
         """`held`: the thread, and the Redis claim on its head if any (without the database's lease, its commit is a
         compare-and-set on that head); `prefetched`: whether `held.cached` was read."""
@@ -287,7 +309,11 @@ class ThreadService:
             creating=False,
             start_position=leased.head_position,
             new_rows=new.stored,
-            response_id=new_response_id(leased.id),
+            response_id=(
+                response_id
+                if response_id is not None and thread_of_response(response_id) == leased.id
+                else new_response_id(leased.id)
+            ),
             ttl_seconds=ttl,
             expires_ms=now + ttl * 1000,
             session=turn.session,

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from statestore.core.idempotency import KEY_HEADER
 from statestore.errors import InvalidRequest
 from statestore.upstream.client import THREADS_BETA
 
@@ -41,6 +42,8 @@ class ThreadTurn:
     metadata_user_id: str | None
     ttl_header: bytes | None
     anthropic_beta: str
+    # The `Idempotency-Key` header as sent (docs/protocol.md §11), read with the others in one lookup.
+    idempotency_key: bytes | None = None
 
     @property
     def has_system(self) -> bool:
@@ -150,4 +153,5 @@ def read_turn(body: dict[str, Any], headers: list[tuple[bytes, bytes]]) -> Threa
         metadata_user_id=user_id,
         ttl_header=named.get(TTL_HEADER),
         anthropic_beta=(named.get(b"anthropic-beta") or b"").decode("latin-1"),
+        idempotency_key=named.get(KEY_HEADER),
     )

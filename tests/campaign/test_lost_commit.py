@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit
 
+import anthropic
 import asyncpg
 import httpx
 import openai
@@ -307,3 +308,51 @@ def _answered_once_by_another(database_url: str, proxy: FaultProxy, dying: Serve
     again = httpx.post(f"{other.url}/v1/responses", json=body, headers=headers, timeout=30)
     assert again.status_code == 200 and again.json() == retried.json()
     assert query(database_url, "SELECT id FROM responses WHERE metadata_user_id = :u", {"u": user_id}) == stored
+
+
+@pytest.mark.parametrize("fault", ["lost_reply", "dropped"])
+def test_a_keyed_thread_turn_whose_commit_was_lost_is_stored_once(
+    lossy_server: tuple[StatestoreServer, FaultProxy], fault: str
+) -> None:
+    """A continue sent with an Idempotency-Key through the `anthropic` SDK, whose retries are on: a commit whose
+    acknowledgement was lost is answered as stored, and the same request sent again with its key is replayed; a commit
+    dropped on its way is a 503 the SDK retries with the key, stored once."""
+    server, proxy = lossy_server
+    api_key = f"sk-lost-{secrets.token_hex(6)}"
+    with anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=2, timeout=30) as client:
+
+        def send(words: str, previous: str | None, key: str | None = None) -> Any:
+            thread = {"type": "continue", "previous_message_id": previous} if previous else {"type": "create"}
+            return client.beta.messages.with_raw_response.create(
+                model="claude-test",
+                max_tokens=64,
+                messages=[{"role": "user", "content": words}],
+                betas=["message-threads-2026-08-12"],
+                extra_body={"thread": thread},
+                extra_headers={"Idempotency-Key": key} if key else {},
+            )
+
+        root = send("one", None).parse()
+        marker = f"keyed-{fault}-{secrets.token_hex(4)}"
+        key = f"key-{secrets.token_hex(8)}"
+        if fault == "lost_reply":
+            proxy.faults.lose_reply_after = marker.encode()
+        else:
+            proxy.faults.drop_request_with = marker.encode()
+        first = send(marker, root.id, key)
+        assert proxy.faults.lose_reply_after is None and proxy.faults.drop_request_with is None, (
+            "the commit never went through the proxy"
+        )
+        reply = first.parse()
+        assert reply.content[0].text == f"echo: {marker}"
+        # Dropped: the SDK retried the 503 with the key (the same claim), and that retry stored the turn.
+        assert first.retries_taken == (1 if fault == "dropped" else 0)
+        again = send(marker, root.id, key)
+        assert again.headers["idempotent-replayed"] == "true" and again.parse().id == reply.id
+        thread_id = first.headers["statestore-thread-id"]
+        exported = httpx.get(
+            f"{server.url}/statestore/v1/threads/{thread_id}/messages", headers={"x-api-key": api_key}, timeout=10
+        ).json()
+        texts = [m["content"] for m in exported["messages"] if m["role"] == "user"]
+        assert texts == ["one", marker]
+        assert send("after", reply.id).parse().content[0].text == "echo: after"

@@ -93,6 +93,37 @@ async def test_a_claim_that_ran_out_is_taken_over_with_its_intended_ids(resource
     assert not isinstance(await keys.begin(keyed("r", body="c"), intended="resp_6", recover=nothing_stored), Outcome)
 
 
+async def test_a_claim_names_the_ids_its_write_learnt_once_it_began(resources: Resources) -> None:
+    """A session turn knows its thread only once it has taken the head (api/threaded_keyed.py): its claim names the
+    reply's id then, before the commit, and a retry looks for that one; a claim taken over can no longer name any."""
+    now = [NOW]
+    keys = Idempotency(resources.idempotency.store, clock=lambda: now[0], claim_seconds=30, ttl_for=_ttl)
+    first = await keys.begin(keyed("k"), intended="msg_proposed", recover=nothing_stored)
+    assert not isinstance(first, Outcome)
+    await keys.intend(first, "msg_in_the_session")
+    assert first.intended == "msg_in_the_session"
+    first.keeper.stop()  # the replica stops after the commit, before it kept the outcome
+    now[0] += 31_000
+    looked_for: list[str] = []
+
+    async def found(intended: str) -> Outcome | None:
+        looked_for.append(intended)
+        return Outcome(status=200, headers=(), body=intended.encode())
+
+    assert (await keys.begin(keyed("k"), intended="msg_other", recover=found)).body == b"msg_in_the_session"  # type: ignore[union-attr]
+    assert looked_for == ["msg_in_the_session"]
+    # A claim that ran out and was taken over by another request is no longer the first's to name.
+    stale = await keys.begin(keyed("s"), intended="msg_a", recover=nothing_stored)
+    assert not isinstance(stale, Outcome)
+    stale.keeper.stop()
+    now[0] += 31_000
+    taken = await keys.begin(keyed("s"), intended="msg_b", recover=nothing_stored)
+    assert not isinstance(taken, Outcome)
+    with pytest.raises(IdempotencyKeyInFlight):
+        await keys.intend(stale, "msg_c")
+    await keys.fail(taken, stored_nothing=True)
+
+
 async def test_keys_are_purged_when_their_time_is_up_and_erased_with_their_owner(resources: Resources) -> None:
     now = [resources.clock()]
     keys = Idempotency(resources.idempotency.store, clock=lambda: now[0], claim_seconds=30, ttl_for=_ttl)
