@@ -12,7 +12,7 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from statestore.store.leased_log import PG_TAKE_THREAD_BY_RESPONSE, TakeThreadByResponse
+from statestore.store.leased_log import TAKE_THREAD_BY_RESPONSE, TakeThreadByResponse
 from statestore.store.thread_commit import COMMIT_THREAD_TURN, CommitThreadTurn, usage_key
 from statestore.store.turn_records import TurnCommit, TurnUsage
 
@@ -35,6 +35,7 @@ COMMIT = TurnCommit(
 
 
 _COMMIT_PG = COMMIT_THREAD_TURN.on_pg()
+_TAKE_PG = TAKE_THREAD_BY_RESPONSE.on_pg()
 
 
 def commit_as_tuple() -> tuple[Any, ...]:
@@ -75,7 +76,7 @@ def take_as_tuple() -> tuple[Any, ...]:
 
 
 def take_by_name() -> tuple[Any, ...]:
-    return PG_TAKE_THREAD_BY_RESPONSE.bind(
+    return _TAKE_PG.bind(
         TakeThreadByResponse(
             thread_id="thr_0123456789abcdef",
             owner="owner",

@@ -8,8 +8,9 @@ whose lease ran out and was taken over stores nothing) or releases it. A lost le
 `renew` and `commit` return False, having changed nothing. A log that cannot be taken is None from `take_*`; why is
 asked apart, on the refusal path only.
 
-SQLAlchemy Core for SQLite; on PostgreSQL the same statements as asyncpg prepared statements (store/pg_hot_path.py),
-each bound from the same typed parameter object (store/statement.py).
+Each statement written once, as SQLAlchemy Core: run through Core on SQLite, and on PostgreSQL compiled once for
+asyncpg and run as a prepared statement (store/pg_hot_path.py), each bound from the same typed parameter object
+(store/statement.py).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from sqlalchemy import Table, func, or_, select, update
+from sqlalchemy import Table, func, literal_column, null, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.dml import Update
@@ -78,30 +79,6 @@ class Release:
 
 # -- the statements ------------------------------------------------------------------------------------------------
 
-PG_TAKE_THREAD_BY_RESPONSE: Final = PgStatement(
-    TakeThreadByResponse,
-    """
-UPDATE threads SET lease_token = :token, lease_expires_ms = :until_ms
-WHERE id = :thread_id AND owner = :owner AND head_message_id = :head_message_id AND expires_ms > :now_ms
-  AND (lease_token IS NULL OR lease_expires_ms <= :now_ms)
-RETURNING id, owner, tenant_id, metadata_user_id, session_id, system, tools, system_fp, tools_fp, output_config_fp,
-  fixed_markers, head_position,
-  byte_count, ttl_seconds, base_position, base_bytes, COALESCE(octet_length(context_head), 0) AS head_bytes,
-  context_tokens
-""",
-    durable=False,
-)
-PG_TAKE_CONVERSATION: Final = PgStatement(
-    TakeConversation,
-    """
-UPDATE conversations SET lease_token = :token, lease_expires_ms = :until_ms
-WHERE id = :conversation_id AND owner = :owner AND expires_ms > :now_ms
-  AND (lease_token IS NULL OR lease_expires_ms <= :now_ms)
-RETURNING next_position, coalesce(context_tokens, 0) AS context_tokens, coalesce(context_bytes, 0) AS context_bytes
-""",
-    durable=False,
-)
-
 LEASED_COLUMNS = (
     threads.c.id,
     threads.c.owner,
@@ -119,7 +96,7 @@ LEASED_COLUMNS = (
     threads.c.ttl_seconds,
     threads.c.base_position,
     threads.c.base_bytes,
-    func.coalesce(func.length(threads.c.context_head), 0).label("head_bytes"),
+    func.coalesce(func.length(threads.c.context_head), literal_column("0")).label("head_bytes"),
     threads.c.context_tokens,
 )
 
@@ -134,9 +111,10 @@ def _take(table: Table, *chosen: ColumnElement[bool]) -> Update:
     )
 
 
-# Built once: SQLAlchemy would otherwise rebuild and re-hash each expression on every call before finding its
-# compiled form.
-CORE_TAKE_THREAD_BY_RESPONSE: Final = CoreStatement(
+# Written once, built once: PostgreSQL runs each compiled for asyncpg (its `.pg`, taken once here), SQLite through
+# Core, which would otherwise rebuild and re-hash each expression on every call before finding its compiled form.
+# Taking a lease commits asynchronously on PostgreSQL (store/pg_hot_path.py says why that is safe).
+TAKE_THREAD_BY_RESPONSE: Final = CoreStatement(
     TakeThreadByResponse,
     _take(
         threads,
@@ -144,8 +122,9 @@ CORE_TAKE_THREAD_BY_RESPONSE: Final = CoreStatement(
         threads.c.owner == core_param("owner"),
         threads.c.head_message_id == core_param("head_message_id"),
     ).returning(*LEASED_COLUMNS),
+    durable=False,
 )
-CORE_TAKE_THREAD_BY_SESSION: Final = CoreStatement(
+TAKE_THREAD_BY_SESSION: Final = CoreStatement(
     TakeThreadBySession,
     _take(
         threads,
@@ -157,7 +136,7 @@ CORE_TAKE_THREAD_BY_SESSION: Final = CoreStatement(
         threads.c.head_message_id.is_not(None),
     ).returning(*LEASED_COLUMNS),
 )
-CORE_TAKE_CONVERSATION: Final = CoreStatement(
+TAKE_CONVERSATION: Final = CoreStatement(
     TakeConversation,
     _take(
         conversations,
@@ -165,45 +144,36 @@ CORE_TAKE_CONVERSATION: Final = CoreStatement(
         conversations.c.owner == core_param("owner"),
     ).returning(
         conversations.c.next_position,
-        func.coalesce(conversations.c.context_tokens, 0).label("context_tokens"),
-        func.coalesce(conversations.c.context_bytes, 0).label("context_bytes"),
+        func.coalesce(conversations.c.context_tokens, literal_column("0")).label("context_tokens"),
+        func.coalesce(conversations.c.context_bytes, literal_column("0")).label("context_bytes"),
     ),
+    durable=False,
 )
+_TAKE_THREAD_BY_RESPONSE_PG: Final = TAKE_THREAD_BY_RESPONSE.on_pg()
+_TAKE_CONVERSATION_PG: Final = TAKE_CONVERSATION.on_pg()
 
 
 @dataclass(frozen=True, slots=True)
 class LogTable:
     """A table of leased logs (each row one log, with `id`, `lease_token` and `lease_expires_ms`) and the statements
-    that renew and release a lease on one of its rows."""
+    that renew and release a lease on one of its rows, written once (as the takes are) and compiled for asyncpg."""
 
     name: str
-    pg_renew: PgStatement[Renew]
-    pg_release: PgStatement[Release]
-    core_renew: CoreStatement[Renew]
-    core_release: CoreStatement[Release]
+    renew: CoreStatement[Renew]
+    release: CoreStatement[Release]
+    renew_pg: PgStatement[Renew]
+    release_pg: PgStatement[Release]
 
     @classmethod
     def of(cls, table: Table) -> LogTable:
         held = (table.c.id == core_param("log_id"), table.c.lease_token == core_param("token"))
-        # The table's name is the schema's, never a value from a request.
-        return cls(
-            name=table.name,
-            pg_renew=PgStatement(
-                Renew,
-                f"UPDATE {table.name} SET lease_expires_ms = :until_ms WHERE id = :log_id AND lease_token = :token",  # noqa: S608
-                durable=False,
-            ),
-            pg_release=PgStatement(
-                Release,
-                f"UPDATE {table.name} SET lease_token = NULL, lease_expires_ms = NULL "  # noqa: S608
-                "WHERE id = :log_id AND lease_token = :token",
-                durable=False,
-            ),
-            core_renew=CoreStatement(Renew, update(table).where(*held).values(lease_expires_ms=core_param("until_ms"))),
-            core_release=CoreStatement(
-                Release, update(table).where(*held).values(lease_token=None, lease_expires_ms=None)
-            ),
+        renew = CoreStatement(
+            Renew, update(table).where(*held).values(lease_expires_ms=core_param("until_ms")), durable=False
         )
+        release = CoreStatement(
+            Release, update(table).where(*held).values(lease_token=null(), lease_expires_ms=null()), durable=False
+        )
+        return cls(table.name, renew, release, renew.on_pg(), release.on_pg())
 
 
 THREADS: Final = LogTable.of(threads)
@@ -248,12 +218,12 @@ class LeasedLog:
     async def take_thread(self, take: TakeThreadByResponse | TakeThreadBySession) -> LeasedThread | None:
         """The thread, leased; None when it is not free (or not there: the caller asks why apart)."""
         if self._pg is not None and isinstance(take, TakeThreadByResponse):
-            record = await self._pg.fetchrow(PG_TAKE_THREAD_BY_RESPONSE, take)
+            record = await self._pg.fetchrow(_TAKE_THREAD_BY_RESPONSE_PG, take)
             return leased_thread(record) if record is not None else None
         if isinstance(take, TakeThreadByResponse):
-            row = await self._single_row(CORE_TAKE_THREAD_BY_RESPONSE, take)
+            row = await self._single_row(TAKE_THREAD_BY_RESPONSE, take)
         else:
-            row = await self._single_row(CORE_TAKE_THREAD_BY_SESSION, take)
+            row = await self._single_row(TAKE_THREAD_BY_SESSION, take)
         return leased_thread(row) if row is not None else None
 
     async def take_conversation(self, take: TakeConversation) -> tuple[int, int, int] | None:
@@ -261,9 +231,9 @@ class LeasedLog:
         counted (0, 0 before any: docs/protocol.md §9's measured ratio); None when it is not free (or not there)."""
         row: Any
         if self._pg is not None:
-            row = await self._pg.fetchrow(PG_TAKE_CONVERSATION, take)
+            row = await self._pg.fetchrow(_TAKE_CONVERSATION_PG, take)
         else:
-            row = await self._single_row(CORE_TAKE_CONVERSATION, take)
+            row = await self._single_row(TAKE_CONVERSATION, take)
         if row is None:
             return None
         return int(row["next_position"]), int(row["context_tokens"]), int(row["context_bytes"])
@@ -271,18 +241,18 @@ class LeasedLog:
     async def renew(self, log: LogTable, renew: Renew) -> bool:
         """Extend a lease this turn still holds (a long reply); False when it was lost."""
         if self._pg is not None:
-            return await self._pg.execute(log.pg_renew, renew) == "UPDATE 1"
+            return await self._pg.execute(log.renew_pg, renew) == "UPDATE 1"
         async with self._single.connect() as conn:
-            renewed = await conn.execute(log.core_renew.statement, log.core_renew.values(renew))
+            renewed = await conn.execute(log.renew.statement, log.renew.values(renew))
         return renewed.rowcount == 1
 
     async def release(self, log: LogTable, release: Release) -> None:
         """Give the lease back after a turn that stored nothing, so the log can be continued from where it was."""
         if self._pg is not None:
-            await self._pg.execute(log.pg_release, release)
+            await self._pg.execute(log.release_pg, release)
             return
         async with self._single.connect() as conn:
-            await conn.execute(log.core_release.statement, log.core_release.values(release))
+            await conn.execute(log.release.statement, log.release.values(release))
 
     async def commit_thread_turn(self, commit: TurnCommit) -> HeadAfter | bool:
         """Append the turn's messages and move the head, atomically, if the turn still holds the lease (a claimed turn:
