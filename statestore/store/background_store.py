@@ -3,10 +3,10 @@ under a lease (any replica, compare-and-set on the claim), renew the claims a re
 a turn in one of its final statuses.
 
 The statements each background turn runs (its admission, the keep before its commit, its end) and the runner's poll
-are store/background_statements.py's: asyncpg prepared statements on the hot path's pools on PostgreSQL, SQLAlchemy
-Core on SQLite. The rarer ones (a claim, a renewal, a cancel, a read) are SQLAlchemy Core on both databases. A claim is
-a conditional update of one row (its status open, its claim absent or run out), so of two replicas exactly one gets
-it, on PostgreSQL and SQLite alike, without a lock held between statements."""
+are store/background_statements.py's, each written once as Core: compiled for asyncpg and run on the hot path's
+pools on PostgreSQL, through Core on SQLite. The rarer ones (a claim, a renewal, a cancel, a read) are SQLAlchemy Core
+on both databases. A claim is a conditional update of one row (its status open, its claim absent or run out), so of
+two replicas exactly one gets it, on PostgreSQL and SQLite alike, without a lock held between statements."""
 
 from __future__ import annotations
 
@@ -20,15 +20,15 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from statestore.content_keys import ContentKeys, ContentSealer, Scope
 from statestore.store.background_statements import (
-    CORE_ADMIT,
-    CORE_END,
-    CORE_END_WITH_BODY,
-    CORE_KEEP_FOR_COMMIT,
+    ADMIT,
+    ADMIT_PG,
+    CLAIMABLE,
+    CLAIMABLE_PG,
+    END,
+    END_PG,
+    KEEP_FOR_COMMIT,
+    KEEP_FOR_COMMIT_PG,
     OPEN,
-    PG_ADMIT,
-    PG_CLAIMABLE,
-    PG_END,
-    PG_KEEP_FOR_COMMIT,
     Admit,
     Claimable,
     End,
@@ -177,14 +177,11 @@ class BackgroundStore:
             bound=bound,
         )
         if self._pg is not None:
-            if affected(await self._pg.execute(PG_ADMIT, admit)) != 1:
+            if affected(await self._pg.execute(ADMIT_PG, admit)) != 1:
                 return None
         else:
-            values = {name: getattr(admit, name) for name in admit.__dataclass_fields__}
-            now = values.pop("now_ms")
-            values.update(created_ms=now, updated_ms=now, cancel_requested=False)
             async with self._single.connect() as conn:
-                if (await conn.execute(CORE_ADMIT, values)).rowcount != 1:
+                if (await conn.execute(ADMIT.statement, ADMIT.values(admit))).rowcount != 1:
                     return None
         return BackgroundJob(
             id=job.id,
@@ -211,16 +208,11 @@ class BackgroundStore:
 
     async def claimable(self, *, now_ms: int, limit: int) -> list[str]:
         """Open turns no live claim holds, oldest first: queued ones, and those whose replica stopped renewing."""
+        claimable = Claimable(now_ms=now_ms, limit=limit)
         if self._pg is not None:
-            return [row[0] for row in await self._pg.fetch(PG_CLAIMABLE, Claimable(now_ms=now_ms, limit=limit))]
-        query = (
-            select(bg.c.id)
-            .where(bg.c.status.in_(OPEN), or_(bg.c.claim_expires_ms.is_(None), bg.c.claim_expires_ms <= now_ms))
-            .order_by(bg.c.created_ms)
-            .limit(limit)
-        )
+            return [row[0] for row in await self._pg.fetch(CLAIMABLE_PG, claimable)]
         async with self._single.connect() as conn:
-            return [row[0] for row in (await conn.execute(query)).all()]
+            return [row[0] for row in (await conn.execute(CLAIMABLE.statement, CLAIMABLE.values(claimable))).all()]
 
     async def claim(self, response_id: str, *, token: str, now_ms: int, until_ms: int) -> BackgroundJob | None:
         """Take an open turn that no live claim holds; None when another replica took it first. The row as it was
@@ -281,12 +273,11 @@ class BackgroundStore:
     async def keep_for_commit(self, response_id: str, *, token: str, now_ms: int, until_ms: int) -> bool:
         """The run may commit: the turn is still this replica's and nobody asked to cancel it; its claim renewed.
         False: it was cancelled, or another replica took it over (the run must not commit)."""
+        keep = KeepForCommit(id=response_id, token=token, now_ms=now_ms, until_ms=until_ms)
         if self._pg is not None:
-            keep = KeepForCommit(id=response_id, token=token, now_ms=now_ms, until_ms=until_ms)
-            return affected(await self._pg.execute(PG_KEEP_FOR_COMMIT, keep)) == 1
-        params = {"keep_id": response_id, "keep_token": token, "keep_now": now_ms, "keep_until": until_ms}
+            return affected(await self._pg.execute(KEEP_FOR_COMMIT_PG, keep)) == 1
         async with self._single.connect() as conn:
-            return (await conn.execute(CORE_KEEP_FOR_COMMIT, params)).rowcount == 1
+            return (await conn.execute(KEEP_FOR_COMMIT.statement, KEEP_FOR_COMMIT.values(keep))).rowcount == 1
 
     async def renew(self, token: str, ids: Sequence[str], *, now_ms: int, until_ms: int) -> set[str]:
         """Extend the claims this replica holds; the ids it still holds (a turn missing was taken over or ended)."""
@@ -368,15 +359,11 @@ class BackgroundStore:
             sealer = await self._sealer(scope)
             if sealer is not None and scope is not None:
                 body = sealer.seal(body, background_data(scope.owner, response_id, "body"))
+        ended = End(id=response_id, token=token, status=status, body=body, now_ms=now_ms)
         if self._pg is not None:
-            ended = End(id=response_id, token=token, status=status, body=body, now_ms=now_ms)
-            return affected(await self._pg.execute(PG_END, ended)) == 1
-        params: dict[str, Any] = {"end_id": response_id, "end_token": token, "end_status": status, "end_now": now_ms}
-        statement = CORE_END
-        if body is not None:
-            statement, params["end_body"] = CORE_END_WITH_BODY, body
+            return affected(await self._pg.execute(END_PG, ended)) == 1
         async with self._single.connect() as conn:
-            return (await conn.execute(statement, params)).rowcount == 1
+            return (await conn.execute(END.statement, END.values(ended))).rowcount == 1
 
     async def delete(self, owner: str, response_id: str) -> bool:
         async with self._single.connect() as conn:
