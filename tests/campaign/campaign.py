@@ -118,15 +118,21 @@ def _erased(reply: httpx.Response) -> bool:
 
 
 async def _read_after_heal(client: Client, path: str, params: dict[str, int] | None = None) -> httpx.Response:
-    """A GET of the final state, sent again when its connection breaks: a keep-alive connection through the balancer
-    to a replica the faults killed is found dead only when it is next used (httpx does not resend on it)."""
-    for attempt in range(3):
+    """A GET of the final state, sent again when its connection breaks (a keep-alive connection through the balancer
+    to a replica the faults killed is found dead only when it is next used, and httpx does not resend on it) or when
+    it is answered 503 (on a loaded machine, a read of a thousand threads may outlast the campaign's 2 s database
+    timeout while the replicas' pools replace the connections the faults broke); a 503 still there the fifth time is
+    the verdict."""
+    for attempt in range(5):
         try:
-            return await client.http.get(path, params=params)
+            reply = await client.http.get(path, params=params)
         except httpx.TransportError:
-            if attempt == 2:
+            if attempt == 4:
                 raise
-            await asyncio.sleep(0.5)
+        else:
+            if reply.status_code != 503 or attempt == 4:
+                return reply
+        await asyncio.sleep(1.0)
     raise AssertionError("unreachable")
 
 

@@ -210,7 +210,7 @@ class KeyedClient:
         url = f"{self.base_url}/v1/conversations/{self.conversation_id}/items"
         try:
             while True:
-                reply = await self.http.get(url, params=params)
+                reply = await self._read(url, params)
                 if reply.status_code != 200:
                     self.history.finish(op, "fail" if reply.status_code < 500 else "unknown", status=reply.status_code)
                     return
@@ -226,6 +226,21 @@ class KeyedClient:
             self.history.finish(op, "unknown", error="transport")
             return
         self.history.finish(op, "ok", status=200, read=texts, answers=ids)
+
+    async def _read(self, url: str, params: dict[str, str]) -> httpx.Response:
+        """A GET once the cluster has healed, sent again on a broken connection or a 503 (a replica's pool still
+        replacing the connections the faults broke), up to five times."""
+        for attempt in range(5):
+            try:
+                reply = await self.http.get(url, params=params)
+            except httpx.TransportError:
+                if attempt == 4:
+                    raise
+            else:
+                if reply.status_code != 503 or attempt == 4:
+                    return reply
+            await asyncio.sleep(1.0)
+        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         await self.http.aclose()
