@@ -57,10 +57,11 @@ async def serve_threaded_turn(
     headers: list[tuple[bytes, bytes]],
     query: str,
     response_id: str | None = None,
-    begun: Callable[[str], Awaitable[None]] | None = None,
+    begun: Callable[[str, str | None], Awaitable[None]] | None = None,
 ) -> Response:
-    """`response_id`: the reply's id an Idempotency-Key's claim named; `begun`: told the reply's id once the head is
-    taken, before the turn is forwarded (a keyed turn names it under its key, api/threaded_keyed.py)."""
+    """`response_id`: the reply's id an Idempotency-Key's claim named; `begun`: told the reply's id and the user whose
+    data the thread is once the head is taken, before the turn is forwarded (a keyed turn names them under its key,
+    api/threaded_keyed.py)."""
     return await _ThreadedTurn(service, upstream).serve(
         turn, principal, headers, query, response_id=response_id, begun=begun
     )
@@ -81,12 +82,12 @@ class _ThreadedTurn:
         query: str,
         *,
         response_id: str | None,
-        begun: Callable[[str], Awaitable[None]] | None,
+        begun: Callable[[str, str | None], Awaitable[None]] | None,
     ) -> Response:
         prepared = await self.service.begin(turn, principal, headers, response_id=response_id)
         try:
             if begun is not None:
-                await begun(prepared.response_id)
+                await begun(prepared.response_id, prepared.scope_user_id)
             return await self._forward(prepared, principal, headers, query)
         except BaseException:
             with anyio.CancelScope(shield=True):

@@ -41,9 +41,10 @@ async def keyed_turn(
     proposed = new_response_id(continued or new_thread_id())
 
     async def run(claim: Claim) -> Response:
-        async def begun(response_id: str) -> None:
-            if response_id != claim.intended:
-                await resources.idempotency.intend(claim, response_id)
+        async def begun(response_id: str, user_id: str | None) -> None:
+            # The key goes with the thread's user (a continue that names none is the thread's), whose erasure erases it.
+            if response_id != claim.intended or user_id != claim.request.user_id:
+                await resources.idempotency.intend(claim, response_id, user_id=user_id)
 
         # Run again after an attempt that failed, a continue goes on under the id its key names; a create or a session
         # turn takes a new thread (the first attempt's, if any, was dropped) and names its reply anew.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -155,14 +155,15 @@ class Idempotency:
         keeper.start()
         return Claim(request, token, intended, keeper)
 
-    async def intend(self, claim: Claim, intended: str) -> None:
-        """The claimed write will store `intended` instead (ids it learnt only once it began, before its commit), so
-        a retry looks for those. Raises IdempotencyKeyInFlight when the claim ran out and another request took it."""
-        if not await self.store.intend(claim.request.owner, claim.request.key, claim.token, intended):
-            raise IdempotencyKeyInFlight(
-                f"A request with Idempotency-Key '{claim.request.key}' is still being processed."
-            )
+    async def intend(self, claim: Claim, intended: str, *, user_id: str | None) -> None:
+        """The claimed write will store `intended` instead, for `user_id` (what it learnt only once it began, before
+        its commit), so a retry looks for those ids and an erasure of that user erases the key (its outcome sealed
+        under the user's scope). Raises IdempotencyKeyInFlight when the claim ran out and another request took it."""
+        request = claim.request
+        if not await self.store.intend(request.owner, request.key, claim.token, intended, user_id=user_id):
+            raise IdempotencyKeyInFlight(f"A request with Idempotency-Key '{request.key}' is still being processed.")
         claim.intended = intended
+        claim.request = replace(request, user_id=user_id)
 
     async def succeed(self, claim: Claim, outcome: Outcome) -> None:
         claim.keeper.stop()

@@ -173,14 +173,14 @@ class IdempotencyStore:
             )
         return bool(renewed.rowcount == 1)
 
-    async def intend(self, owner: str, key: str, token: str, intended: str) -> bool:
-        """Name the ids the claimed write will store, once it knows them (a threaded turn learns its thread only when
-        it takes the head), still before its commit; False when the claim was lost."""
+    async def intend(self, owner: str, key: str, token: str, intended: str, *, user_id: str | None) -> bool:
+        """Name the ids the claimed write will store and the user whose data it adds to, once it knows them (a threaded
+        turn learns its thread only when it takes the head), still before its commit; False when the claim was lost."""
         async with self.engine.begin() as conn:
             named = await conn.execute(
                 update(ik)
                 .where(ik.c.owner == owner, ik.c.key == key, ik.c.claim_token == token)
-                .values(intended=intended)
+                .values(intended=intended, metadata_user_id=user_id)
             )
         return bool(named.rowcount == 1)
 

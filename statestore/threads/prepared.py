@@ -88,6 +88,9 @@ class PreparedTurn:
     # fields, kept with the row the commit returns for the next claimed continue.
     claim: HeadClaim | None = None
     row: LeasedThread | None = None
+    # The `metadata.user_id` the thread's rows are sealed under and erased with: the thread's, or this turn's when the
+    # thread has none yet (an Idempotency-Key's outcome is kept under it too, api/threaded_keyed.py).
+    scope_user_id: str | None = None
 
     @property
     def expected_head(self) -> str | None:

@@ -241,6 +241,7 @@ class ThreadService:
             owner=principal.owner,
             sealer=sealer,
             row=fixed_row(thread) if self.claims is not None else None,
+            scope_user_id=turn.metadata_user_id,
         )
 
     async def _continue(
@@ -280,9 +281,8 @@ class ThreadService:
                 current_ttl=leased.ttl_seconds,
             )
             # The row keeps the first user id a turn gave (COALESCE): this turn's rows go under the scope it will hold.
-            sealer = await self._sealer(
-                leased.owner, leased.tenant_id, leased.metadata_user_id or turn.metadata_user_id
-            )
+            scope_user = leased.metadata_user_id or turn.metadata_user_id
+            sealer = await self._sealer(leased.owner, leased.tenant_id, scope_user)
             cache_frames = 0
             if moved is not None:
                 history = moved.joined
@@ -333,6 +333,7 @@ class ThreadService:
             cache_frames=cache_frames,
             claim=claim,
             row=leased if self.claims is not None else None,
+            scope_user_id=scope_user,
         )
 
     # -- settling the turn -------------------------------------------------------------------------------------

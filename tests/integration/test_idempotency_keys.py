@@ -100,8 +100,11 @@ async def test_a_claim_names_the_ids_its_write_learnt_once_it_began(resources: R
     keys = Idempotency(resources.idempotency.store, clock=lambda: now[0], claim_seconds=30, ttl_for=_ttl)
     first = await keys.begin(keyed("k"), intended="msg_proposed", recover=nothing_stored)
     assert not isinstance(first, Outcome)
-    await keys.intend(first, "msg_in_the_session")
-    assert first.intended == "msg_in_the_session"
+    await keys.intend(first, "msg_in_the_session", user_id="user-7")
+    assert first.intended == "msg_in_the_session" and first.request.user_id == "user-7"
+    async with resources.engine.connect() as conn:
+        named = (await conn.execute(text("SELECT metadata_user_id FROM idempotency_keys WHERE key = 'k'"))).scalar()
+    assert named == "user-7"  # erased with that user's data
     first.keeper.stop()  # the replica stops after the commit, before it kept the outcome
     now[0] += 31_000
     looked_for: list[str] = []
@@ -120,7 +123,7 @@ async def test_a_claim_names_the_ids_its_write_learnt_once_it_began(resources: R
     taken = await keys.begin(keyed("s"), intended="msg_b", recover=nothing_stored)
     assert not isinstance(taken, Outcome)
     with pytest.raises(IdempotencyKeyInFlight):
-        await keys.intend(stale, "msg_c")
+        await keys.intend(stale, "msg_c", user_id=None)
     await keys.fail(taken, stored_nothing=True)
 
 

@@ -386,6 +386,20 @@ def test_a_key_is_kept_under_its_tenant_and_user_for_erasure(client: anthropic.A
         k=key,
     )
     assert kept == [(None, user_id)]
+    # A continue that names no user is the thread's user's data: its key goes with that user too, and its outcome is
+    # sealed under that user's key.
+    thread = turn(client, "first", None, thread={"type": "create"}, metadata={"user_id": user_id})
+    step = {"type": "continue", "previous_message_id": thread.parse().id}
+    key = new_key()
+    turn(client, "next", key, thread=step)
+    again = turn(client, "next", key, thread=step)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert sql(
+        served.database_url,
+        "SELECT metadata_user_id FROM idempotency_keys WHERE owner = :o AND key = :k",
+        o=passthrough_owner(credential(client)),
+        k=key,
+    ) == [(user_id,)]
 
 
 def test_the_openapi_document_names_the_header_on_messages(postgres_served: Served) -> None:
