@@ -158,9 +158,10 @@ class Settings(BaseSettings):
         if not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// URL")
         url, cluster = split_cluster_flag(value)
-        if not cluster:
-            # What the standalone client accepts, checked at start-up rather than at the first turn.
-            parse_url(url)
+        # What the client accepts, checked at start-up rather than at the first turn.
+        endpoint = parse_url(url)
+        if cluster and (endpoint.path is not None or endpoint.db):
+            raise ValueError("a redis cluster is reached over TCP and has only database 0")
         return value
 
     @model_validator(mode="after")

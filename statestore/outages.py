@@ -4,15 +4,13 @@ authentication too, before any route's own handling)."""
 
 from __future__ import annotations
 
-from redis.exceptions import RedisClusterException, RedisError
-
 from statestore.errors import InvalidRequest, ServiceUnavailable, StatestoreError
 from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
-from statestore.store.resp_reader import RespError
+from statestore.store.resp_reader import RedisConnectionError, RedisTimeout, RespError
 
 # A Redis that statestore needs for a request and cannot reach (most of its uses fall back on the database; what is
 # left reaches here).
-REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisError, RedisClusterException, RespError)
+REDIS_ERRORS: tuple[type[BaseException], ...] = (RedisConnectionError, RedisTimeout, RespError)
 OUTAGE_ERRORS: tuple[type[BaseException], ...] = (*DATABASE_ERRORS, *REDIS_ERRORS)
 
 

@@ -5,7 +5,7 @@ out closed (the server restarted, or closed it while idle) and sending it again 
 
 - the backend client (upstream/http1.py): a method without side effects (GET, HEAD, PUT, DELETE, OPTIONS) with no
   byte of its response read; a POST is never sent twice;
-- Redis (store/resp.py, a follower's blocking read too, and redis-py's Retry for Cluster): any command after a
+- Redis (store/resp.py, a follower's blocking read too, and each node's client on a Cluster): any command after a
   connection error, as every write statestore sends is a script that checks before it writes, so a repeat is
   harmless;
 - PostgreSQL: no statement is sent twice; a pooled connection found closed is dropped before it is lent

@@ -25,16 +25,17 @@ def create_cache(redis_url: str | None, prefix: str, content: ContentKeys | None
 
 def thread_claims(settings: Settings, cache: HistoryCache, pg: PgHotPath | None) -> ThreadClaims | None:
     """Claims on thread heads (store/thread_claims.py) where they save a round trip and PostgreSQL guards the commit:
-    a standalone Redis cache in clear (a sealed one keeps no rows: they hold the system prompt and tools), PostgreSQL's
-    prepared statements, and `STATESTORE_REDIS_CLAIMS` left on."""
+    a Redis cache in clear, standalone or Cluster (a sealed one keeps no rows: they hold the system prompt and tools),
+    PostgreSQL's prepared statements, and `STATESTORE_REDIS_CLAIMS` left on."""
     if not settings.redis_claims or pg is None or not isinstance(cache, RedisHistoryCache):
         return None
     return cache.thread_claims()
 
 
 def response_heads(settings: Settings, cache: HistoryCache) -> ResponseHeads | None:
-    """Chain heads' rows kept beside their cached contexts (store/response_heads.py): a standalone Redis cache in
-    clear, and `STATESTORE_REDIS_CLAIMS` left on (the switch of every row Redis serves in the database's stead)."""
+    """Chain heads' rows kept beside their cached contexts (store/response_heads.py): a Redis cache in clear
+    (standalone or Cluster), and `STATESTORE_REDIS_CLAIMS` left on (the switch of every row Redis serves in the
+    database's stead)."""
     if not settings.redis_claims or not isinstance(cache, RedisHistoryCache):
         return None
     return cache.response_heads()

@@ -6,8 +6,8 @@ every entry carries the attempt (the claim) of the run that wrote it. A publish 
 the stream already holds a later attempt's events or the numbers it would write, so two runs of one turn never make
 one stream that mixes their events. Streams are capped and expire with the response.
 
-A standalone Redis is spoken to by the history cache's client (store/resp.py), a follower's blocking XREAD on a
-connection of its own while it waits."""
+Redis, standalone or Cluster, is spoken to by statestore's one client (store/resp.py, store/resp_cluster.py), a
+follower's blocking XREAD on a connection of its own while it waits."""
 
 from __future__ import annotations
 
@@ -18,22 +18,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from redis import asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
-
 from statestore.content_keys import Scope
-from statestore.retry_policy import STALE_CONNECTION_RETRIES
-from statestore.store.resp import RespClient, Script, split_cluster_flag
+from statestore.store.resp import Script
+from statestore.store.resp_cluster import redis_client
 from statestore.store.resp_reader import RespError
 
 log = logging.getLogger(__name__)
 
-# What a Redis that cannot be reached raises. RuntimeError is uvloop's, for a write on a transport that a reset closed
-# before redis-py saw the connection go (as the history cache takes it: statestore/store/redis_cache.py).
-_UNREACHABLE = (RedisError, RespError, OSError, RuntimeError)
+# What a Redis that cannot be reached raises: the client's RedisConnectionError and RedisTimeout (OSErrors), and
+# uvloop's RuntimeError for a write on a transport that a reset closed (as the history cache takes them:
+# statestore/store/redis_cache.py).
+_UNREACHABLE = (OSError, RuntimeError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +68,7 @@ class EventLog(Protocol):
 # written, so a refused publish leaves the stream as it was. A batch the same run already wrote (a publish sent again
 # because its answer was lost with the connection) is taken as written: the script is atomic, so a batch is there
 # whole or not at all.
-_PUBLISH = """
+_PUBLISH = Script("""
 local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #top > 0 then
   local fields = top[1][2]
@@ -99,17 +94,12 @@ for i = 4, #ARGV, 3 do
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return 1
-"""
+""")
 
 
 # Longer than a follower's blocking read (responses/background.py waits a second at a time), short enough that a
 # Redis that hangs stops a run's publishing, not the run.
 _TIMEOUT = 5.0
-
-
-def _stale_connection_retry() -> Retry:
-    """statestore/retry_policy.py: once more at once on a connection found dead; a timeout never."""
-    return Retry(NoBackoff(), STALE_CONNECTION_RETRIES, supported_errors=(RedisConnectionError,))
 
 
 def _entry_id(seq: int) -> str:
@@ -121,33 +111,22 @@ def _seq_of(entry_id: bytes | str) -> int:
     return int(text.rpartition("-")[2]) - 1
 
 
-def _event(entry_id: bytes | str, fields: dict[bytes, bytes]) -> Event:
-    return Event(_seq_of(entry_id), fields[b"f"], fields.get(b"z") == b"1")
-
-
-def _flat_event(entry: Any) -> Event:
+def _event(entry: Any) -> Event:
     """An entry as store/resp.py reads it: [id, [field, value, ...]]."""
     entry_id, flat = entry
-    return _event(entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+    fields = dict(zip(flat[::2], flat[1::2], strict=True))
+    return Event(_seq_of(entry_id), fields[b"f"], fields.get(b"z") == b"1")
 
 
 class RedisEventLog:
     """A publish is one script, a read an XRANGE, and a follower's wait an XREAD BLOCK on a connection of its own
-    (store/resp.py, RespClient.blocking), so a waiting follower holds up no publish. Redis Cluster goes through
-    redis-py."""
+    (RespClient.blocking), so a waiting follower holds up no publish. On a Redis Cluster each goes to the node of the
+    response's stream (its id is the key's hash tag)."""
 
     def __init__(self, url: str, prefix: str, *, cap: int) -> None:
-        plain, cluster = split_cluster_flag(url)
-        self._cluster: Any = None
-        if cluster:
-            self._cluster = aioredis.RedisCluster.from_url(
-                plain, socket_timeout=_TIMEOUT, socket_connect_timeout=2.0, retry=_stale_connection_retry()
-            )
-        self._client = None if cluster else RespClient(plain, timeout_s=_TIMEOUT, connections=2)
+        self._client = redis_client(url, timeout_s=_TIMEOUT, connections=2)
         self._prefix = prefix
         self._cap = cap
-        self._script = Script(_PUBLISH)
-        self._cluster_script: Any = self._cluster.register_script(_PUBLISH) if cluster else None
 
     def _key(self, response_id: str) -> str:
         return f"{self._prefix}bg:{{{response_id}}}:events"
@@ -163,11 +142,8 @@ class RedisEventLog:
         # A publish the client sends again on a fresh connection (statestore/retry_policy.py) finds its batch written
         # if the first one was: the script takes it as written.
         try:
-            if self._client is not None:
-                await self._script.run(self._client, [self._key(response_id)], args)
-            else:
-                await self._cluster_script(keys=[self._key(response_id)], args=args)
-        except (RespError, ResponseError) as exc:
+            await _PUBLISH.run(self._client, [self._key(response_id)], args)
+        except RespError as exc:
             if "SUPERSEDED" in str(exc):
                 raise Superseded(str(exc)) from None
             raise EventLogUnavailable(type(exc).__name__) from exc
@@ -177,12 +153,6 @@ class RedisEventLog:
     async def read(self, response_id: str, after: int, *, block_ms: int) -> list[Event]:
         key = self._key(response_id)
         try:
-            if self._client is None:
-                found = await self._cluster.xrange(key, min=_entry_id(after + 1), max="+", count=1000)
-                if not found and block_ms > 0:
-                    streams = await self._cluster.xread({key: _entry_id(after)}, count=1000, block=block_ms)
-                    found = streams[0][1] if streams else []
-                return [_event(entry_id, fields) for entry_id, fields in found]
             flat = await self._client.execute("XRANGE", key, _entry_id(after + 1), "+", "COUNT", 1000)
             if not flat and block_ms > 0:
                 streams = await self._client.blocking(
@@ -191,27 +161,21 @@ class RedisEventLog:
                 flat = streams[0][1] if streams else []
         except _UNREACHABLE as exc:
             raise EventLogUnavailable(type(exc).__name__) from exc
-        return [_flat_event(entry) for entry in flat]
+        return [_event(entry) for entry in flat]
 
     async def last(self, response_id: str) -> tuple[int, int] | None:
         try:
-            if self._client is not None:
-                flat = await self._client.execute("XREVRANGE", self._key(response_id), "+", "-", "COUNT", 1)
-                top = [(entry_id, dict(zip(fields[::2], fields[1::2], strict=True))) for entry_id, fields in flat]
-            else:
-                top = await self._cluster.xrevrange(self._key(response_id), count=1)
+            top = await self._client.execute("XREVRANGE", self._key(response_id), "+", "-", "COUNT", 1)
         except _UNREACHABLE as exc:
             raise EventLogUnavailable(type(exc).__name__) from exc
         if not top:
             return None
-        entry_id, fields = top[0]
+        entry_id, flat = top[0]
+        fields = dict(zip(flat[::2], flat[1::2], strict=True))
         return _seq_of(entry_id), int(fields.get(b"a", b"0"))
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-        else:
-            await self._cluster.aclose()
+        await self._client.aclose()
 
 
 @dataclass(slots=True)

@@ -7,15 +7,13 @@ import logging
 import time
 from collections.abc import Sequence
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisClusterException, RedisError
-
 from statestore.content_keys import ContentSealer
 from statestore.store.cache import append_tail
 from statestore.store.cache_entry import CachedHistory, CacheKey, decode_count, encode_count, thread_key
 from statestore.store.cache_scripts import APPEND, APPEND_SETTLE, MOVE, PUT, PUT_SETTLE
-from statestore.store.redis_commands import ClusterCommands, RedisCommands, StandaloneCommands
+from statestore.store.redis_commands import RedisCommands
 from statestore.store.resp import split_cluster_flag
+from statestore.store.resp_cluster import redis_client
 from statestore.store.resp_reader import RespError
 from statestore.store.response_heads import ResponseHeads
 from statestore.store.thread_claims import Settle, ThreadClaims
@@ -40,10 +38,10 @@ def _entry(count: bytes, joined: bytes) -> CachedHistory | None:
     return CachedHistory(n, joined, version)
 
 
-# Errors a cache call may raise; all of them mean "behave like a miss". OSError covers the lean client's
-# ConnectionError and TimeoutError, and socket errors that escape redis-py's wrapping in cluster mode. RuntimeError is
-# what uvloop raises for a write on a transport that a reset just closed, before the client notices it is gone.
-_FAULTS = (RespError, RedisError, RedisClusterException, OSError, RuntimeError)
+# Errors a cache call may raise; all of them mean "behave like a miss". OSError covers the client's
+# RedisConnectionError and RedisTimeout. RuntimeError is what uvloop raises for a write on a transport that a reset
+# just closed, before the client notices it is gone.
+_FAULTS = (RespError, OSError, RuntimeError)
 
 _DELETE_BATCH = 256  # threads per pipeline in delete_many: bounded request size, few round trips
 _WARN_INTERVAL_S = 10.0
@@ -76,19 +74,14 @@ class RedisHistoryCache:
     No command ever spans two threads.
     """
 
-    def __init__(self, url: str, prefix: str, *, socket_timeout: float = 0.5, max_connections: int = 64) -> None:
+    def __init__(self, url: str, prefix: str, *, socket_timeout: float = 0.5) -> None:
         if "{" in prefix or "}" in prefix:
             # A brace in the prefix would become the hash tag and put every thread in one slot.
             raise ValueError("the redis key prefix must not contain '{' or '}'")
         self._prefix = prefix
-        url, cluster = split_cluster_flag(url)
-        self._commands: RedisCommands
-        self._cluster = cluster
-        if cluster:
-            self._commands = ClusterCommands(url, timeout_s=socket_timeout, max_connections=max_connections)
-        else:
-            # Commands share connections (several in flight on each), so no pool size is needed.
-            self._commands = StandaloneCommands(url, timeout_s=socket_timeout)
+        self._cluster = split_cluster_flag(url)[1]
+        # Commands share connections (several in flight on each), so no pool size is needed.
+        self._commands = RedisCommands(redis_client(url, timeout_s=socket_timeout))
         self._gate = _WarningGate()
         self.errors = 0
 
@@ -114,18 +107,13 @@ class RedisHistoryCache:
     def _claim_keys(self, thread_id: str, head: str) -> tuple[str, str, str, str]:
         return self._settle_keys(thread_key(thread_id), head)
 
-    def thread_claims(self) -> ThreadClaims | None:
-        """Claims on thread heads under this cache's entries; None on a Redis Cluster (its pipelines are redis-py's,
-        and a claim is worth only what it saves on the lean client)."""
-        if not isinstance(self._commands, StandaloneCommands):
-            return None
+    def thread_claims(self) -> ThreadClaims:
+        """Claims on thread heads under this cache's entries (a claim's keys share its thread's hash tag: one slot on a
+        Redis Cluster)."""
         return ThreadClaims(self._commands.client, self._claim_keys, _entry)
 
-    def response_heads(self) -> ResponseHeads | None:
-        """Chain heads' rows under this cache's entries (store/response_heads.py); None on a Redis Cluster, as for
-        claims."""
-        if not isinstance(self._commands, StandaloneCommands):
-            return None
+    def response_heads(self) -> ResponseHeads:
+        """Chain heads' rows under this cache's entries (store/response_heads.py)."""
         return ResponseHeads(self._commands.client, self._dropped, _entry)
 
     def _fault(self, operation: str, key: CacheKey | None, exc: BaseException) -> None:
@@ -206,7 +194,7 @@ class RedisHistoryCache:
             )
         except _FAULTS as exc:
             self._fault("append", key, exc)
-            if not isinstance(exc, (ConnectionError, RedisConnectionError)):  # as append_raw: unknown, so dropped
+            if not isinstance(exc, ConnectionError):  # as append_raw: unknown, so dropped
                 await self.delete(key)
 
     async def append_raw(self, key: CacheKey, expected: bytes, count: bytes, tail: bytes, ttl_ms: int) -> None:
@@ -220,7 +208,7 @@ class RedisHistoryCache:
             # The script is atomic, so the entry is either untouched (shorter, seen as stale) or fully
             # appended; after a timeout we cannot tell which, so drop it rather than rely on every
             # reader's count check. Not after a connection error: that DEL would fail the same way.
-            if not isinstance(exc, (ConnectionError, RedisConnectionError)):
+            if not isinstance(exc, ConnectionError):
                 await self.delete(key)
 
     async def move(

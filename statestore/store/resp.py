@@ -1,12 +1,11 @@
-"""A lean Redis client for the history cache's few commands: RESP2 over asyncio protocols, commands framed by hiredis,
-replies read by store/resp_reader.py.
+"""statestore's one Redis client (the history cache, claims, heads, background events): RESP2 over asyncio protocols,
+commands framed by hiredis, replies read by store/resp_reader.py.
 
-Why not redis-py here: every turn reads and appends its thread's history, and redis-py spends 60-90 us of CPU per
+Why not redis-py: every turn reads and appends its thread's history, and redis-py spends 60-90 us of CPU per
 command on its pool, locks, a task per write (`asyncio.wait_for`) and timeout contexts, against about 15 us for the
 command itself (bench/README.md). This client keeps several commands in flight on one connection (Redis answers in
 order, so a FIFO of futures matches replies to requests), arms one timer per command, and writes each command with
-one `writelines`. redis-py stays for Redis Cluster (store/redis_commands.py), whose slot routing is
-worth its cost.
+one `writelines`. A Redis Cluster is spoken to by a client of these per node (store/resp_cluster.py).
 
 Every failure is an exception the cache takes as a miss: `RespError` (an error reply), `RedisConnectionError` (the
 connection failed or was lost; `RedisSkipped` while the breaker skips Redis) and `RedisTimeout` (no reply in time; the
@@ -27,7 +26,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import hiredis
@@ -42,7 +41,7 @@ _TRUE_FLAGS = {"1", "true", "yes", "on"}
 
 
 def split_cluster_flag(url: str) -> tuple[str, bool]:
-    """Strip our `cluster=1` query flag (redis-py would pass it to the connection and fail) and report it."""
+    """Strip our `cluster=1` query flag (no option of a connection: it picks store/resp_cluster.py) and report it."""
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     flags = [value.lower() for key, value in query if key == "cluster"]
@@ -213,16 +212,35 @@ class RedisBreaker:
 
 # What says Redis itself is unreachable or hung, not an error reply about one command. RuntimeError is uvloop's, for a
 # write on a transport a reset just closed.
-_OUTAGES = (OSError, RuntimeError)
+OUTAGES = (OSError, RuntimeError)
+
+
+class RedisClient(Protocol):
+    """What statestore asks of Redis: a standalone one's client (RespClient) or a Cluster's (store/resp_cluster.py)."""
+
+    breaker: RedisBreaker
+
+    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, probe: bool = False) -> list[Any]: ...
+
+    async def execute(self, *command: Arg) -> Any: ...
+
+    async def blocking(self, *command: Arg, wait_s: float) -> Any: ...
+
+    async def aclose(self) -> None: ...
 
 
 class RespClient:
     """Up to `connections` connections, each carrying many commands at once; the least busy one takes the next."""
 
     def __init__(
-        self, url: str, *, timeout_s: float = 0.5, connections: int = 4, breaker: RedisBreaker | None = None
+        self,
+        url: str | Endpoint,
+        *,
+        timeout_s: float = 0.5,
+        connections: int = 4,
+        breaker: RedisBreaker | None = None,
     ) -> None:
-        self._endpoint = parse_url(url)
+        self._endpoint = url if isinstance(url, Endpoint) else parse_url(url)
         self._timeout_s = timeout_s
         self.breaker = breaker or RedisBreaker()
         self._slots: list[_Connection | None] = [None] * connections
@@ -299,7 +317,7 @@ class RespClient:
             raise RedisSkipped("redis failed moments ago: skipped for now")
         try:
             replies = await self._send(commands)
-        except _OUTAGES:
+        except OUTAGES:
             self.breaker.failed()
             raise
         self.breaker.succeeded()
@@ -321,16 +339,18 @@ class RespClient:
             raise reply
         return reply
 
-    async def blocking(self, *command: Arg, wait_s: float) -> Any:
+    async def blocking(self, *command: Arg, wait_s: float, asking: bool = False) -> Any:
         """A command Redis may hold up to `wait_s` (XREAD BLOCK), on a connection of its own while it waits; raised
-        as `execute`'s. A reader cancelled while it waits closes that connection: its reply would come to no one."""
+        as `execute`'s. A reader cancelled while it waits closes that connection: its reply would come to no one.
+        `asking`: sent after ASKING (a Cluster's slot on its way to this node, store/resp_cluster.py)."""
+        commands: list[Sequence[Arg]] = [("ASKING",), command] if asking else [command]
         if self.breaker.skips():
             raise RedisSkipped("redis failed moments ago: skipped for now")
         retries = STALE_CONNECTION_RETRIES
         while True:
             conn = await self._blocking_connection()
             try:
-                (reply,) = await conn.send([command], timeout_s=self._timeout_s + wait_s)
+                reply = (await conn.send(commands, timeout_s=self._timeout_s + wait_s))[-1]
             except RedisConnectionError:
                 self._blocking.discard(conn)
                 if retries:
@@ -338,7 +358,7 @@ class RespClient:
                     continue
                 self.breaker.failed()
                 raise
-            except _OUTAGES:
+            except OUTAGES:
                 self._blocking.discard(conn)
                 self.breaker.failed()
                 raise
@@ -365,7 +385,7 @@ class RespClient:
             self._blocking.discard(conn)
         try:
             conn = await self._connect()
-        except _OUTAGES:
+        except OUTAGES:
             self.breaker.failed()
             raise
         self._blocking.add(conn)
@@ -387,7 +407,7 @@ class Script:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA1
 
-    async def run(self, client: RespClient, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+    async def run(self, client: RedisClient, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
         try:
             return await client.execute("EVALSHA", self.sha, len(keys), *keys, *args)
         except RespError as exc:

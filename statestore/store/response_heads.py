@@ -19,7 +19,7 @@ import orjson
 
 from statestore.records import record
 from statestore.store.cache_entry import BRANCH_POINT, CachedHistory, CacheKey, response_key
-from statestore.store.resp import RespClient
+from statestore.store.resp import RedisClient
 from statestore.store.response_records import ResponseRow
 
 # A row's stored form: the format, then the fields as a JSON array. Another format is a miss.
@@ -125,7 +125,7 @@ class ResponseHeads:
 
     def __init__(
         self,
-        client: RespClient,
+        client: RedisClient,
         keys: Callable[[CacheKey], tuple[str, str, str]],
         decode: Callable[[bytes, bytes], CachedHistory | None],
     ) -> None:

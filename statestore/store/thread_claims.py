@@ -23,7 +23,7 @@ import orjson
 
 from statestore.records import record
 from statestore.store.cache_entry import CachedHistory
-from statestore.store.resp import RespClient, Script
+from statestore.store.resp import RedisClient, Script
 from statestore.store.resp_reader import RespError
 from statestore.store.turn_records import HeadAfter, LeasedThread
 
@@ -158,16 +158,16 @@ class HeadClaims(Protocol):
 
 
 class ThreadClaims(HeadClaims):
-    """Claims and rows under each thread's cache entry (one hash tag: one Cluster slot, though only a standalone Redis
-    claims). A claim is on one head, for one owner (`<entry>:c:<response id>:<owner>`, claim_name): a commit moves the
-    head on, so a claim its commit could not free (Redis away at that moment) never stands in the next turn's way, and
-    runs out; and a request naming another owner's head never holds the owner's. `keys(thread, name)`: the entry's
-    history, count, row and claim keys. Every method raises the client's faults (CLAIM_FAULTS); the caller
-    falls back to the database's lease, or lets a claim run out."""
+    """Claims and rows under each thread's cache entry (one hash tag: one Cluster slot). A claim is on one head, for one
+    owner (`<entry>:c:<response id>:<owner>`, claim_name): a commit moves the head on, so a claim its commit could not
+    free (Redis away at that moment) never stands in the next turn's way, and runs out; and a request naming another
+    owner's head never holds the owner's. `keys(thread, name)`: the entry's history, count, row and claim keys. Every
+    method raises the client's faults (CLAIM_FAULTS); the caller falls back to the database's lease, or lets a claim run
+    out."""
 
     def __init__(
         self,
-        client: RespClient,
+        client: RedisClient,
         keys: Callable[[str, str], tuple[str, str, str, str]],
         decode: Callable[[bytes, bytes], CachedHistory | None],
     ) -> None:

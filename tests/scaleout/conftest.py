@@ -3,6 +3,7 @@ stickiness), sharing a Redis Cluster of three masters started from redis-server 
 ports, torn down by the fixtures.
 
 - ``redis_cluster`` (module): the cluster; tests give each fleet its own key prefix.
+- ``redis_cluster_with_replica`` (function): a cluster of the test's own whose second master has a replica.
 - ``scaleout_backend`` (module): the scriptable fake backend (tests/support/fake_backend.py) every replica uses.
 - ``backend`` (function): the same, with its script and recorded requests cleared.
 - ``start_fleet`` (function): ``start_fleet(graceful_timeout=..., **STATESTORE_env)`` -> Fleet on the test's own
@@ -68,6 +69,13 @@ StartFleet = Callable[..., Fleet]
 @pytest.fixture(scope="module")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterProcesses]:
     with RedisClusterProcesses(tmp_path_factory.mktemp("redis-cluster")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def redis_cluster_with_replica(tmp_path: Path) -> Iterator[RedisClusterProcesses]:
+    """Three masters, the second with a replica (the last node): a cluster of a test's own, to kill a master in."""
+    with RedisClusterProcesses(tmp_path / "redis-cluster", replica_of=1) as cluster:
         yield cluster
 
 

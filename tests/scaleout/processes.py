@@ -114,46 +114,63 @@ class RedisNode:
 class RedisClusterProcesses(_Managed):
     """`masters` redis-server processes with `--cluster-enabled yes`, joined by `redis-cli --cluster create`."""
 
-    def __init__(self, workdir: Path, masters: int = 3) -> None:
-        server = require_binary("redis-server", "install Redis 7 (Debian: apt-get install redis-server)")
-        cli = require_binary("redis-cli", "install Redis 7 (Debian: apt-get install redis-tools)")
+    def __init__(self, workdir: Path, masters: int = 3, *, replica_of: int | None = None) -> None:
+        """`replica_of`: the index of a master given a replica, the last node."""
+        self._server = require_binary("redis-server", "install Redis 7 (Debian: apt-get install redis-server)")
+        self._cli = require_binary("redis-cli", "install Redis 7 (Debian: apt-get install redis-tools)")
         self.workdir = workdir
         self.nodes: list[RedisNode] = []
         try:
-            for index in range(masters):
-                port, bus_port = free_port(), free_port()
-                node_dir = workdir / f"redis-{index}"
-                node_dir.mkdir(parents=True)
-                log = (node_dir / "redis.log").open("wb")
-                # The bus port is chosen too (Redis 7 `cluster-port`): the default port + 10000 may be taken.
-                process = subprocess.Popen(
-                    [server, "--port", str(port), "--cluster-port", str(bus_port), "--bind", "127.0.0.1",
-                     "--cluster-enabled", "yes", "--cluster-config-file", str(node_dir / "nodes.conf"),
-                     "--cluster-node-timeout", "2000", "--dir", str(node_dir), "--save", "", "--appendonly", "no",
-                     "--protected-mode", "no"],
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                )  # fmt: skip
-                log.close()
-                self.nodes.append(RedisNode(port, bus_port, process))
-            for node in self.nodes:
-                wait_for(f"redis-server on {node.port}", node.ping, timeout=10)
+            for _ in range(masters):
+                self._start_node()
             addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
-            created = subprocess.run(
-                [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0", "--cluster-yes"],
-                capture_output=True,
-                timeout=30,
-                check=False,
-            )
-            if created.returncode != 0:
-                raise RuntimeError(
-                    f"redis-cli --cluster create failed:\n{created.stdout.decode()}{created.stderr.decode()}"
-                )
+            self._cli_command("create", *addresses, "--cluster-replicas", "0", "--cluster-yes")
+            if replica_of is not None:
+                master = self.nodes[replica_of]
+                replica = self._start_node()
+                with master.client() as client:
+                    master_id = command(client, "CLUSTER", "MYID").decode()
+                self._cli_command(
+                    "add-node", f"127.0.0.1:{replica.port}", f"127.0.0.1:{master.port}",
+                    "--cluster-slave", "--cluster-master-id", master_id,
+                )  # fmt: skip
+                wait_for(f"the replica on {replica.port} in sync", functools.partial(self._in_sync, replica), 30)
             for node in self.nodes:
                 wait_for(f"cluster_state:ok on {node.port}", functools.partial(self._state_ok, node), timeout=15)
         except BaseException:
             self.stop()
             raise
+
+    def _start_node(self) -> RedisNode:
+        port, bus_port = free_port(), free_port()
+        node_dir = self.workdir / f"redis-{len(self.nodes)}"
+        node_dir.mkdir(parents=True)
+        log = (node_dir / "redis.log").open("wb")
+        # The bus port is chosen too (Redis 7 `cluster-port`): the default port + 10000 may be taken.
+        process = subprocess.Popen(
+            [self._server, "--port", str(port), "--cluster-port", str(bus_port), "--bind", "127.0.0.1",
+             "--cluster-enabled", "yes", "--cluster-config-file", str(node_dir / "nodes.conf"),
+             "--cluster-node-timeout", "2000", "--dir", str(node_dir), "--save", "", "--appendonly", "no",
+             "--protected-mode", "no"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        log.close()
+        node = RedisNode(port, bus_port, process)
+        self.nodes.append(node)
+        wait_for(f"redis-server on {node.port}", node.ping, timeout=10)
+        return node
+
+    def _cli_command(self, *args: str) -> None:
+        done = subprocess.run([self._cli, "--cluster", *args], capture_output=True, timeout=30, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster {args[0]} failed:\n{done.stdout.decode()}{done.stderr.decode()}")
+
+    @staticmethod
+    def _in_sync(node: RedisNode) -> bool:
+        with node.client() as client:
+            info = client.info("replication")  # parsed by redis-py
+        return bool(info.get("master_link_status") == "up")
 
     @staticmethod
     def _state_ok(node: RedisNode) -> bool:

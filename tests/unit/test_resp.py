@@ -143,4 +143,8 @@ def test_settings_refuse_a_redis_url_the_client_cannot_honour() -> None:
     """At start-up, naming the option, rather than as cache misses at the first turn."""
     with pytest.raises(ValueError, match="socket_keepalive"):
         Settings(redis_url="redis://127.0.0.1:6379/0?socket_keepalive=1")
-    assert Settings(redis_url="redis://127.0.0.1:6379/0?cluster=1&socket_keepalive=1").redis_url is not None
+    with pytest.raises(ValueError, match="socket_keepalive"):
+        Settings(redis_url="redis://127.0.0.1:6379/0?cluster=1&socket_keepalive=1")
+    with pytest.raises(ValueError, match="only database 0"):
+        Settings(redis_url="redis://127.0.0.1:6379/2?cluster=1")
+    assert Settings(redis_url="redis://127.0.0.1:6379/0?cluster=1").redis_url is not None

@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from statestore.store.event_log import Event, EventLogUnavailable, RedisEventLog, Superseded
+from statestore.store.resp import RespClient
 from tests.integration.responses.conftest import ADMIN_TOKEN
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import own_redis_prefix
@@ -457,7 +458,7 @@ async def test_a_publish_that_failed_on_its_way_is_sent_once_more(redis_url: str
     client sends the batch again on a fresh connection, not lost, and a follower's blocking read waits on a connection
     of its own."""
     events = RedisEventLog(redis_url, prefix, cap=100)
-    assert events._client is not None
+    assert isinstance(events._client, RespClient)
     await events.publish("resp_retried", 1, [Event(1, b"first")], 10_000)
     failures = [RuntimeError("unable to perform operation on <TCPTransport closed=True>")]
     wrapped = 0
@@ -494,7 +495,6 @@ async def test_a_closed_redis_transport_is_an_unavailable_event_log(redis_url: s
     async def closed_transport(*args: object, **kwargs: object) -> object:
         raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
 
-    assert events._client is not None
     events._client.execute = closed_transport  # type: ignore[method-assign]
     events._client.blocking = closed_transport  # type: ignore[method-assign]
     try:
