@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final
 
-from sqlalchemy import delete, exists, insert, literal, or_, select, union_all
+from sqlalchemy import delete, exists, insert, literal_column, or_, select, union_all
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
@@ -29,7 +29,7 @@ from statestore.store.leased_log import (
 )
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.schema import sessions, thread_messages, threads
-from statestore.store.statement import PgStatement
+from statestore.store.statement import CoreStatement, core_param
 from statestore.store.thread_sealing import context_data, field_data, open_rows, thread_scope
 from statestore.store.turn_records import ContinueRefusal, HeadAfter, LeasedThread, NewThread, TurnCommit
 
@@ -44,17 +44,16 @@ class LoadContext:
 
 
 # The context a rebuild sends, in one snapshot: the head (position -1) and the stored messages from the base on.
-PG_LOAD_CONTEXT: Final = PgStatement(
-    LoadContext,
-    """
-SELECT -1 AS position, context_head AS body FROM threads WHERE id = :thread_id AND context_head IS NOT NULL
-UNION ALL
-SELECT position, body FROM thread_messages
-WHERE thread_id = :thread_id AND position >= (SELECT base_position FROM threads WHERE id = :thread_id)
-ORDER BY 1
-""",
-    durable=True,
+# Written once: PostgreSQL runs it compiled (LOAD_CONTEXT.pg), SQLite through Core.
+_base = select(threads.c.base_position).where(threads.c.id == core_param("thread_id")).scalar_subquery()
+_head = select(literal_column("-1").label("position"), threads.c.context_head.label("body")).where(
+    threads.c.id == core_param("thread_id"), threads.c.context_head.is_not(None)
 )
+_stored = select(thread_messages.c.position, thread_messages.c.body).where(
+    thread_messages.c.thread_id == core_param("thread_id"), thread_messages.c.position >= _base
+)
+LOAD_CONTEXT: Final = CoreStatement(LoadContext, union_all(_head, _stored).order_by("position"), durable=True)
+_LOAD_CONTEXT_PG: Final = LOAD_CONTEXT.on_pg()
 
 
 class ThreadRepository:
@@ -306,15 +305,8 @@ class ThreadRepository:
 
     async def _load_context(self, thread_id: str) -> list[tuple[int, bytes]]:
         if self._pg is not None:
-            records = await self._pg.fetch(PG_LOAD_CONTEXT, LoadContext(thread_id=thread_id))
+            records = await self._pg.fetch(_LOAD_CONTEXT_PG, LoadContext(thread_id=thread_id))
             return [(record[0], record[1]) for record in records]
-        base = select(threads.c.base_position).where(threads.c.id == thread_id).scalar_subquery()
-        head = select(literal(-1).label("position"), threads.c.context_head.label("body")).where(
-            threads.c.id == thread_id, threads.c.context_head.is_not(None)
-        )
-        rows = select(thread_messages.c.position, thread_messages.c.body).where(
-            thread_messages.c.thread_id == thread_id, thread_messages.c.position >= base
-        )
-        stmt = union_all(head, rows).order_by("position")
         async with self._single.connect() as conn:
-            return [(position, bytes(body)) for position, body in (await conn.execute(stmt)).all()]
+            rows = await conn.execute(LOAD_CONTEXT.statement, LOAD_CONTEXT.values(LoadContext(thread_id=thread_id)))
+        return [(position, bytes(body)) for position, body in rows.all()]
