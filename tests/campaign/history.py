@@ -21,8 +21,9 @@ Outcome = Literal["ok", "fail", "unknown"]
 # stream and bg-replay its whole stream again; bg-conversation creates a conversation, bg-items lists its user texts.
 # Keyed writes (tests/campaign/keyed.py), each sent with an Idempotency-Key and retried with it until answered:
 # key-respond (a Response on the client's keyed conversation), key-chain (a Response continuing a keyed chain),
-# key-append (items appended to the keyed conversation); key-conversation creates that conversation, key-items lists
-# its user texts at the end.
+# key-append (items appended to the keyed conversation), key-message (a Messages turn creating or continuing a keyed
+# thread: a turn, as the thread checks see it); key-conversation creates that conversation, key-items lists its user
+# texts at the end.
 Kind = Literal[
     "create",
     "continue",
@@ -48,10 +49,11 @@ Kind = Literal[
     "key-respond",
     "key-chain",
     "key-append",
+    "key-message",
     "key-conversation",
     "key-items",
 ]
-TURN_KINDS = frozenset({"create", "continue", "stale", "race", "session", "heal"})
+TURN_KINDS = frozenset({"create", "continue", "stale", "race", "session", "heal", "key-message"})
 
 
 _SHOWN = ("status", "error", "previous_id", "message_id", "backend_fault")

@@ -6,9 +6,11 @@ or gives up. Some answered writes are sent once more with their key (a client th
 answer must be the first's.
 
 Writes: a Response on the keyed conversation (JSON or streamed), items appended to it, a Response continuing a keyed
-chain. Each keyed Response names its op in `metadata.user_id` (`keyed:<op id>`), which is stored in clear, so that
-the checker counts its copies in the database (tests/campaign/keyed_check.py) and the commit nemesis can aim at its
-commit (tests/campaign/nemesis.py). At the end each client lists its conversation's items."""
+chain, and on the Messages door a turn creating or continuing a keyed thread (JSON or streamed), which the thread
+checks of tests/campaign/checker.py hold as any turn. Each keyed Response names its op in `metadata.user_id`
+(`keyed:<op id>`), which is stored in clear, so that the checker counts its copies in the database
+(tests/campaign/keyed_check.py) and the commit nemesis can aim at its commit (tests/campaign/nemesis.py). At the end
+each client lists its conversation's items."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import httpx
 import orjson
 
 from tests.campaign.history import History, Op
+from tests.reliability.proof_support import MODEL as MESSAGES_MODEL
+from tests.reliability.proof_support import THREADS_BETA
 from tests.reliability.support import sse_data
 
 MODEL = "echo-1"
@@ -76,7 +80,9 @@ class KeyedClient:
         self.conversation = Chain(key=f"K{index}")
         self.conversation_id: str | None = None
         self.chains: list[Chain] = []
+        self.threads: list[Chain] = []
         self._made = 0
+        self.api_key = key
         # Set when the workload stops: a write still unanswered then is given up and sent again under its key once
         # the cluster has healed (`settle`).
         self.stop = asyncio.Event()
@@ -87,12 +93,14 @@ class KeyedClient:
             await self.open_conversation()
             return
         roll = self.rng.random()
-        if roll < 0.4:
+        if roll < 0.3:
             await self.respond()
-        elif roll < 0.7:
+        elif roll < 0.5:
             await self.append()
-        else:
+        elif roll < 0.7:
             await self.continue_chain()
+        else:
+            await self.thread_turn()
 
     async def open_conversation(self) -> None:
         op = self.history.begin(self.index, "key-conversation", self.conversation.key)
@@ -139,6 +147,34 @@ class KeyedClient:
         elif op.error == "previous_response_not_found":
             chain.head = None
 
+    async def thread_turn(self) -> None:
+        """A turn on the Messages door creating or continuing a keyed thread (`KT<client>-<n>`). A thread whose turn
+        went unanswered is left (the final listing finds it; the heal continues it)."""
+        self.threads = [thread for thread in self.threads if thread.turns < 8]
+        if len(self.threads) < 2:
+            thread = Chain(key=f"KT{self.index}-{self._made}")
+            self._made += 1
+            self.threads.append(thread)
+        else:
+            thread = self.rng.choice(self.threads)
+        op = self.history.begin(self.index, "key-message", thread.key, previous_id=thread.head)
+        body: dict[str, Any] = {
+            "model": MESSAGES_MODEL,
+            "max_tokens": 64,
+            "messages": [{"role": "user", "content": op.text()}],
+        }
+        if thread.head is None:
+            body["thread"] = {"type": "create"}
+        else:
+            body["thread"] = {"type": "continue", "previous_message_id": thread.head}
+        thread.turns += 1
+        stream = self.rng.random() < 0.3
+        await self._write(op, "/v1/messages", body | ({"stream": True} if stream else {}), stream=stream)
+        if op.outcome == "ok":
+            thread.head = op.message_id
+        else:
+            self.threads.remove(thread)
+
     # -- one write, under its key, until answered -----------------------------------------------------------------
 
     async def _write(self, op: Op, path: str, body: dict[str, Any], *, stream: bool) -> None:
@@ -147,7 +183,8 @@ class KeyedClient:
         op.answers = []
         content = orjson.dumps(body)
         if not await self._until_answered(op, path, content, self.base_url, time.monotonic() + RETRY_FOR):
-            if op.outcome == "unknown":
+            if op.outcome == "unknown" and op.kind != "key-message":
+                # (A thread's turn is not sent again once healed: the heal continues its thread.)
                 self.unanswered.append((op, path, content))
             return
         if self.rng.random() < AGAIN:
@@ -166,7 +203,11 @@ class KeyedClient:
             answer = await self._attempt(op, target + path, content)
             if answer is not None and answer.told is not None:
                 op.answers.append((answer.told, answer.replayed))
-                self.history.finish(op, "ok", status=200, error=None, response_id=_first_id(op.answers[0][0]))
+                first = _first_id(op.answers[0][0])
+                if op.kind == "key-message":
+                    self.history.finish(op, "ok", status=200, error=None, message_id=first)
+                else:
+                    self.history.finish(op, "ok", status=200, error=None, response_id=first)
                 return True
             if answer is not None and _refused(answer):
                 self.history.finish(op, "fail", status=answer.status, error=answer.code)
@@ -188,12 +229,18 @@ class KeyedClient:
     async def _attempt(self, op: Op, url: str, content: bytes) -> Answer | None:
         op.attempts += 1
         headers = {"idempotency-key": op.key or ""}
+        if op.kind == "key-message":
+            headers |= {"x-api-key": self.api_key, "anthropic-version": "2023-06-01", "anthropic-beta": THREADS_BETA}
         try:
             async with self.http.stream("POST", url, content=content, headers=headers) as reply:
                 raw = await reply.aread()
         except (httpx.TransportError, httpx.StreamError):
             return None
         replayed = reply.headers.get("idempotent-replayed") == "true"
+        if op.kind == "key-message":
+            op.thread_id = op.thread_id or reply.headers.get("statestore-thread-id")
+            if 200 <= reply.status_code < 300:
+                return Answer(reply.status_code, None, _message_told(raw, streamed=op.stream), replayed)
         if not 200 <= reply.status_code < 300:
             return Answer(reply.status_code, _error_code(raw), None, replayed)
         return Answer(reply.status_code, None, _told(raw, streamed=op.stream), replayed)
@@ -268,6 +315,24 @@ def _told(raw: bytes, *, streamed: bool) -> str | None:
         return None
     output = body.get("output") or []
     return " | ".join([str(body.get("id")), *(f"{item.get('id')} {_text(item)}" for item in output)])
+
+
+def _message_told(raw: bytes, *, streamed: bool) -> str | None:
+    """What a Messages answer told: the reply's message id and its text (a stream: once it ended)."""
+    if streamed:
+        events = sse_data(raw)
+        started = [e["message"]["id"] for e in events if e.get("type") == "message_start"]
+        if not started or not any(e.get("type") == "message_stop" for e in events):
+            return None
+        deltas = (e.get("delta") or {} for e in events if e.get("type") == "content_block_delta")
+        return f"{started[0]} {''.join(str(delta.get('text', '')) for delta in deltas)}"
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(body, dict) or "id" not in body:
+        return None
+    return f"{body['id']} {''.join(str(part.get('text', '')) for part in body.get('content') or [])}"
 
 
 def _refused(answer: Answer) -> bool:

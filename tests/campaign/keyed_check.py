@@ -10,7 +10,11 @@ each keyed conversation) and each keyed conversation's items as listed at the en
 - `replay-differs`: a later answer under one key that tells other ids or text than the first, or that does not say
   `idempotent-replayed` (the write ran again).
 - `key-reused`: a retry of the same request refused as another request under its key (422).
-- `unhealed`: a keyed conversation that could not be listed once the cluster had healed."""
+- `unhealed`: a keyed conversation that could not be listed once the cluster had healed.
+
+A keyed thread's turns (key-message) are turns: the thread checks (tests/campaign/checker.py) find one stored twice
+(`duplicated`), an acknowledged one missing (`lost`), a refused one stored (`phantom`); here only their answers are
+compared."""
 
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ from tests.reliability.support import query
 if TYPE_CHECKING:
     from tests.campaign.checker import Anomalies
 
-WRITES = frozenset({"key-respond", "key-chain", "key-append"})
+WRITES = frozenset({"key-respond", "key-chain", "key-append", "key-message"})
 ON_CONVERSATION = frozenset({"key-respond", "key-append"})
 
 
@@ -79,9 +83,9 @@ class KeyedCheck:
             self._answers(op)
             if op.kind in ON_CONVERSATION:
                 self._listed(op)
-            if op.kind != "key-append":
+            if op.kind in ("key-respond", "key-chain"):
                 self._responses(op)
-            elif op.outcome == "ok" and op.answers:
+            elif op.kind == "key-append" and op.outcome == "ok" and op.answers:
                 stored = set(self.state.items.get(op.thread_id or "", []))
                 told = [part.split(" ", 1)[0] for part in op.answers[0][0].split(" | ")]
                 if missing := [item_id for item_id in told if item_id not in stored]:
