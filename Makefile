@@ -82,9 +82,11 @@ system-packages:
 real-backend: system-packages $(STAMP)
 	@scripts/real-backend.sh $(BIN)/python >/dev/null
 
-# Prerequisites run in this order: the system packages first, so a machine without them stops at once.
+# Prerequisites run in this order: the system packages first, so a machine without them stops at once. The suite runs
+# on TEST_WORKERS pytest-xdist workers, each module whole on one; TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: system-packages $(STAMP) lint services $(NODE_DEPS) real-backend
-	@scripts/run-tests.sh
+	@scripts/run-tests.sh $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 # Only the real-backend suite (tests/realbackend): statestore in front of a real llama-server.
 test-real: system-packages $(STAMP) services real-backend

@@ -47,6 +47,22 @@ DEFAULT_TEST_REDIS = "redis://127.0.0.1:6379/0"
 CONNECT_TIMEOUT_SECONDS = 5.0
 
 
+# `make test` runs the suite on two pytest-xdist workers (--dist loadfile: a module runs whole on one worker, so its
+# module-scoped servers start once). The slowest folders are handed out first, so neither worker is left with a long
+# one at the end.
+_FIRST = ("upgrade", "campaign", "packaging", "realbackend", "scaleout", "reliability")
+
+
+def _rank(item: pytest.Item) -> int:
+    folder = Path(str(item.fspath)).resolve().relative_to(Path(__file__).resolve().parent).parts[0]
+    return _FIRST.index(folder) if folder in _FIRST else len(_FIRST)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=_rank)  # stable: within a module, the order of collection
+
+
 def _service_unreachable(service: str, url: str, error: BaseException) -> NoReturn:
     shown = make_url(url).render_as_string(hide_password=True) if "://" in url else url
     if os.environ.get("CI"):

@@ -75,6 +75,7 @@ def test_rotation_seals_with_the_newest_and_opens_with_every_key() -> None:
 @pytest.mark.parametrize(
     "raw",
     ["", "k1", "k1:short", "k1:" + base64.urlsafe_b64encode(b"x" * 31).decode(), "bad id:" + new_key_text(), "k1:%%%"],
+    ids=["empty", "no key", "short key", "31-byte key", "bad id", "not base64"],
 )
 def test_a_malformed_ring_is_refused(raw: str) -> None:
     with pytest.raises(ValueError):
