@@ -18,7 +18,6 @@ import struct
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn._types import ASGISendEvent
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
@@ -53,7 +52,7 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         self._unsent: list[bytes] = []  # frames sent by the app, not yet written
         self._flushing: asyncio.Handle | None = None
 
-    async def send(self, message: ASGISendEvent) -> None:
+    async def send(self, message: Any) -> None:  # an ASGI send event, as uvicorn's own method takes
         if message["type"] != "websocket.send" or not self.handshake_complete or self.close_sent:
             self.flush()  # whatever uvicorn writes next goes after the frames before it
             await super().send(message)
