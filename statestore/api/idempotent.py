@@ -25,7 +25,7 @@ from statestore.core.idempotency import (
     read_key,
     user_of,
 )
-from statestore.errors import StatestoreError
+from statestore.errors import IdempotencyKeyInFlight, StatestoreError
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +132,8 @@ async def keyed_write(
     try:
         response = await run(begun)
     except StatestoreError as exc:
-        await _fail(idempotency, begun, stored_nothing=exc.status < 500)
+        # In flight, whether the write is stored is not known yet: the key keeps its intended ids for the next retry.
+        await _fail(idempotency, begun, stored_nothing=exc.status < 500 and not isinstance(exc, IdempotencyKeyInFlight))
         raise
     except BaseException:
         await _fail(idempotency, begun, stored_nothing=False)

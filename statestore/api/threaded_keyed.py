@@ -14,6 +14,7 @@ from statestore.api.idempotent import keyed_write
 from statestore.api.threaded import serve_threaded_turn
 from statestore.auth import Principal
 from statestore.core.idempotency import Claim, Outcome
+from statestore.errors import IdempotencyKeyInFlight, ThreadContinueInFlight
 from statestore.resources import Resources
 from statestore.store.thread_reads import StoredReply
 from statestore.threads.ids import new_response_id, new_thread_id, thread_of_response
@@ -48,16 +49,23 @@ async def keyed_turn(
 
         # Run again after an attempt that failed, a continue goes on under the id its key names; a create or a session
         # turn takes a new thread (the first attempt's, if any, was dropped) and names its reply anew.
-        return await serve_threaded_turn(
-            resources.threads,
-            resources.upstream,
-            turn=turn,
-            principal=principal,
-            headers=headers,
-            query=query,
-            response_id=claim.intended if turn.mode == "continue" else proposed,
-            begun=begun,
-        )
+        try:
+            return await serve_threaded_turn(
+                resources.threads,
+                resources.upstream,
+                turn=turn,
+                principal=principal,
+                headers=headers,
+                query=query,
+                response_id=claim.intended if turn.mode == "continue" else proposed,
+                begun=begun,
+            )
+        except ThreadContinueInFlight as exc:
+            # The head may be held by this key's own first attempt, outliving its claim: forgetting the key now would
+            # let a later retry store the turn again, so the retry is told to come back (the key keeps its ids).
+            raise IdempotencyKeyInFlight(
+                f"A request with Idempotency-Key '{claim.request.key}' is still being processed."
+            ) from exc
 
     async def recover(intended: str) -> Outcome | None:
         thread_id = thread_of_response(intended)

@@ -302,6 +302,47 @@ async def test_a_key_still_running_is_a_409_the_sdk_retries(served: Served, back
     assert len([r for r in backend.requests() if r.path == "/v1/messages"]) == 1
 
 
+async def test_a_session_turn_outliving_its_claim_is_waited_for_not_stored_again(
+    served: Served, backend: FakeBackend, api_key: str
+) -> None:
+    """The first attempt still holds the session's head when its claim runs out (its replica stopped renewing the key,
+    not the head): a retry finds the head taken, and the key must not be forgotten, or a later retry would store the
+    turn a second time. It is answered 409 in flight, then the first outcome once the first attempt has stored."""
+    backend.script({"kind": "echo", "match": "outlives", "delay_seconds": SLOW})
+    url = served.server.url
+    session = "s-" + secrets.token_hex(6)
+    key = new_key()
+    fields: Any = {
+        "model": MODEL,
+        "max_tokens": 64,
+        "messages": [user("outlives")],
+        "betas": [THREADS_BETA],
+        "extra_headers": {"Idempotency-Key": key, "statestore-session-id": session},
+    }
+    async with anthropic.AsyncAnthropic(base_url=url, api_key=api_key, max_retries=0) as sdk:
+        opened = await sdk.beta.messages.with_raw_response.create(
+            **{**fields, "messages": [user("open")], "extra_headers": {"statestore-session-id": session}}
+        )
+        first = asyncio.create_task(sdk.beta.messages.create(**fields))
+        await asyncio.sleep(0.6)
+        await asyncio.to_thread(
+            sql,
+            served.database_url,
+            "UPDATE idempotency_keys SET claim_expires_ms = 1 WHERE owner = :o AND key = :k",
+            o=passthrough_owner(api_key),
+            k=key,
+        )
+        with pytest.raises(anthropic.ConflictError) as conflict:
+            await sdk.beta.messages.create(**fields)
+        body = conflict.value.body
+        assert isinstance(body, dict) and body["error"]["details"]["error_code"] == "idempotency_key_in_flight"
+        done = await first
+        again = await sdk.beta.messages.with_raw_response.create(**fields)
+    assert again.headers["idempotent-replayed"] == "true"
+    assert (await again.parse()).id == done.id
+    assert message_count(served, api_key, opened.headers["statestore-thread-id"]) == 4
+
+
 def streamed(client: anthropic.Anthropic, words: str, key: str, thread: dict[str, Any]) -> tuple[Any, Any]:
     """A threaded turn as a stream read to its end: its headers and the Message the SDK accumulated."""
     with client.beta.messages.stream(
