@@ -18,7 +18,7 @@ from tests.campaign.campaign import owner_threads
 from tests.campaign.checker import op_of
 from tests.campaign.cluster import REPLICA_SETTINGS, running_cluster
 from tests.campaign.history import History, Op
-from tests.campaign.workload import NEVER_STORED, Client
+from tests.campaign.workload import NEVER_STORED, Client, ThreadState
 from tests.reliability.support import PG_BIN, ServerProcess
 from tests.support.fake_backend import FakeBackend
 
@@ -145,7 +145,11 @@ async def _check_restore(
     backend.reset()
     deadline = time.monotonic() + float(REPLICA_SETTINGS["STATESTORE_LEASE_SECONDS"]) + 10
     for key, (client, thread_id, texts) in restored.items():
-        state = next(t for t in client.all_threads if t.key == key)
+        # A keyed thread of the keyed workload (KT…) is not among the client's own: its state is made here, as the
+        # campaign's heal does.
+        state = next((t for t in client.all_threads if t.key == key), None) or ThreadState(
+            key=key, user_id="", thread_id=thread_id
+        )
         while True:
             if key.startswith("S"):
                 op = await client.turn("heal", state, previous_id=None, session=key)
