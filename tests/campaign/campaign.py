@@ -17,7 +17,7 @@ import httpx
 import orjson
 
 from tests.campaign.checker import Anomalies, Checker, FinalState, op_of
-from tests.campaign.cluster import REPLICA_SETTINGS, Cluster
+from tests.campaign.cluster import REPLICA_SETTINGS, Cluster, read_after_heal
 from tests.campaign.history import History, Op
 from tests.campaign.keyed_check import keyed_counts, keyed_state
 from tests.campaign.nemesis import CommitNemesis, Nemesis
@@ -117,33 +117,14 @@ def _erased(reply: httpx.Response) -> bool:
     return False
 
 
-async def _read_after_heal(client: Client, path: str, params: dict[str, int] | None = None) -> httpx.Response:
-    """A GET of the final state, sent again when its connection breaks (a keep-alive connection through the balancer
-    to a replica the faults killed is found dead only when it is next used, and httpx does not resend on it) or when
-    it is answered 503 (on a loaded machine, a read of a thousand threads may outlast the campaign's 2 s database
-    timeout while the replicas' pools replace the connections the faults broke); a 503 still there the fifth time is
-    the verdict."""
-    for attempt in range(5):
-        try:
-            reply = await client.http.get(path, params=params)
-        except httpx.TransportError:
-            if attempt == 4:
-                raise
-        else:
-            if reply.status_code != 503 or attempt == 4:
-                return reply
-        await asyncio.sleep(1.0)
-    raise AssertionError("unreachable")
-
-
 async def owner_threads(client: Client) -> dict[str, tuple[str, list[str]]]:
     """Every live thread of the client's owner: thread key -> (thread id, history texts). A second thread for one
     key is returned under the key with a `#` suffix, which the checker reports."""
     found: dict[str, tuple[str, list[str]]] = {}
-    reply = await _read_after_heal(client, "/statestore/v1/threads", {"limit": 1000})
+    reply = await read_after_heal(client.http, "/statestore/v1/threads", {"limit": 1000})
     reply.raise_for_status()
     for item in reply.json()["data"]:
-        exported = await _read_after_heal(client, f"/statestore/v1/threads/{item['id']}/messages")
+        exported = await read_after_heal(client.http, f"/statestore/v1/threads/{item['id']}/messages")
         if exported.status_code == 404 and _erased(exported):
             # An erasure that failed after destroying the thread's data key (encryption at rest destroys keys first):
             # its content is erased, its rows left for the next erasure; the thread counts as gone.

@@ -156,3 +156,24 @@ def running_cluster(
         balancer = Balancer(network, lambda: [p.port for p in processes])
         stack.callback(balancer.close)
         yield Cluster(pg, redis, backend, network, proxies, processes, balancer, replica_pg, pg.url, settings)
+
+
+async def read_after_heal(
+    http: httpx.AsyncClient, url: str, params: dict[str, int] | dict[str, str] | None = None
+) -> httpx.Response:
+    """A GET of the final state, sent again when its connection breaks (a keep-alive connection through the balancer
+    to a replica the faults killed is found dead only when it is next used, and httpx does not resend on it) or when
+    it is answered 503 (on a loaded machine, a read of a thousand threads may outlast the campaign's 2 s database
+    timeout while the replicas' pools replace the connections the faults broke); a 503 still there the fifth time is
+    the verdict."""
+    for attempt in range(5):
+        try:
+            reply = await http.get(url, params=params)
+        except httpx.TransportError:
+            if attempt == 4:
+                raise
+        else:
+            if reply.status_code != 503 or attempt == 4:
+                return reply
+        await asyncio.sleep(1.0)
+    raise AssertionError("unreachable")

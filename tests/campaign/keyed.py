@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import orjson
 
+from tests.campaign.cluster import read_after_heal
 from tests.campaign.history import History, Op
 from tests.reliability.proof_support import MODEL as MESSAGES_MODEL
 from tests.reliability.proof_support import THREADS_BETA
@@ -257,7 +258,7 @@ class KeyedClient:
         url = f"{self.base_url}/v1/conversations/{self.conversation_id}/items"
         try:
             while True:
-                reply = await self._read(url, params)
+                reply = await read_after_heal(self.http, url, params)
                 if reply.status_code != 200:
                     self.history.finish(op, "fail" if reply.status_code < 500 else "unknown", status=reply.status_code)
                     return
@@ -273,21 +274,6 @@ class KeyedClient:
             self.history.finish(op, "unknown", error="transport")
             return
         self.history.finish(op, "ok", status=200, read=texts, answers=ids)
-
-    async def _read(self, url: str, params: dict[str, str]) -> httpx.Response:
-        """A GET once the cluster has healed, sent again on a broken connection or a 503 (a replica's pool still
-        replacing the connections the faults broke), up to five times."""
-        for attempt in range(5):
-            try:
-                reply = await self.http.get(url, params=params)
-            except httpx.TransportError:
-                if attempt == 4:
-                    raise
-            else:
-                if reply.status_code != 503 or attempt == 4:
-                    return reply
-            await asyncio.sleep(1.0)
-        raise AssertionError("unreachable")
 
     async def close(self) -> None:
         await self.http.aclose()
