@@ -39,8 +39,13 @@ _CREDENTIALS = frozenset({b"x-api-key", b"authorization"})
 _SERVER_OWNED = frozenset({b"date"})
 _NOT_RELAYED = _HOP_BY_HOP | _SERVER_OWNED
 _THREADS_BETA = THREADS_BETA.encode()
+# A threaded turn's key is statestore's to answer (docs/protocol.md §11): the backend is sent requests the client never
+# sent under it (the rebuilt turn, a summary, a cut retry after a refusal), and a backend that honours keys would
+# answer one of them with another's outcome or refuse it as the key reused. A relay's request is the client's own.
+_IDEMPOTENCY_KEY = b"idempotency-key"
+_THREADED_OWN = frozenset({b"accept-encoding", _IDEMPOTENCY_KEY})
 # Every name request_headers_for_upstream does more with than pass on.
-_LOOKED_AT = _HOP_BY_HOP | _BODY_FRAMING | _CREDENTIALS | {b"anthropic-beta", b"accept-encoding"}
+_LOOKED_AT = _HOP_BY_HOP | _BODY_FRAMING | _CREDENTIALS | _THREADED_OWN | {b"anthropic-beta"}
 
 
 def request_headers_for_upstream(
@@ -48,7 +53,8 @@ def request_headers_for_upstream(
 ) -> list[tuple[bytes, bytes]]:
     """The client's headers as the backend should see them: credentials and `anthropic-*` kept, hop-by-hop headers,
     `statestore-*` and the threads beta removed. A threaded turn asks for an uncompressed reply because statestore
-    reads it. With a `credential` (keys mode) the client's credential headers are replaced by it."""
+    reads it, and keeps its `Idempotency-Key` to itself. With a `credential` (keys mode) the client's credential
+    headers are replaced by it."""
     out: list[tuple[bytes, bytes]] = []
     for raw_name, value in headers:
         name = raw_name.lower()
@@ -67,7 +73,7 @@ def request_headers_for_upstream(
             if betas:
                 out.append((name, b",".join(betas)))
             continue
-        if threaded and name == b"accept-encoding":
+        if threaded and name in _THREADED_OWN:
             continue
         out.append((name, value))
     if threaded:

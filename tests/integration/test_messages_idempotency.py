@@ -414,6 +414,23 @@ def test_a_relayed_request_passes_its_key_on_and_stores_nothing(
     )
 
 
+def test_a_threaded_turns_key_is_never_sent_to_the_backend(
+    client: anthropic.Anthropic, served: Served, backend: FakeBackend
+) -> None:
+    """statestore answers a threaded turn's key: what the backend is sent under a turn is not the client's request
+    (the rebuilt history, a summary, a cut retry), and a backend that honours keys would answer one with another's
+    outcome. Before: the key went on with the client's other headers."""
+    key = new_key()
+    made = turn(client, "keyed", key, thread={"type": "create"})
+    step = {"type": "continue", "previous_message_id": made.parse().id}
+    turn(client, "keyed again", new_key(), thread=step)
+    turn(client, "in a session", new_key(), session="s-" + secrets.token_hex(6))
+    sent = [r for r in backend.requests() if r.path == "/v1/messages"]
+    assert len(sent) == 3
+    assert [r.header("idempotency-key") for r in sent] == [None, None, None]
+    assert all(r.header("anthropic-version") for r in sent)  # the client's other headers still go on
+
+
 def test_a_key_is_kept_under_its_tenant_and_user_for_erasure(client: anthropic.Anthropic, served: Served) -> None:
     """An erasure of the user (or tenant) deletes the keys that carry it (tests/integration/test_idempotency_keys.py
     erases them); a threaded turn's key carries its `metadata.user_id`, as a Responses turn's does."""
