@@ -27,6 +27,8 @@ from tests.support.server import StatestoreServer
 from tests.upgrade.load import MESSAGES_HEADERS, OPENAI_HEADERS, Conversation, Load
 from tests.upgrade.release import REPO, Release
 
+# How many conversations the checks after the load continue or read back at once.
+AT_ONCE = 6
 REPLICA_SETTINGS = {"STATESTORE_LEASE_SECONDS": "5", "STATESTORE_LOG_LEVEL": "WARNING"}
 
 
@@ -35,10 +37,14 @@ class Timing:
     warm_up: float  # the old release alone under load
     side_by_side: float  # old and new together, after the first replacement and after the rollback
     settle: float  # the new release alone
+    # What each load worker waits between two turns. Unpaced, six workers keep both cores busy on their own (some
+    # 7,000 turns in the short form), and every replica start and the migration then crawl: the short form paces its
+    # load to a few hundred turns, ample for its checks; the full form keeps the load as heavy as the machine allows.
+    pace: float
 
 
-SHORT = Timing(warm_up=4, side_by_side=8, settle=4)
-FULL = Timing(warm_up=15, side_by_side=65, settle=15)
+SHORT = Timing(warm_up=4, side_by_side=8, settle=4, pace=0.5)
+FULL = Timing(warm_up=15, side_by_side=65, settle=15, pace=0.0)
 
 
 @dataclass
@@ -117,8 +123,8 @@ def _outside_env() -> dict[str, str]:
 async def run_drill(drill: Drill, migrate_old: Callable[[], None]) -> Load:
     """The whole drill; returns the load's record for `check`."""
     migrate_old()
-    drill.replicas = [await asyncio.to_thread(drill.start, "old") for _ in range(2)]
-    load = Load(drill.live)
+    drill.replicas = list(await asyncio.gather(*(asyncio.to_thread(drill.start, "old") for _ in range(2))))
+    load = Load(drill.live, pace=drill.timing.pace)
     stop = asyncio.Event()
     running = asyncio.create_task(load.run(stop))
     try:
@@ -139,15 +145,20 @@ async def run_drill(drill: Drill, migrate_old: Callable[[], None]) -> Load:
 
 
 async def continue_each(load: Load, drill: Drill) -> None:
-    """One more turn of every conversation on each version (the rotation alternates between the two replicas)."""
-    async with httpx.AsyncClient(timeout=30) as http:
-        for conversation in load.conversations:
-            if conversation.uncertain is not None or not conversation.turns:
-                continue
-            for round_ in range(2):
-                assert await load.turn(http, conversation, f"[{conversation.name}-final{round_}]"), (
+    """One more turn of every conversation on each version (the two live replicas, one old and one new, in turn).
+    The conversations go side by side: one after another, the drill's hundreds of them waited on a loaded machine."""
+    urls = drill.live()
+    slots = asyncio.Semaphore(AT_ONCE)
+
+    async def go_on(http: httpx.AsyncClient, conversation: Conversation) -> None:
+        async with slots:
+            for round_, url in enumerate(urls):
+                assert await load.turn(http, conversation, f"[{conversation.name}-final{round_}]", url), (
                     f"{conversation.kind} {conversation.name} could not be continued: {load.failures[-1]}"
                 )
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        await asyncio.gather(*(go_on(http, c) for c in load.conversations if c.uncertain is None and c.turns))
 
 
 def _text(content: Any) -> str:
@@ -204,27 +215,32 @@ def check_failures(load: Load, drill: Drill) -> list[str]:
 
 async def check_present(load: Load, url: str) -> list[str]:
     """Every acknowledged turn is stored, read back through the APIs (for the conversations cut short too)."""
-    missing = []
-    async with httpx.AsyncClient(timeout=30) as http:
-        for conversation in load.conversations:
-            if not conversation.turns:
-                continue
-            markers = [turn.marker for turn in conversation.turns]
+    slots = asyncio.Semaphore(AT_ONCE)
+
+    async def stored(http: httpx.AsyncClient, conversation: Conversation) -> str:
+        async with slots:
             if conversation.kind in ("thread", "thread_stream", "session"):
                 response = await http.get(
                     f"{url}/statestore/v1/threads/{conversation.thread_id}/messages", headers=MESSAGES_HEADERS
                 )
-                stored = response.text if response.status_code == 200 else ""
-            elif conversation.kind == "conversation":
+                return response.text if response.status_code == 200 else ""
+            if conversation.kind == "conversation":
                 response = await http.get(
                     f"{url}/v1/conversations/{conversation.head}/items?limit=100", headers=OPENAI_HEADERS
                 )
-                stored = response.text if response.status_code == 200 else ""
-            else:
-                bodies = [
-                    await http.get(f"{url}/v1/responses/{turn.head}/input_items", headers=OPENAI_HEADERS)
-                    for turn in conversation.turns
-                ]
-                stored = "".join(body.text for body in bodies if body.status_code == 200)
-            missing += [f"{conversation.kind} {conversation.name} {m}" for m in markers if m not in stored]
-    return missing
+                return response.text if response.status_code == 200 else ""
+            bodies = [
+                await http.get(f"{url}/v1/responses/{turn.head}/input_items", headers=OPENAI_HEADERS)
+                for turn in conversation.turns
+            ]
+            return "".join(body.text for body in bodies if body.status_code == 200)
+
+    async with httpx.AsyncClient(timeout=30) as http:
+        conversations = [conversation for conversation in load.conversations if conversation.turns]
+        texts = await asyncio.gather(*(stored(http, conversation) for conversation in conversations))
+    return [
+        f"{conversation.kind} {conversation.name} {turn.marker}"
+        for conversation, text in zip(conversations, texts, strict=True)
+        for turn in conversation.turns
+        if turn.marker not in text
+    ]

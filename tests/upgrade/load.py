@@ -57,6 +57,7 @@ class Load:
     live: Callable[[], list[str]]
     workers: int = 6
     turns_per_conversation: int = 8
+    pace: float = 0.0  # seconds a worker waits after each turn
     conversations: list[Conversation] = field(default_factory=list)
     failures: list[Failure] = field(default_factory=list)
     acknowledged: int = 0
@@ -83,10 +84,14 @@ class Load:
                     return
                 if not await self.turn(http, conversation, f"[{conversation.name}-t{index}]"):
                     break
+                if self.pace:
+                    await asyncio.sleep(self.pace)
 
-    async def turn(self, http: httpx.AsyncClient, conversation: Conversation, marker: str) -> bool:
-        """One turn of `conversation` on the next live replica; whether it was acknowledged."""
-        url = self.replica()
+    async def turn(
+        self, http: httpx.AsyncClient, conversation: Conversation, marker: str, url: str | None = None
+    ) -> bool:
+        """One turn of `conversation` on `url`, by default the next live replica; whether it was acknowledged."""
+        url = url or self.replica()
         try:
             reply, head = await TURNS[conversation.kind](http, url, conversation, marker)
         except (httpx.HTTPError, TurnRefused) as exc:
