@@ -8,8 +8,8 @@ continues, after a warm-up, and the counts per turn are set side by side. It is 
 calls into C (orjson, asyncpg, hiredis) counts once whatever the call costs, and time in C and in the kernel is not
 seen at all. It says where Python work was added or removed; bench.ab says what that was worth.
 
-    .venv/bin/python -m bench.bytecodes --base 26661a8 [--door messages|responses] [--turns 200] [--history-kb 8]
-        [--top 40]
+    .venv/bin/python -m bench.bytecodes --base 26661a8 [--door messages|responses|socket]
+        [--turns 200] [--history-kb 8] [--top 40]
 
 The traced server is `statestore serve` started through this file's `serve` command: SIGUSR1 starts the count on the
 event loop's thread, SIGUSR2 stops it and writes the counts to $STATESTORE_BENCH_BYTECODES_OUT. Tracing makes each
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         args.base,
         lambda code, work, stack, echo_url: _read(_count(code, args, work, stack, echo_url), f"{code}/", args.turns),
     )
-    door = "threaded" if args.door == "messages" else "Responses"
+    door = {"messages": "threaded", "responses": "Responses", "socket": "WebSocket Responses"}[args.door]
     print(
         f"{args.turns} {door} continues per side, history {args.history_kb} KiB; "
         f"base {args.base}, head the working tree"

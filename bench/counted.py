@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import httpx
+import orjson
+from websockets.sync.client import connect
+from websockets.sync.connection import Connection
 
-from bench.ab import _continue, _continue_response, _create, _create_response
+from bench.ab import HEADERS, _continue, _continue_response, _create, _create_response
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
 from bench.procs import REPO, Service, base_worktree, echo_backend, free_port, migrate, python
 
@@ -38,7 +41,10 @@ def arguments(
             help="compare the working tree's threaded continue with the floor of one (bench/floor.py) instead",
         )
     parser.add_argument(
-        "--door", choices=("messages", "responses"), default="messages", help="threaded or Responses continues"
+        "--door",
+        choices=("messages", "responses", "socket"),
+        default="messages",
+        help="threaded or Responses continues, or Responses continues over one WebSocket (WebSocket mode)",
     )
     parser.add_argument("--turns", type=int, default=turns, help=f"continues counted per side (default {turns})")
     parser.add_argument("--history-kb", type=int, default=8, help="history of the thread, KiB (default 8: ≈ 2k)")
@@ -139,9 +145,20 @@ def continue_counted(
 ) -> None:
     """A thread (or response chain) continued `warm` times, so that every path is taken once and the pools are full;
     then a new one continued `args.turns` times between `start()` and `stop()` of the counter."""
-    create, step = (_create, _continue) if args.door == "messages" else (_create_response, _continue_response)
+    create = _create if args.door == "messages" else _create_response
+    step: Step = _continue if args.door == "messages" else _continue_response
     history = args.history_kb * 1024
-    with httpx.Client(timeout=300) as client:
+    with httpx.Client(timeout=300) as client, ExitStack() as stack:
+        if args.door == "socket":
+            socket = connect(
+                url.replace("http://", "ws://") + "/v1/responses",
+                additional_headers=HEADERS,
+                max_size=None,
+                compression=None,
+                open_timeout=300,  # a server under callgrind
+                ping_interval=None,
+            )
+            step = socket_turns(stack.enter_context(socket))
         previous = create(client, url, history)
         for n in range(warm):
             previous = step(client, url, previous, n)
@@ -150,3 +167,24 @@ def continue_counted(
         for n in range(args.turns):
             previous = step(client, url, previous, n)
         stop()
+
+
+Step = Callable[[httpx.Client, str, str, int], str]  # a continue: client, URL, previous id, n -> the new id
+
+
+def socket_turns(socket: Connection) -> Step:
+    """Responses continues over one WebSocket (WebSocket mode), as `_continue_response`'s over HTTP: a
+    `response.create` with the same input, its events read to `response.completed`."""
+
+    def step(_client: httpx.Client, _url: str, previous: str, n: int) -> str:
+        event = {"type": "response.create", "model": "bench-1", "previous_response_id": previous}
+        socket.send(orjson.dumps({**event, "input": f"turn {n}: " + "x" * 150}).decode())
+        while True:
+            message = orjson.loads(socket.recv(timeout=300))
+            if message["type"] == "response.completed":
+                response_id: str = message["response"]["id"]
+                return response_id
+            if message["type"] == "error":
+                raise RuntimeError(f"socket: {message}")
+
+    return step

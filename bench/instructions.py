@@ -10,8 +10,8 @@ user space for them, in the interpreter, in C extensions (pydantic-core, orjson,
 libc. Not counted: the kernel (system calls), and what PostgreSQL, Redis and the backend do. It says what a change
 costs in the server's own work; bench.ab says what that is worth in time, kernel included.
 
-    .venv/bin/python -m bench.instructions --base 26661a8 [--door messages|responses] [--turns 100] [--history-kb 8]
-        [--top 30] [--cache]
+    .venv/bin/python -m bench.instructions --base 26661a8 [--door messages|responses|socket]
+        [--turns 100] [--history-kb 8] [--top 30] [--cache]
     .venv/bin/python -m bench.instructions --floor [--turns 100] [--history-kb 8] [--top 30] [--cache]
 
 `--floor` sets the working tree's threaded continue beside the floor of one (bench/floor.py, arm F of
@@ -178,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.floor
         else None,
     )
-    door = "threaded" if args.door == "messages" else "Responses"
+    door = {"messages": "threaded", "responses": "Responses", "socket": "WebSocket Responses"}[args.door]
     first, second = ("floor", "statestore") if args.floor else ("base", "head")
     against = "the floor (bench/floor.py)" if args.floor else f"base {args.base}"
     per = args.turns

@@ -1,11 +1,12 @@
 """A profile of statestore's continue, taken inside a real server process without touching statestore's code.
 
 `python -m bench.profiling serve --port N` runs statestore's app (the same `create_server_app`, settings from the same
-STATESTORE_* environment, uvicorn with uvloop and httptools, as `statestore serve` does) wrapped in a small ASGI
-layer that adds two routes: `POST /__bench/profile/start` starts a stack sampler on the event loop's thread
-(bench/sampler.py: samples follow that thread's CPU time, and it copes with SQLAlchemy's greenlets, which cProfile
-does not) and `POST /__bench/profile/stop?out=<path>` stops it and writes the samples as JSON. The client drives
-continues between the two (see `profile_continues`), so the profile holds nothing but the turns, and no client code.
+STATESTORE_* environment, uvicorn with uvloop and the HTTP and WebSocket protocols `statestore serve` runs) wrapped
+in a small ASGI layer that adds two routes: `POST /__bench/profile/start` starts a stack sampler on the event loop's
+thread (bench/sampler.py: samples follow that thread's CPU time, and it copes with SQLAlchemy's greenlets, which
+cProfile does not) and `POST /__bench/profile/stop?out=<path>` stops it and writes the samples as JSON. The client
+drives continues between the two (see `profile_continues`), so the profile holds nothing but the turns, and no client
+code.
 
 Time in uvloop's own C code (socket reads and writes it does by itself, the poll) and in other threads (anyio's
 worker threads) is not in the samples; C calls made from Python are charged to their Python caller.
@@ -57,16 +58,25 @@ def serve(port: int) -> None:
 
     from statestore.app import create_server_app
     from statestore.config import Settings
+    from statestore.http_protocol import StatestoreHttpProtocol
     from statestore.logs import configure_logging, uvicorn_log_config
+    from statestore.socket_protocol import StatestoreWebSocketProtocol
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_json)
+    # The protocols and WebSocket options `statestore serve` runs with (statestore/cli.py), so that a WebSocket's
+    # profile holds statestore's own writes.
     uvicorn.run(
         ProfileSwitch(create_server_app(settings)),
         host="127.0.0.1",
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=StatestoreHttpProtocol,
+        ws=StatestoreWebSocketProtocol,
+        ws_max_size=settings.max_body_bytes,
+        ws_per_message_deflate=settings.socket_compression,
+        ws_ping_interval=settings.socket_ping_seconds,
+        ws_ping_timeout=settings.socket_ping_seconds,
         lifespan="on",
         access_log=False,
         log_config=uvicorn_log_config(),

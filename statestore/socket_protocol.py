@@ -7,6 +7,12 @@ loop's pass, instead of a write each: a write is a system call, and on a turn of
 most of what the socket path cost beyond the turn itself. Nothing waits for more: the write happens as soon as the
 app next waits, so no event is later than it was.
 
+Text messages the app has as UTF-8 already: the scope's extension `statestore.websocket.text` holds `write`, which
+frames such a message and queues it for that same write at once, without a `websocket.send` event (its dict, a
+decode to `str` and an encode back, a coroutine); it returns False, queuing nothing, whenever a frame cannot be
+written that way now (compressed, closing, the transport's buffer full, the client gone), and the app then sends the
+message through ASGI, which waits or says why.
+
 Shutdown: uvicorn closes every open WebSocket at once with 1012; here the app is asked to drain instead: a connection
 takes no new response, its running one finishes within the background grace, then it closes with 1001 (going away),
 and uvicorn waits for that as it waits for any request."""
@@ -23,6 +29,7 @@ from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIO
 from websockets.exceptions import InvalidState
 from websockets.protocol import State
 
+TEXT_WRITER = "statestore.websocket.text"  # the scope's extension: {"write": (payload: bytes) -> bool}
 # What drains the app's WebSockets, registered by the app (one per app in this process); each returns whether it
 # will close its connections itself.
 DRAINS: list[Callable[[], bool]] = []
@@ -51,6 +58,33 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         super().__init__(*args, **kwargs)
         self._unsent: list[bytes] = []  # frames sent by the app, not yet written
         self._flushing: asyncio.Handle | None = None
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        # The app's task is created but has not run: the scope it will read still takes an extension.
+        scope: Any = getattr(self, "scope", None)
+        if scope is not None:
+            scope["extensions"][TEXT_WRITER] = {"write": self.write_text}
+
+    def write_text(self, payload: bytes) -> bool:
+        """A whole text message, `payload` its UTF-8, framed and queued for the next write; False (nothing queued)
+        when it must go through `send` instead."""
+        conn = self.conn
+        if (
+            self.disconnected
+            or self.close_sent
+            or not self.handshake_complete
+            or self.initial_response is not None
+            or not self.writable.is_set()
+            or conn.extensions
+            or conn.state is not State.OPEN
+            or conn.expect_continuation_frame
+        ):
+            return False
+        self._unsent += (_header(_TEXT, len(payload)), payload)
+        if self._flushing is None:
+            self._flushing = self.loop.call_soon(self.flush)
+        return True
 
     async def send(self, message: Any) -> None:  # an ASGI send event, as uvicorn's own method takes
         if message["type"] != "websocket.send" or not self.handshake_complete or self.close_sent:

@@ -12,7 +12,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -104,6 +104,8 @@ class ResponsesSocket:
             resources, headers, principal, receive, send, self.max_message_bytes, deadline, self.metrics
         )
         connection.client_ip = client[0] if client else None
+        writer = scope.get("extensions", {}).get(socket_protocol.TEXT_WRITER)
+        connection.write_text = writer["write"] if writer else None
         self.open.add(connection)
         self.metrics.websocket_opened(PATH)
         try:
@@ -232,6 +234,9 @@ class Connection:
         self.stopped = asyncio.Event()  # no response runs, none will
         self.closed = False
         self._sending = asyncio.Lock()
+        self._sends_waiting = 0  # sends through ASGI not yet done: a frame written directly would overtake them
+        # The server's own writer of text messages (statestore/socket_protocol.py), when it has one.
+        self.write_text: Callable[[bytes], bool] | None = None
 
     async def run(self) -> None:
         worker = asyncio.create_task(self._work())
@@ -272,8 +277,14 @@ class Connection:
     async def send_event(self, frame: bytes) -> None:
         if self.closed:
             raise ConnectionResetError("the connection is closed")
-        async with self._sending:
-            await self._send({"type": "websocket.send", "text": frame.decode()})
+        if not self._sends_waiting and self.write_text is not None and self.write_text(frame):
+            return
+        self._sends_waiting += 1
+        try:
+            async with self._sending:
+                await self._send({"type": "websocket.send", "text": frame.decode()})
+        finally:
+            self._sends_waiting -= 1
 
     # -- reading ---------------------------------------------------------------------------------------------------
 

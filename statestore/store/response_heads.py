@@ -15,14 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import orjson
+
 from statestore.records import record
 from statestore.store.cache_entry import BRANCH_POINT, CachedHistory, CacheKey, response_key
-from statestore.store.redis_rows import decode_fields, encode_fields
 from statestore.store.resp import RedisClient
 from statestore.store.response_records import ResponseRow
 
-# The fields of a chain head's row, in their stored order (store/redis_rows.py).
-_ROW_WIDTH = 12
+# A row's stored form: the format, then the fields as a JSON array. Another format is a miss.
+_ROW_FORMAT = b"1:"
 
 
 @record
@@ -57,7 +58,7 @@ def encode_head(row: ResponseRow) -> bytes | None:
         head = row.context_head.decode() if row.context_head is not None else None
     except UnicodeDecodeError:
         return None
-    return encode_fields(
+    return _ROW_FORMAT + orjson.dumps(
         [
             row.id,
             row.owner,
@@ -77,8 +78,7 @@ def encode_head(row: ResponseRow) -> bytes | None:
 
 def decode_head(raw: bytes) -> ResponseRow | None:
     """The row kept; None for one this code cannot read. Its body is empty."""
-    fields = decode_fields(raw, _ROW_WIDTH)
-    if fields is None:
+    if not raw.startswith(_ROW_FORMAT):
         return None
     try:
         (
@@ -94,7 +94,7 @@ def decode_head(raw: bytes) -> ResponseRow | None:
             head_id,
             head,
             runs,
-        ) = fields
+        ) = orjson.loads(memoryview(raw)[len(_ROW_FORMAT) :])
         row = ResponseRow(
             id=response_id,
             root_id=root_id,

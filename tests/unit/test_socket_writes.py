@@ -1,0 +1,89 @@
+"""statestore/socket_protocol.py's writes: text messages written directly (the scope's `statestore.websocket.text`
+extension) and sent through ASGI leave as one message each, in the order they were sent, in one write per pass of the
+event loop; while the transport's buffer is full the direct writer refuses, and a send through ASGI waits."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.config import Config
+from uvicorn.server import ServerState
+from websockets.client import ClientProtocol
+from websockets.frames import Frame, Opcode
+from websockets.uri import parse_uri
+
+from statestore.socket_protocol import TEXT_WRITER, StatestoreWebSocketProtocol
+
+
+class Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return ("127.0.0.1", 8000) if name in ("sockname", "peername") else default
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def _frames(client: ClientProtocol, written: bytes) -> list[bytes]:
+    client.receive_data(written)
+    return [bytes(e.data) for e in client.events_received() if isinstance(e, Frame) and e.opcode is Opcode.TEXT]
+
+
+def test_direct_and_asgi_sends_leave_in_order_and_a_full_buffer_refuses_the_direct_writer() -> None:
+    async def scenario() -> tuple[list[bytes], list[bool], int]:
+        refused: list[bool] = []
+        writes_before_resume = 0
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            nonlocal writes_before_resume
+            await receive()
+            await send({"type": "websocket.accept"})
+            write = scope["extensions"][TEXT_WRITER]["write"]
+            refused.append(not write(b'{"n":1}'))
+            await send({"type": "websocket.send", "text": '{"n":2}'})
+            refused.append(not write('{"n":3,"t":"caf\u00e9"}'.encode()))
+            protocol.pause_writing()  # the transport's buffer is full
+            refused.append(not write(b'{"n":4}'))
+            waiting = asyncio.ensure_future(send({"type": "websocket.send", "text": '{"n":4}'}))
+            await asyncio.sleep(0.01)
+            writes_before_resume = len(transport.writes)
+            assert not waiting.done()
+            protocol.resume_writing()
+            await waiting
+            refused.append(not write(b'{"n":5}'))
+            await asyncio.sleep(0)
+
+        config = Config(app=app, ws_per_message_deflate=False, ws_ping_interval=None, lifespan="off")
+        config.load()
+        protocol = StatestoreWebSocketProtocol(config, ServerState(), {}, _loop=asyncio.get_running_loop())
+        transport = Transport()
+        protocol.connection_made(transport)
+        client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/v1/responses"))
+        client.send_request(client.connect())
+        protocol.data_received(b"".join(client.data_to_send()))
+        await asyncio.wait_for(asyncio.gather(*protocol.tasks), timeout=10)
+        client.receive_data(transport.writes[0])  # the handshake's answer
+        client.events_received()
+        messages = _frames(client, b"".join(transport.writes[1:]))
+        return messages, refused, writes_before_resume - 1
+
+    messages, refused, writes_before_resume = asyncio.run(scenario())
+    assert messages == [b'{"n":1}', b'{"n":2}', '{"n":3,"t":"caf\u00e9"}'.encode(), b'{"n":4}', b'{"n":5}']
+    assert refused == [False, False, True, False]
+    assert writes_before_resume == 1  # messages 1 to 3 in one write, nothing while the buffer was full
