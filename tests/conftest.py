@@ -18,7 +18,8 @@ A test that needs a service that is down fails; it is never skipped, or a broken
 - ``redis_prefix`` (function): ``sstest:<hex>:``; every key under it is deleted after the test (SCAN + DEL).
 
 Migrations run in a worker thread (``asyncio.to_thread``): Alembic's env.py starts its own event loop, and the
-test's loop must keep running meanwhile.
+test's loop must keep running meanwhile. On PostgreSQL they run once per process, into a template database that each
+migrated database is then copied from.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import asyncio
 import os
 import secrets
 import shutil
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -118,8 +120,9 @@ async def redis_url() -> str:
 
 
 @asynccontextmanager
-async def scratch_pg_database(admin_url: str) -> AsyncIterator[str]:
-    """A new empty database (``statestore_test_<hex>``) for the block; yields its asyncpg URL, then drops it.
+async def scratch_pg_database(admin_url: str, *, template: str | None = None) -> AsyncIterator[str]:
+    """A new empty database (``statestore_test_<hex>``), or a copy of `template`, for the block; yields its asyncpg
+    URL, then drops it.
 
     The fixtures below use it; call it directly when a test needs more than one database.
     """
@@ -127,7 +130,8 @@ async def scratch_pg_database(admin_url: str) -> AsyncIterator[str]:
     admin = _admin_engine(admin_url)
     try:
         async with admin.connect() as connection:
-            await connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            copied = f' TEMPLATE "{template}"' if template is not None else ""
+            await connection.exec_driver_sql(f'CREATE DATABASE "{name}"{copied}')
         try:
             yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
         finally:
@@ -138,11 +142,49 @@ async def scratch_pg_database(admin_url: str) -> AsyncIterator[str]:
         await admin.dispose()
 
 
+# The real migrations run once per process, into a template database; each migrated scratch database is a copy of it
+# (CREATE DATABASE ... TEMPLATE), which takes a fraction of Alembic's time. Dropped when the session finishes.
+_templates: dict[str, str] = {}
+_templates_lock = threading.Lock()
+
+
+def _migrated_template(admin_url: str) -> str:
+    """The name of this process's migrated template database on that server, made the first time. Called in a worker
+    thread: Alembic's env.py starts an event loop of its own, and so does the creation here."""
+    with _templates_lock:
+        if admin_url not in _templates:
+            name = f"statestore_template_{secrets.token_hex(6)}"
+            asyncio.run(_execute(admin_url, f'CREATE DATABASE "{name}"'))
+            try:
+                upgrade(make_url(admin_url).set(database=name).render_as_string(hide_password=False))
+            except BaseException:
+                asyncio.run(_execute(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                raise
+            _templates[admin_url] = name
+        return _templates[admin_url]
+
+
+async def _execute(admin_url: str, statement: str) -> None:
+    admin = _admin_engine(admin_url)
+    try:
+        async with admin.connect() as connection:
+            await connection.exec_driver_sql(statement)
+    finally:
+        await admin.dispose()
+
+
+def pytest_sessionfinish() -> None:
+    for admin_url, name in _templates.items():
+        asyncio.run(_execute(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    _templates.clear()
+
+
 @asynccontextmanager
 async def migrated_scratch_pg_database(admin_url: str) -> AsyncIterator[str]:
-    """`scratch_pg_database`, migrated to head by the real migrations before the block."""
-    async with scratch_pg_database(admin_url) as url:
-        await asyncio.to_thread(upgrade, url)
+    """A new database at head (a copy of one migrated by the real migrations) for the block; yields its asyncpg URL,
+    then drops it."""
+    template = await asyncio.to_thread(_migrated_template, admin_url)
+    async with scratch_pg_database(admin_url, template=template) as url:
         yield url
 
 
