@@ -38,6 +38,8 @@ from statestore.store.event_log import create_event_log
 from statestore.store.idempotency_store import IdempotencyStore
 from statestore.store.leased_log import LeasedLog
 from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.resp import RedisClient
+from statestore.store.resp_cluster import redis_client
 from statestore.store.response_statements import PgResponseStatements
 from statestore.store.response_store import ResponseStore
 from statestore.store.retention_queries import RetentionQueries
@@ -64,6 +66,9 @@ class Resources:
     # keys every content byte is sealed and opened through (encryption off: a pass-through).
     keystore_engine: AsyncEngine
     content: ContentKeys
+    # The process's one Redis client (None without STATESTORE_REDIS_URL): one pool, one breaker, shared by the cache,
+    # claims, heads and the background events, each call bound by its own kind's timeout.
+    redis: RedisClient | None
     cache: HistoryCache
     upstream: Upstream
     threads: ThreadService
@@ -138,7 +143,10 @@ async def build_resources(
             keystore_engine = create_engine(settings.keystore_url, pool_size=own_keystore)
             stack.push_async_callback(keystore_engine.dispose)
         content = content_keys(settings, keystore_engine, clock)
-        cache = create_cache(settings.redis_url, settings.redis_prefix, content)
+        redis = redis_client(settings.redis_url) if settings.redis_url else None
+        if redis is not None:
+            stack.push_async_callback(redis.aclose)  # after all that use it
+        cache = create_cache(redis, settings.redis_prefix, content)
         stack.push_async_callback(cache.aclose)
         upstream: Upstream = UpstreamClient(
             settings.upstream_url,
@@ -218,7 +226,7 @@ async def build_resources(
         )
         background = None
         if responses is not None:
-            kept = create_event_log(settings.redis_url, settings.redis_prefix, cap=settings.background_events_max)
+            kept = create_event_log(redis, settings.redis_prefix, cap=settings.background_events_max)
             stack.push_async_callback(kept.aclose)
             events = sealed_event_log(kept, content)
             background_store = BackgroundStore(engine, single_statements, pg_hot_path, content)
@@ -245,6 +253,7 @@ async def build_resources(
             engine=engine,
             keystore_engine=keystore_engine,
             content=content,
+            redis=redis,
             cache=cache,
             upstream=upstream,
             threads=ThreadService(

@@ -9,15 +9,17 @@ from statestore.store.cache import HistoryCache
 from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.redis_cache import RedisHistoryCache
+from statestore.store.resp import RedisClient
 from statestore.store.response_heads import ResponseHeads
 from statestore.store.sealed_cache import SealedCache
 from statestore.store.thread_claims import ThreadClaims
 
 
-def create_cache(redis_url: str | None, prefix: str, content: ContentKeys | None = None) -> HistoryCache:
-    """Redis when configured, otherwise the in-process cache; sealed when `content` is enabled (encryption on)."""
+def create_cache(redis: RedisClient | None, prefix: str, content: ContentKeys | None = None) -> HistoryCache:
+    """On the process's Redis client when there is one (statestore/resources.py), otherwise the in-process cache;
+    sealed when `content` is enabled (encryption on)."""
     backend: RedisHistoryCache | MemoryHistoryCache
-    backend = RedisHistoryCache(redis_url, prefix) if redis_url else MemoryHistoryCache()
+    backend = RedisHistoryCache(redis, prefix) if redis is not None else MemoryHistoryCache()
     if content is not None and content.enabled:
         return SealedCache(backend, content)
     return backend

@@ -6,7 +6,8 @@ every entry carries the attempt (the claim) of the run that wrote it. A publish 
 the stream already holds a later attempt's events or the numbers it would write, so two runs of one turn never make
 one stream that mixes their events. Streams are capped and expire with the response.
 
-Redis, standalone or Cluster, is spoken to by statestore's one client (store/resp.py, store/resp_cluster.py), a
+Redis, standalone or Cluster, is spoken to by the process's one client (store/resp.py, store/resp_cluster.py; built by
+statestore/resources.py, shared with the history cache), with a timeout of the event log's own on each call, and a
 follower's blocking XREAD on a connection of its own while it waits."""
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from statestore.content_keys import Scope
-from statestore.store.resp import Script
-from statestore.store.resp_cluster import redis_client
+from statestore.store.resp import RedisClient, Script
 from statestore.store.resp_reader import RespError
 
 log = logging.getLogger(__name__)
@@ -97,9 +97,10 @@ return 1
 """)
 
 
-# Longer than a follower's blocking read (responses/background.py waits a second at a time), short enough that a
-# Redis that hangs stops a run's publishing, not the run.
-_TIMEOUT = 5.0
+# Each command's bound, given on each call (the client's own is the cache's, 0.5 s), and a blocking read's beyond its
+# wait: a publish is a run's events, which a client resuming its stream needs, so it may wait out a slow moment the
+# cache would not; short enough that a Redis that hangs stops a run's publishing, not the run.
+_TIMEOUT_S = 5.0
 
 
 def _entry_id(seq: int) -> str:
@@ -123,8 +124,8 @@ class RedisEventLog:
     (RespClient.blocking), so a waiting follower holds up no publish. On a Redis Cluster each goes to the node of the
     response's stream (its id is the key's hash tag)."""
 
-    def __init__(self, url: str, prefix: str, *, cap: int) -> None:
-        self._client = redis_client(url, timeout_s=_TIMEOUT, connections=2)
+    def __init__(self, client: RedisClient, prefix: str, *, cap: int) -> None:
+        self._client = client
         self._prefix = prefix
         self._cap = cap
 
@@ -142,7 +143,7 @@ class RedisEventLog:
         # A publish the client sends again on a fresh connection (statestore/retry_policy.py) finds its batch written
         # if the first one was: the script takes it as written.
         try:
-            await _PUBLISH.run(self._client, [self._key(response_id)], args)
+            await _PUBLISH.run(self._client, [self._key(response_id)], args, timeout_s=_TIMEOUT_S)
         except RespError as exc:
             if "SUPERSEDED" in str(exc):
                 raise Superseded(str(exc)) from None
@@ -153,10 +154,14 @@ class RedisEventLog:
     async def read(self, response_id: str, after: int, *, block_ms: int) -> list[Event]:
         key = self._key(response_id)
         try:
-            flat = await self._client.execute("XRANGE", key, _entry_id(after + 1), "+", "COUNT", 1000)
+            flat = await self._client.execute(
+                "XRANGE", key, _entry_id(after + 1), "+", "COUNT", 1000, timeout_s=_TIMEOUT_S
+            )
             if not flat and block_ms > 0:
                 streams = await self._client.blocking(
-                    "XREAD", "COUNT", 1000, "BLOCK", block_ms, "STREAMS", key, _entry_id(after), wait_s=block_ms / 1000
+                    *("XREAD", "COUNT", 1000, "BLOCK", block_ms, "STREAMS", key, _entry_id(after)),
+                    wait_s=block_ms / 1000,
+                    timeout_s=_TIMEOUT_S,
                 )
                 flat = streams[0][1] if streams else []
         except _UNREACHABLE as exc:
@@ -165,7 +170,9 @@ class RedisEventLog:
 
     async def last(self, response_id: str) -> tuple[int, int] | None:
         try:
-            top = await self._client.execute("XREVRANGE", self._key(response_id), "+", "-", "COUNT", 1)
+            top = await self._client.execute(
+                "XREVRANGE", self._key(response_id), "+", "-", "COUNT", 1, timeout_s=_TIMEOUT_S
+            )
         except _UNREACHABLE as exc:
             raise EventLogUnavailable(type(exc).__name__) from exc
         if not top:
@@ -175,7 +182,7 @@ class RedisEventLog:
         return _seq_of(entry_id), int(fields.get(b"a", b"0"))
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        """Nothing of its own to close: the client is the process's (statestore/resources.py closes it)."""
 
 
 @dataclass(slots=True)
@@ -238,7 +245,8 @@ class MemoryEventLog:
         self._kept.clear()
 
 
-def create_event_log(redis_url: str | None, prefix: str, *, cap: int) -> EventLog:
-    if redis_url:
-        return RedisEventLog(redis_url, prefix, cap=cap)
+def create_event_log(redis: RedisClient | None, prefix: str, *, cap: int) -> EventLog:
+    """On the process's Redis client when there is one (statestore/resources.py), else in its memory."""
+    if redis is not None:
+        return RedisEventLog(redis, prefix, cap=cap)
     return MemoryEventLog(cap=cap)

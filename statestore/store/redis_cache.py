@@ -12,8 +12,8 @@ from statestore.store.cache import append_tail
 from statestore.store.cache_entry import CachedHistory, CacheKey, decode_count, encode_count, thread_key
 from statestore.store.cache_scripts import APPEND, APPEND_SETTLE, MOVE, PUT, PUT_SETTLE
 from statestore.store.redis_commands import RedisCommands
-from statestore.store.resp import split_cluster_flag
-from statestore.store.resp_cluster import redis_client
+from statestore.store.resp import RedisClient
+from statestore.store.resp_cluster import ClusterClient
 from statestore.store.resp_reader import RespError
 from statestore.store.response_heads import ResponseHeads
 from statestore.store.thread_claims import Settle, ThreadClaims
@@ -74,14 +74,15 @@ class RedisHistoryCache:
     No command ever spans two threads.
     """
 
-    def __init__(self, url: str, prefix: str, *, socket_timeout: float = 0.5) -> None:
+    def __init__(self, client: RedisClient, prefix: str) -> None:
+        """On the process's one client (statestore/resources.py builds it, and closes it), whose own timeout is the
+        cache's: each command waits at most that long, and a failure is a miss."""
         if "{" in prefix or "}" in prefix:
             # A brace in the prefix would become the hash tag and put every thread in one slot.
             raise ValueError("the redis key prefix must not contain '{' or '}'")
         self._prefix = prefix
-        self._cluster = split_cluster_flag(url)[1]
-        # Commands share connections (several in flight on each), so no pool size is needed.
-        self._commands = RedisCommands(redis_client(url, timeout_s=socket_timeout))
+        self._cluster = isinstance(client, ClusterClient)
+        self._commands = RedisCommands(client)
         self._gate = _WarningGate()
         self.errors = 0
 
@@ -282,7 +283,4 @@ class RedisHistoryCache:
             return False
 
     async def aclose(self) -> None:
-        try:
-            await self._commands.aclose()
-        except _FAULTS as exc:
-            self._fault("close", None, exc)
+        """Nothing of its own to close: the client is the process's, shared with the event log."""

@@ -34,6 +34,3 @@ class RedisCommands:
 
     async def ping(self) -> bool:
         return bool(await self.client.execute("PING") == b"PONG")
-
-    async def aclose(self) -> None:
-        await self.client.aclose()

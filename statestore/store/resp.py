@@ -1,5 +1,7 @@
 """statestore's one Redis client (the history cache, claims, heads, background events): RESP2 over asyncio protocols,
-commands framed by hiredis, replies read by store/resp_reader.py.
+commands framed by hiredis, replies read by store/resp_reader.py. A process builds one (statestore/resources.py), so
+one pool and one breaker serve everything it keeps in Redis; each call may bound its own wait (`timeout_s`: the event
+log's is longer than the cache's, the client's own).
 
 Why not redis-py: every turn reads and appends its thread's history, and redis-py spends 60-90 us of CPU per
 command on its pool, locks, a task per write (`asyncio.wait_for`) and timeout contexts, against about 15 us for the
@@ -102,8 +104,7 @@ def pack(args: Sequence[Arg]) -> bytes:
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, timeout_s: float) -> None:
-        self._timeout_s = timeout_s
+    def __init__(self) -> None:
         self._reader = RespReader(self._reply)
         self._waiters: deque[asyncio.Future[Any]] = deque()
         self._transport: asyncio.Transport | None = None
@@ -147,9 +148,10 @@ class _Connection(asyncio.Protocol):
         if not waiter.done():
             self._fail(RedisTimeout(f"no reply from redis within {timeout_s:g} s"))
 
-    async def send(self, commands: Sequence[Sequence[Arg]], *, timeout_s: float | None = None) -> list[Any]:
-        """Write commands back to back and wait for their replies (error replies are returned, not raised).
-        `timeout_s`: the connection's own unless given (a blocking read waits longer)."""
+    async def send(self, commands: Sequence[Sequence[Arg]], timeout_s: float) -> list[Any]:
+        """Write commands back to back and wait up to `timeout_s` for their replies (error replies are returned, not
+        raised). The timeout is the caller's: commands of several kinds share a connection (the cache's, the event
+        log's), each waiting as long as its own kind may."""
         if self.closed or self._transport is None:
             raise RedisConnectionError("the redis connection is closed")
         loop = asyncio.get_running_loop()
@@ -164,7 +166,6 @@ class _Connection(asyncio.Protocol):
             waiter: asyncio.Future[Any] = loop.create_future()
             self._waiters.append(waiter)
             waiters.append(waiter)
-        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         timer = loop.call_later(timeout_s, self._expire, waiters[-1], timeout_s)
         try:
             return [await waiter for waiter in waiters]
@@ -215,16 +216,24 @@ class RedisBreaker:
 OUTAGES = (OSError, RuntimeError)
 
 
+# How long a command may wait for its reply unless its caller says otherwise: the history cache's, claims' and heads'
+# bound (a turn served from the database beats one that waits on Redis). The event log gives its own (a publish may
+# wait longer: store/event_log.py).
+COMMAND_TIMEOUT_S = 0.5
+
+
 class RedisClient(Protocol):
-    """What statestore asks of Redis: a standalone one's client (RespClient) or a Cluster's (store/resp_cluster.py)."""
+    """What statestore asks of Redis: a standalone one's client (RespClient) or a Cluster's (store/resp_cluster.py).
+    A process holds one, built by statestore/resources.py and shared by the cache, claims, heads and event log; each
+    call may give its own `timeout_s` (the client's, COMMAND_TIMEOUT_S unless built with another, when not)."""
 
-    breaker: RedisBreaker
+    async def pipeline(
+        self, commands: Sequence[Sequence[Arg]], *, probe: bool = False, timeout_s: float | None = None
+    ) -> list[Any]: ...
 
-    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, probe: bool = False) -> list[Any]: ...
+    async def execute(self, *command: Arg, timeout_s: float | None = None) -> Any: ...
 
-    async def execute(self, *command: Arg) -> Any: ...
-
-    async def blocking(self, *command: Arg, wait_s: float) -> Any: ...
+    async def blocking(self, *command: Arg, wait_s: float, timeout_s: float | None = None) -> Any: ...
 
     async def aclose(self) -> None: ...
 
@@ -236,7 +245,7 @@ class RespClient:
         self,
         url: str | Endpoint,
         *,
-        timeout_s: float = 0.5,
+        timeout_s: float = COMMAND_TIMEOUT_S,
         connections: int = 4,
         breaker: RedisBreaker | None = None,
     ) -> None:
@@ -251,18 +260,16 @@ class RespClient:
         self._blocking: set[_Connection] = set()
         self._idle_limit = connections
 
-    async def _connect(self) -> _Connection:
+    async def _connect(self, timeout_s: float) -> _Connection:
         loop = asyncio.get_running_loop()
         end = self._endpoint
         try:
-            async with asyncio.timeout(self._timeout_s):
+            async with asyncio.timeout(timeout_s):
                 if end.path is not None:
-                    _, conn = await loop.create_unix_connection(lambda: _Connection(self._timeout_s), end.path)
+                    _, conn = await loop.create_unix_connection(_Connection, end.path)
                 else:
                     tls = ssl.create_default_context() if end.tls else None
-                    _, conn = await loop.create_connection(
-                        lambda: _Connection(self._timeout_s), end.host or "localhost", end.port, ssl=tls
-                    )
+                    _, conn = await loop.create_connection(_Connection, end.host or "localhost", end.port, ssl=tls)
         except OSError as exc:
             raise RedisConnectionError(f"cannot connect to redis: {type(exc).__name__}: {exc}") from None
         setup: list[list[Arg]] = []
@@ -271,13 +278,13 @@ class RespClient:
         if end.db:
             setup.append(["SELECT", end.db])
         if setup:
-            for reply in await conn.send(setup):
+            for reply in await conn.send(setup, timeout_s):
                 if isinstance(reply, RespError):
                     conn.close()
                     raise reply
         return conn
 
-    async def _connection(self) -> _Connection:
+    async def _connection(self, timeout_s: float) -> _Connection:
         """An idle connection, else a new one while there is room, else the least busy."""
         best: _Connection | None = None
         free_slot: int | None = None
@@ -289,15 +296,16 @@ class RespClient:
             elif best is None or conn.in_flight < best.in_flight:
                 best = conn
         if free_slot is not None:
-            return await self._open(free_slot)
+            return await self._open(free_slot, timeout_s)
         assert best is not None
         return best
 
-    async def _open(self, slot: int) -> _Connection:
-        """Callers that find the same slot empty share one connect; it completes even if they are cancelled."""
+    async def _open(self, slot: int, timeout_s: float) -> _Connection:
+        """Callers that find the same slot empty share one connect (bound by the first one's timeout); it completes
+        even if they are cancelled."""
         pending = self._connecting[slot]
         if pending is None:
-            pending = asyncio.ensure_future(self._connect())
+            pending = asyncio.ensure_future(self._connect(timeout_s))
             self._connecting[slot] = pending
 
             def settle(done: asyncio.Future[_Connection]) -> None:
@@ -308,7 +316,9 @@ class RespClient:
             pending.add_done_callback(settle)
         return await asyncio.shield(pending)
 
-    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, probe: bool = False) -> list[Any]:
+    async def pipeline(
+        self, commands: Sequence[Sequence[Arg]], *, probe: bool = False, timeout_s: float | None = None
+    ) -> list[Any]:
         """Replies in order; an error reply is returned as a RespError, not raised. A connection found dead is
         replaced (Redis restarted since it was last used) and the commands sent again on the new one. `probe`: sent
         even while the breaker skips Redis (work no turn waits for, such as deletions owed since an outage), and its
@@ -316,41 +326,43 @@ class RespClient:
         if not probe and self.breaker.skips():
             raise RedisSkipped("redis failed moments ago: skipped for now")
         try:
-            replies = await self._send(commands)
+            replies = await self._send(commands, self._timeout_s if timeout_s is None else timeout_s)
         except OUTAGES:
             self.breaker.failed()
             raise
         self.breaker.succeeded()
         return replies
 
-    async def _send(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+    async def _send(self, commands: Sequence[Sequence[Arg]], timeout_s: float) -> list[Any]:
         retries = STALE_CONNECTION_RETRIES
         while True:
             try:
-                return await (await self._connection()).send(commands)
+                return await (await self._connection(timeout_s)).send(commands, timeout_s)
             except RedisConnectionError:
                 if not retries:
                     raise
                 retries -= 1
 
-    async def execute(self, *command: Arg) -> Any:
-        (reply,) = await self.pipeline([command])
+    async def execute(self, *command: Arg, timeout_s: float | None = None) -> Any:
+        (reply,) = await self.pipeline([command], timeout_s=timeout_s)
         if isinstance(reply, RespError):
             raise reply
         return reply
 
-    async def blocking(self, *command: Arg, wait_s: float, asking: bool = False) -> Any:
-        """A command Redis may hold up to `wait_s` (XREAD BLOCK), on a connection of its own while it waits; raised
-        as `execute`'s. A reader cancelled while it waits closes that connection: its reply would come to no one.
-        `asking`: sent after ASKING (a Cluster's slot on its way to this node, store/resp_cluster.py)."""
+    async def blocking(self, *command: Arg, wait_s: float, timeout_s: float | None = None, asking: bool = False) -> Any:
+        """A command Redis may hold up to `wait_s` (XREAD BLOCK), on a connection of its own while it waits, its reply
+        awaited `wait_s` plus `timeout_s`; raised as `execute`'s. A reader cancelled while it waits closes that
+        connection: its reply would come to no one. `asking`: sent after ASKING (a Cluster's slot on its way to this
+        node, store/resp_cluster.py)."""
         commands: list[Sequence[Arg]] = [("ASKING",), command] if asking else [command]
         if self.breaker.skips():
             raise RedisSkipped("redis failed moments ago: skipped for now")
+        timeout_s = self._timeout_s if timeout_s is None else timeout_s
         retries = STALE_CONNECTION_RETRIES
         while True:
-            conn = await self._blocking_connection()
+            conn = await self._blocking_connection(timeout_s)
             try:
-                reply = (await conn.send(commands, timeout_s=self._timeout_s + wait_s))[-1]
+                reply = (await conn.send(commands, timeout_s + wait_s))[-1]
             except RedisConnectionError:
                 self._blocking.discard(conn)
                 if retries:
@@ -377,14 +389,14 @@ class RespClient:
             raise reply
         return reply
 
-    async def _blocking_connection(self) -> _Connection:
+    async def _blocking_connection(self, timeout_s: float) -> _Connection:
         while self._idle_blocking:
             conn = self._idle_blocking.pop()
             if not conn.closed:
                 return conn
             self._blocking.discard(conn)
         try:
-            conn = await self._connect()
+            conn = await self._connect(timeout_s)
         except OUTAGES:
             self.breaker.failed()
             raise
@@ -407,10 +419,12 @@ class Script:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()  # noqa: S324 - Redis names scripts by SHA1
 
-    async def run(self, client: RedisClient, keys: Sequence[Arg], args: Sequence[Arg]) -> Any:
+    async def run(
+        self, client: RedisClient, keys: Sequence[Arg], args: Sequence[Arg], *, timeout_s: float | None = None
+    ) -> Any:
         try:
-            return await client.execute("EVALSHA", self.sha, len(keys), *keys, *args)
+            return await client.execute("EVALSHA", self.sha, len(keys), *keys, *args, timeout_s=timeout_s)
         except RespError as exc:
             if not str(exc).startswith("NOSCRIPT"):
                 raise
-        return await client.execute("EVAL", self.source, len(keys), *keys, *args)
+        return await client.execute("EVAL", self.source, len(keys), *keys, *args, timeout_s=timeout_s)

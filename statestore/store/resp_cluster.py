@@ -25,6 +25,7 @@ from dataclasses import replace
 from typing import Any
 
 from statestore.store.resp import (
+    COMMAND_TIMEOUT_S,
     OUTAGES,
     Arg,
     Endpoint,
@@ -91,7 +92,12 @@ class ClusterClient:
     """RespClient's calls (pipeline, execute, blocking) on a Redis Cluster: `connections` connections per node."""
 
     def __init__(
-        self, url: str, *, timeout_s: float = 0.5, connections: int = 4, breaker: RedisBreaker | None = None
+        self,
+        url: str,
+        *,
+        timeout_s: float = COMMAND_TIMEOUT_S,
+        connections: int = 4,
+        breaker: RedisBreaker | None = None,
     ) -> None:
         seed = parse_url(url)
         if seed.path is not None or seed.db:
@@ -177,14 +183,16 @@ class ClusterClient:
             raise RespError("CLUSTERDOWN Hash slot not served")
         return node
 
-    async def _send(self, node: Node, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+    async def _send(self, node: Node, commands: Sequence[Sequence[Arg]], timeout_s: float | None) -> list[Any]:
         try:
-            return await self._node(node).pipeline(commands)
+            return await self._node(node).pipeline(commands, timeout_s=timeout_s)
         except OUTAGES:
             self._slots = None  # a failover may have moved its slots: read the map before the next call
             raise
 
-    async def _follow(self, command: Sequence[Arg], reply: Any, wait_s: float | None = None) -> Any:
+    async def _follow(
+        self, command: Sequence[Arg], reply: Any, timeout_s: float | None, wait_s: float | None = None
+    ) -> Any:
         """The reply to `command` once its redirections are followed (`wait_s`: a blocking command's wait)."""
         for _ in range(_REDIRECTIONS):
             if not isinstance(reply, RespError):
@@ -203,65 +211,70 @@ class ClusterClient:
                 node = await self._route(command)
             else:
                 return reply
-            reply = await self._send_one(node, command, asking, wait_s)
+            reply = await self._send_one(node, command, asking, timeout_s, wait_s)
         return reply
 
-    async def _send_one(self, node: Node, command: Sequence[Arg], asking: bool, wait_s: float | None) -> Any:
+    async def _send_one(
+        self, node: Node, command: Sequence[Arg], asking: bool, timeout_s: float | None, wait_s: float | None
+    ) -> Any:
         if wait_s is None:
-            return (await self._send(node, [("ASKING",), command] if asking else [command]))[-1]
+            return (await self._send(node, [("ASKING",), command] if asking else [command], timeout_s))[-1]
         try:
-            return await self._node(node).blocking(*command, wait_s=wait_s, asking=asking)
+            return await self._node(node).blocking(*command, wait_s=wait_s, timeout_s=timeout_s, asking=asking)
         except RespError as exc:
             return exc
         except OUTAGES:
             self._slots = None
             raise
 
-    async def _routed(self, commands: Sequence[Sequence[Arg]]) -> list[Any]:
+    async def _routed(self, commands: Sequence[Sequence[Arg]], timeout_s: float | None) -> list[Any]:
         groups: dict[Node, list[int]] = {}
         for i, command in enumerate(commands):
             groups.setdefault(await self._route(command), []).append(i)
         replies: list[Any] = [None] * len(commands)
         if len(groups) == 1:  # a turn's pipeline: one thread, one slot
             ((node, _),) = groups.items()
-            replies = await self._send(node, commands)
+            replies = await self._send(node, commands, timeout_s)
         else:
-            sent = [self._send(node, [commands[i] for i in indexes]) for node, indexes in groups.items()]
+            sent = [self._send(node, [commands[i] for i in indexes], timeout_s) for node, indexes in groups.items()]
             for indexes, answers in zip(groups.values(), await asyncio.gather(*sent), strict=True):
                 for i, answer in zip(indexes, answers, strict=True):
                     replies[i] = answer
         for i, reply in enumerate(replies):
             if isinstance(reply, RespError):
-                replies[i] = await self._follow(commands[i], reply)
+                replies[i] = await self._follow(commands[i], reply, timeout_s)
         return replies
 
     # -- RespClient's calls --------------------------------------------------------------------------------------------
 
-    async def pipeline(self, commands: Sequence[Sequence[Arg]], *, probe: bool = False) -> list[Any]:
+    async def pipeline(
+        self, commands: Sequence[Sequence[Arg]], *, probe: bool = False, timeout_s: float | None = None
+    ) -> list[Any]:
         """As RespClient.pipeline; commands for several nodes go to each at once, their replies back in order."""
         if not probe and self.breaker.skips():
             raise RedisSkipped("redis failed moments ago: skipped for now")
         try:
-            replies = await self._routed(commands)
+            replies = await self._routed(commands, timeout_s)
         except OUTAGES:
             self.breaker.failed()
             raise
         self.breaker.succeeded()
         return replies
 
-    async def execute(self, *command: Arg) -> Any:
-        (reply,) = await self.pipeline([command])
+    async def execute(self, *command: Arg, timeout_s: float | None = None) -> Any:
+        (reply,) = await self.pipeline([command], timeout_s=timeout_s)
         if isinstance(reply, RespError):
             raise reply
         return reply
 
-    async def blocking(self, *command: Arg, wait_s: float) -> Any:
+    async def blocking(self, *command: Arg, wait_s: float, timeout_s: float | None = None) -> Any:
         """As RespClient.blocking, on the node of the command's key."""
         if self.breaker.skips():
             raise RedisSkipped("redis failed moments ago: skipped for now")
         try:
             node = await self._route(command)
-            reply = await self._follow(command, await self._send_one(node, command, False, wait_s), wait_s)
+            first = await self._send_one(node, command, False, timeout_s, wait_s)
+            reply = await self._follow(command, first, timeout_s, wait_s)
         except OUTAGES:
             self.breaker.failed()
             raise
@@ -278,8 +291,9 @@ class ClusterClient:
         self._nodes.clear()
 
 
-def redis_client(url: str, *, timeout_s: float, connections: int = 4) -> RedisClient:
-    """The client for a Redis URL: a Cluster's with `cluster=1` among its options, else a standalone Redis's."""
+def redis_client(url: str, *, timeout_s: float = COMMAND_TIMEOUT_S, connections: int = 4) -> RedisClient:
+    """The client for a Redis URL: a Cluster's with `cluster=1` among its options, else a standalone Redis's. A
+    process builds one (statestore/resources.py), which everything it keeps in Redis shares."""
     plain, cluster = split_cluster_flag(url)
     if cluster:
         return ClusterClient(plain, timeout_s=timeout_s, connections=connections)

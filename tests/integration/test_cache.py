@@ -24,7 +24,8 @@ from statestore.store.cache_entry import CachedHistory, CacheKey, thread_key
 from statestore.store.cache_setup import create_cache
 from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.redis_cache import RedisHistoryCache
-from statestore.store.resp_cluster import ClusterClient
+from statestore.store.resp import COMMAND_TIMEOUT_S, RedisClient
+from statestore.store.resp_cluster import ClusterClient, redis_client
 
 REDIS_URL = os.environ.get("STATESTORE_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TTL_MS = 60_000
@@ -54,6 +55,23 @@ class Harness:
         return [await self.raw.pttl(f"{self.prefix}{{{thread_id}}}:{kind}") for kind in ("h", "n")]
 
 
+_clients: list[RedisClient] = []
+
+
+def redis_cache(url: str, prefix: str, *, timeout_s: float = COMMAND_TIMEOUT_S) -> RedisHistoryCache:
+    """A cache on a client of its own, as a process builds one (statestore/resources.py), closed after the test."""
+    client = redis_client(url, timeout_s=timeout_s)
+    _clients.append(client)
+    return RedisHistoryCache(client, prefix)
+
+
+@pytest.fixture(autouse=True)
+async def close_clients() -> AsyncIterator[None]:
+    yield
+    while _clients:
+        await _clients.pop().aclose()
+
+
 @pytest.fixture
 async def raw_redis() -> AsyncIterator[Redis]:
     client = Redis.from_url(REDIS_URL)
@@ -76,7 +94,7 @@ async def harness(request: pytest.FixtureRequest, raw_redis: Redis, prefix: str)
     clock = FakeClock()
     cache: HistoryCache
     if request.param == "redis":
-        cache = RedisHistoryCache(REDIS_URL, prefix)
+        cache = redis_cache(REDIS_URL, prefix)
         yield Harness(cache, clock, raw_redis, prefix)
         assert cache.errors == 0
     else:
@@ -183,7 +201,7 @@ async def test_delete_and_delete_many(harness: Harness) -> None:
 
 
 async def test_keys_of_one_thread_share_a_slot(raw_redis: Redis, prefix: str) -> None:
-    cache = RedisHistoryCache(REDIS_URL, prefix)
+    cache = redis_cache(REDIS_URL, prefix)
     tid = thread()
     await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
     keys = sorted([key async for key in raw_redis.scan_iter(match=f"{prefix}*")])
@@ -193,7 +211,7 @@ async def test_keys_of_one_thread_share_a_slot(raw_redis: Redis, prefix: str) ->
 
 
 async def test_unreachable_redis_behaves_like_a_miss(prefix: str) -> None:
-    cache = RedisHistoryCache("redis://127.0.0.1:1/0", prefix, socket_timeout=0.2)
+    cache = redis_cache("redis://127.0.0.1:1/0", prefix, timeout_s=0.2)
     tid = thread()
     assert await cache.get(tid) is None
     await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
@@ -206,7 +224,7 @@ async def test_unreachable_redis_behaves_like_a_miss(prefix: str) -> None:
 
 
 async def test_outage_logs_one_warning_per_burst_without_content(prefix: str, caplog: pytest.LogCaptureFixture) -> None:
-    cache = RedisHistoryCache("redis://127.0.0.1:1/0", prefix)
+    cache = redis_cache("redis://127.0.0.1:1/0", prefix)
     tid = thread()
     with caplog.at_level(logging.WARNING, logger="statestore.store.redis_cache"):
         for _ in range(5):
@@ -227,7 +245,7 @@ async def test_hung_redis_times_out_to_a_miss(prefix: str) -> None:
 
     server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    cache = RedisHistoryCache(f"redis://127.0.0.1:{port}/0", prefix, socket_timeout=0.1)
+    cache = redis_cache(f"redis://127.0.0.1:{port}/0", prefix, timeout_s=0.1)
     started = time.monotonic()
     assert await cache.get(thread()) is None  # times out
     # Skipped at once: Redis failed moments ago (the breaker), and a skipped append leaves nothing to drop.
@@ -239,7 +257,7 @@ async def test_hung_redis_times_out_to_a_miss(prefix: str) -> None:
 
 
 async def test_cluster_mode_against_a_standalone_redis_degrades_to_misses(prefix: str) -> None:
-    cache = RedisHistoryCache(f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}cluster=1", prefix)
+    cache = redis_cache(f"{REDIS_URL}{'&' if '?' in REDIS_URL else '?'}cluster=1", prefix)
     assert isinstance(cache._commands.client, ClusterClient)
     assert await cache.get(thread()) is None
     await cache.put(thread(), CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
@@ -250,7 +268,7 @@ async def test_cluster_mode_against_a_standalone_redis_degrades_to_misses(prefix
 
 async def test_a_burst_shares_connections_and_every_reply_reaches_its_request(prefix: str) -> None:
     """Many commands in flight on a few connections: Redis answers in order, and each caller gets its own reply."""
-    cache = RedisHistoryCache(REDIS_URL, prefix)
+    cache = redis_cache(REDIS_URL, prefix)
     tids = [thread() for _ in range(200)]
     await asyncio.gather(
         *[
@@ -265,7 +283,7 @@ async def test_a_burst_shares_connections_and_every_reply_reaches_its_request(pr
 
 
 async def test_failed_write_inside_script_drops_the_entry(raw_redis: Redis, prefix: str) -> None:
-    cache = RedisHistoryCache(REDIS_URL, prefix)
+    cache = redis_cache(REDIS_URL, prefix)
     tid = thread()
     await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
     # A wrong-typed bytes key makes APPEND fail after the count check passed: the script must not
@@ -280,7 +298,7 @@ async def test_failed_write_inside_script_drops_the_entry(raw_redis: Redis, pref
 
 
 async def test_inconsistent_keys_are_a_miss(raw_redis: Redis, prefix: str) -> None:
-    cache = RedisHistoryCache(REDIS_URL, prefix)
+    cache = redis_cache(REDIS_URL, prefix)
     tid = thread()
     await raw_redis.set(f"{prefix}{{{tid}}}:h", M1, px=TTL_MS)
     assert await cache.get(tid) is None  # no count
@@ -292,7 +310,7 @@ async def test_inconsistent_keys_are_a_miss(raw_redis: Redis, prefix: str) -> No
 
 
 async def test_noscript_recovery(raw_redis: Redis, prefix: str) -> None:
-    cache = RedisHistoryCache(REDIS_URL, prefix)
+    cache = redis_cache(REDIS_URL, prefix)
     tid = thread()
     await cache.put(tid, CachedHistory(1, M1), TTL_MS, sealer=CLEAR)
     await raw_redis.script_flush()
@@ -307,8 +325,8 @@ async def test_noscript_recovery(raw_redis: Redis, prefix: str) -> None:
 
 @pytest.mark.parametrize(("url", "kind"), [(None, "memory"), ("", "memory"), (REDIS_URL, "redis")])
 async def test_create_cache(url: str | None, kind: str) -> None:
-    factory: Callable[[str | None, str], HistoryCache] = create_cache
-    cache = factory(url, "sstest:unused:")
+    factory: Callable[[RedisClient | None, str], HistoryCache] = create_cache
+    cache = factory(redis_client(url) if url else None, "sstest:unused:")
     assert cache.kind == kind
     await cache.aclose()
 
@@ -318,7 +336,7 @@ async def test_transport_runtime_error_is_a_miss(prefix: str) -> None:
     write on its transport before redis-py sees the connection is gone. That escaped the cache as a 500 (a turn
     already committed reported as failed, a stream cut before message_stop). Every cache call must take it as a
     miss."""
-    cache = RedisHistoryCache(REDIS_URL, prefix)
+    cache = redis_cache(REDIS_URL, prefix)
 
     async def closed_transport(*args: object, **kwargs: object) -> object:
         raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")

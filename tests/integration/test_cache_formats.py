@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from statestore.content_keys import CLEAR
 from statestore.store.cache_entry import CachedHistory, thread_key
 from statestore.store.redis_cache import RedisHistoryCache
+from statestore.store.resp_cluster import redis_client
 
 TTL_MS = 60_000
 M1, M2 = b'{"role":"user","content":"a"}', b'{"role":"assistant","content":"b"}'
@@ -23,7 +24,8 @@ async def raw(redis_url: str) -> Redis:
 
 
 async def test_each_format_is_read_or_missed_as_it_should_be(raw: Redis, redis_url: str, redis_prefix: str) -> None:
-    cache = RedisHistoryCache(redis_url, redis_prefix)
+    client = redis_client(redis_url)
+    cache = RedisHistoryCache(client, redis_prefix)
     thread = thread_key(f"thr_{uuid.uuid4().hex}")
     joined, count = f"{redis_prefix}{{{thread.name}}}:h", f"{redis_prefix}{{{thread.name}}}:n"
     try:
@@ -49,5 +51,5 @@ async def test_each_format_is_read_or_missed_as_it_should_be(raw: Redis, redis_u
         assert await cache.get(thread) is None
         assert cache.errors == 0
     finally:
-        await cache.aclose()
+        await client.aclose()
         await raw.aclose()

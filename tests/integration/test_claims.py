@@ -19,6 +19,7 @@ import redis
 
 from statestore.store.pg_hot_path import asyncpg_dsn
 from statestore.store.redis_cache import RedisHistoryCache
+from statestore.store.resp_cluster import redis_client
 from statestore.store.thread_claims import claim_name
 from tests.integration.test_threads import RawThreads, ok, thread_error, user
 from tests.support.fake_backend import FakeBackend
@@ -336,8 +337,8 @@ async def test_a_claim_is_per_owner_so_another_owner_naming_the_head_never_holds
     knows: its claim must not be the owner's, or a stranger's request, for an instant, refuses the owner's turn
     (thread_continue_in_flight). Two turns of one owner on one head still exclude each other."""
     with own_redis_prefix(redis_url) as prefix:
-        cache = RedisHistoryCache(redis_url, prefix)
-        claims = cache.thread_claims()
+        client = redis_client(redis_url)
+        claims = RedisHistoryCache(client, prefix).thread_claims()
         assert claims is not None
         try:
 
@@ -353,4 +354,4 @@ async def test_a_claim_is_per_owner_so_another_owner_naming_the_head_never_holds
             await claims.release("thr_x", claim_name("msg_head", "owner"), "t2")
             assert await claim("owner", "t3")
         finally:
-            await cache.aclose()
+            await client.aclose()

@@ -16,6 +16,7 @@ from statestore.retention import Retention, run_purger
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache_setup import create_cache
 from statestore.store.engine import create_engine
+from statestore.store.resp_cluster import redis_client
 from statestore.store.retention_queries import RetentionQueries
 from tests.conftest import migrated_scratch_pg_database
 
@@ -52,7 +53,8 @@ async def test_purger_survives_an_error_that_is_no_database_error(
 ) -> None:
     database_url, redis_url = stores
     engine = create_engine(database_url, pool_size=1)
-    cache = create_cache(redis_url, "sstest:purger:")
+    redis = redis_client(redis_url) if redis_url else None
+    cache = create_cache(redis, "sstest:purger:")
     queries = _FailingOnce(engine)
     admin = AdminRepository(engine)
     now_ms = 1_700_000_000_000
@@ -71,6 +73,8 @@ async def test_purger_survives_an_error_that_is_no_database_error(
         with contextlib.suppress(asyncio.CancelledError):
             await purger
         await cache.aclose()
+        if redis is not None:
+            await redis.aclose()
         await engine.dispose()
     failures = [r for r in caplog.records if r.name == "statestore.retention" and r.levelno >= logging.ERROR]
     assert len(failures) == 1

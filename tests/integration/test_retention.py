@@ -19,6 +19,7 @@ from statestore.retention import Retention
 from statestore.store.admin_repository import AdminRepository
 from statestore.store.cache_setup import create_cache
 from statestore.store.engine import create_engine
+from statestore.store.resp_cluster import redis_client
 from statestore.store.retention_queries import RetentionQueries
 from statestore.threads.ids import new_thread_id, thread_of_response
 from tests.support.admin_api import (
@@ -324,7 +325,8 @@ class _RecordingQueries(RetentionQueries):
 
 async def _purge_recording_batches(database_url: str, redis_url: str, prefix: str, now_ms: int) -> list[int]:
     engine = create_engine(database_url, pool_size=1)
-    cache = create_cache(redis_url, prefix)
+    redis = redis_client(redis_url)
+    cache = create_cache(redis, prefix)
     try:
         queries = _RecordingQueries(engine)
         retention = Retention(
@@ -333,7 +335,7 @@ async def _purge_recording_batches(database_url: str, redis_url: str, prefix: st
         await retention.purge()
         return queries.batches
     finally:
-        await cache.aclose()
+        await redis.aclose()
         await engine.dispose()
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from statestore.store.event_log import Event, RedisEventLog, Superseded
 from statestore.store.resp import RedisBreaker, Script
-from statestore.store.resp_cluster import ClusterClient, key_slot
+from statestore.store.resp_cluster import ClusterClient, key_slot, redis_client
 from statestore.store.resp_reader import RedisConnectionError
 from tests.scaleout.processes import RedisClusterProcesses, RedisNode, command, wait_for
 
@@ -170,7 +170,8 @@ def _is_master(node: RedisNode) -> bool:
 
 async def test_background_events_on_the_cluster(redis_cluster: RedisClusterProcesses) -> None:
     """The event log's publish script, reads and a follower's wait, on the node of the response's stream."""
-    events = RedisEventLog(redis_cluster.url, f"sstest:{uuid.uuid4().hex}:", cap=100)
+    client = redis_client(redis_cluster.url)
+    events = RedisEventLog(client, f"sstest:{uuid.uuid4().hex}:", cap=100)
     try:
         await events.publish("resp_a", 1, [Event(0, b"zero"), Event(1, b"one")], 10_000)
         waiting = asyncio.ensure_future(events.read("resp_a", 1, block_ms=3000))
@@ -182,4 +183,4 @@ async def test_background_events_on_the_cluster(redis_cluster: RedisClusterProce
         with pytest.raises(Superseded):
             await events.publish("resp_a", 0, [Event(3, b"late")], 10_000)
     finally:
-        await events.aclose()
+        await client.aclose()

@@ -10,6 +10,7 @@ from statestore.store.cache_entry import CachedHistory, thread_key
 from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.redis_cache import RedisHistoryCache
 from statestore.store.resp import split_cluster_flag
+from statestore.store.resp_cluster import redis_client
 
 TTL_MS = 60_000
 M1, M2 = b'{"role":"user","content":"a"}', b'{"role":"assistant","content":"b"}'
@@ -49,7 +50,7 @@ async def test_memory_sweep_drops_untouched_expired_entries() -> None:
 
 def test_prefix_with_brace_is_refused() -> None:
     with pytest.raises(ValueError, match="prefix"):
-        RedisHistoryCache("redis://127.0.0.1:6379/0", "ss{x}:")
+        RedisHistoryCache(redis_client("redis://127.0.0.1:6379/0"), "ss{x}:")
 
 
 async def test_memory_lru_eviction_by_bytes() -> None:

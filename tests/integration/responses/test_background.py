@@ -22,6 +22,7 @@ from sqlalchemy.pool import NullPool
 
 from statestore.store.event_log import Event, EventLogUnavailable, RedisEventLog, Superseded
 from statestore.store.resp import RespClient
+from statestore.store.resp_cluster import redis_client
 from tests.integration.responses.conftest import ADMIN_TOKEN
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import own_redis_prefix
@@ -431,7 +432,8 @@ def test_cancel_a_turn_queued_on_another_replica_frees_its_conversation(
 async def test_the_redis_event_log_keeps_one_run_per_stream_and_takes_a_batch_sent_again_as_written(
     redis_url: str, prefix: str
 ) -> None:
-    events = RedisEventLog(redis_url, prefix, cap=100)
+    client = redis_client(redis_url)
+    events = RedisEventLog(client, prefix, cap=100)
     try:
         await events.publish("resp_twice", 0, [Event(0, b"created"), Event(1, b"queued")], 10_000)
         batch = [Event(2, b"in progress"), Event(3, b"delta")]
@@ -450,14 +452,15 @@ async def test_the_redis_event_log_keeps_one_run_per_stream_and_takes_a_batch_se
             await events.publish("resp_twice", 1, [Event(5, b"late")], 10_000)
         assert await events.last("resp_twice") == (4, 2)
     finally:
-        await events.aclose()
+        await client.aclose()
 
 
 async def test_a_publish_that_failed_on_its_way_is_sent_once_more(redis_url: str, prefix: str) -> None:
     """A connection a Redis reset closed fails the first time it is used (uvloop's RuntimeError on the write): the
     client sends the batch again on a fresh connection, not lost, and a follower's blocking read waits on a connection
     of its own."""
-    events = RedisEventLog(redis_url, prefix, cap=100)
+    client = redis_client(redis_url)
+    events = RedisEventLog(client, prefix, cap=100)
     assert isinstance(events._client, RespClient)
     await events.publish("resp_retried", 1, [Event(1, b"first")], 10_000)
     failures = [RuntimeError("unable to perform operation on <TCPTransport closed=True>")]
@@ -483,14 +486,15 @@ async def test_a_publish_that_failed_on_its_way_is_sent_once_more(redis_url: str
         assert [e.frame for e in await events.read("resp_retried", 1, block_ms=0)] == [b"kept", b"more"]
         assert not failures
     finally:
-        await events.aclose()
+        await client.aclose()
 
 
 async def test_a_closed_redis_transport_is_an_unavailable_event_log(redis_url: str, prefix: str) -> None:
     """Found by the fault campaign: after a reset closed a Redis connection, uvloop raised RuntimeError for the next
     write on it, which escaped the event log. A run's publish then lost its batch and ended a turn it had just stored
     `failed`; a follower's stream broke off. Every event log call must take it as Redis unavailable."""
-    events = RedisEventLog(redis_url, prefix, cap=100)
+    client = redis_client(redis_url)
+    events = RedisEventLog(client, prefix, cap=100)
 
     async def closed_transport(*args: object, **kwargs: object) -> object:
         raise RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed")
@@ -507,7 +511,7 @@ async def test_a_closed_redis_transport_is_an_unavailable_event_log(redis_url: s
         with pytest.raises(EventLogUnavailable):
             await events.last("resp_closed")
     finally:
-        await events.aclose()
+        await client.aclose()
 
 
 def _as_if_the_run_stopped_before_its_end(
