@@ -12,7 +12,7 @@ import timeit
 from collections.abc import Callable
 from typing import Any
 
-from statestore.store.leased_log import TAKE_THREAD_BY_RESPONSE, TakeThreadByResponse
+from statestore.store.lease_statements import TAKE_THREAD_BY_RESPONSE, TakeThreadByResponse
 from statestore.store.thread_commit import COMMIT_THREAD_TURN, CommitThreadTurn, usage_key
 from statestore.store.turn_records import TurnCommit, TurnUsage
 

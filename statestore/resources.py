@@ -16,6 +16,7 @@ from statestore.clock import Clock, clock_from
 from statestore.config import Settings
 from statestore.content_keys import ContentKeys
 from statestore.core.idempotency import Idempotency
+from statestore.core.leased_log import LeasedLog
 from statestore.core.windows import Windows
 from statestore.encryption.setup import content_keys
 from statestore.erasure_runs import ErasureRuns
@@ -36,7 +37,7 @@ from statestore.store.engine import create_engine
 from statestore.store.erasure_log import ErasureLog
 from statestore.store.event_log import create_event_log
 from statestore.store.idempotency_store import IdempotencyStore
-from statestore.store.leased_log import LeasedLog
+from statestore.store.lease_statements import LeaseStatements
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.resp import RedisClient
 from statestore.store.resp_cluster import redis_client
@@ -170,17 +171,23 @@ async def build_resources(
         if pg_hot_path is not None:
             stack.push_async_callback(pg_hot_path.aclose)
         # Both doors' turns take, renew, release and commit through one leased log, on the same pools.
-        leased_log = LeasedLog(engine, single_statements, pg_hot_path)
-        repository: ThreadStore = ThreadRepository(
-            engine, single_statements, pg=pg_hot_path, log=leased_log, content=content
-        )
+        lease_statements = LeaseStatements(engine, single_statements, pg_hot_path, content)
+        leased_log = LeasedLog(lease_statements)
+        repository: ThreadStore = ThreadRepository(engine, single_statements, pg=pg_hot_path, content=content)
         pg_responses = PgResponseStatements(pg_hot_path) if pg_hot_path is not None else None
         thread_cache: HistoryCache = cache
         claims: HeadClaims | None = thread_claims(settings, cache, pg_hot_path)
         if tracer is not None:
             # Only when tracing is on: the same objects, each call inside a span (statestore/traced.py).
-            from statestore.traced import TracedCache, TracedClaims, TracedRepository, TracedUpstream  # noqa: PLC0415
+            from statestore.traced import (  # noqa: PLC0415
+                TracedCache,
+                TracedClaims,
+                TracedLog,
+                TracedRepository,
+                TracedUpstream,
+            )
 
+            leased_log = TracedLog(lease_statements, tracer)
             repository = TracedRepository(repository, tracer)
             claims = TracedClaims(claims, tracer) if claims is not None else None
             thread_cache = TracedCache(cache, tracer)
@@ -209,8 +216,9 @@ async def build_resources(
         )
         responses = (
             ResponseTurns(
-                responses=ResponseStore(engine, leased_log, pg_responses, content),
-                conversations=ConversationStore(engine, leased_log, pg_responses, content),
+                leased_log=leased_log,
+                responses=ResponseStore(engine, pg_responses, content),
+                conversations=ConversationStore(engine, pg_responses, content),
                 cache=cache,
                 policies=policies,
                 clock=clock,
@@ -257,6 +265,7 @@ async def build_resources(
             cache=cache,
             upstream=upstream,
             threads=ThreadService(
+                leased_log=leased_log,
                 repository=repository,
                 cache=thread_cache,
                 policies=policies,

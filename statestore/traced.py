@@ -20,8 +20,10 @@ from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from statestore.content_keys import ContentSealer
+from statestore.core.leased_log import LeasedLog
 from statestore.store.cache import HistoryCache
 from statestore.store.cache_entry import CachedHistory, CacheKey
+from statestore.store.lease_statements import LeaseStatements
 from statestore.store.thread_claims import Claim, HeadClaims, Settle
 from statestore.store.thread_store import ThreadStore
 from statestore.store.turn_records import ContinueRefusal, HeadAfter, LeasedThread, NewThread, TurnCommit
@@ -65,36 +67,61 @@ class TracedClaims(HeadClaims):
         await self._inner.release(thread_id, name, token)
 
 
+class TracedLog(LeasedLog):
+    """The leased log (core/leased_log.py) with a threaded turn's lease and commit in spans (docs/observability.md);
+    a conversation's lease and a Responses commit run as they are, since spans are a threaded turn's."""
+
+    __slots__ = ("_tracer",)
+
+    def __init__(self, statements: LeaseStatements, tracer: Tracer) -> None:
+        super().__init__(statements)
+        self._tracer = tracer
+
+    async def take_thread(
+        self, *, owner: str, thread_id: str, head: str, token: str, now_ms: int, until_ms: int
+    ) -> LeasedThread | None:
+        with self._tracer.start_as_current_span("statestore.lease", attributes={"statestore.lease.by": "response"}):
+            return await super().take_thread(
+                owner=owner, thread_id=thread_id, head=head, token=token, now_ms=now_ms, until_ms=until_ms
+            )
+
+    async def take_session(
+        self, *, owner: str, session: str, token: str, now_ms: int, until_ms: int
+    ) -> LeasedThread | None:
+        with self._tracer.start_as_current_span("statestore.lease", attributes={"statestore.lease.by": "session"}):
+            return await super().take_session(
+                owner=owner, session=session, token=token, now_ms=now_ms, until_ms=until_ms
+            )
+
+    async def commit_thread_turn(self, commit: TurnCommit) -> HeadAfter | bool:
+        usage = {
+            "gen_ai.usage.input_tokens": commit.usage.input_tokens,
+            "gen_ai.usage.output_tokens": commit.usage.output_tokens,
+        }
+        request = trace.get_current_span()
+        request.set_attributes(usage)
+        if commit.model is not None:
+            request.set_attribute("gen_ai.request.model", commit.model)
+        if commit.max_tokens is not None:
+            request.set_attribute("gen_ai.request.max_tokens", commit.max_tokens)
+        request.set_attribute("gen_ai.response.id", commit.head_message_id)
+        with self._tracer.start_as_current_span(
+            "statestore.commit", attributes={**usage, "statestore.thread.messages_added": len(commit.rows)}
+        ) as span:
+            committed = await super().commit_thread_turn(commit)
+            span.set_attribute("statestore.commit.stored", committed is not False)
+            return committed
+
+
 class TracedRepository(ThreadStore):
     """Every method of the store the threaded turn calls, written out (no delegation by attribute lookup), so mypy
-    checks each against ThreadStore: the lease, the history read from the database and the commit get spans."""
+    checks each against ThreadStore: a create's lease and the history read from the database get spans."""
 
     __slots__ = ("_inner", "_tracer")
 
     def __init__(self, inner: ThreadStore, tracer: Tracer) -> None:
         self._inner = inner
         self._tracer = tracer
-
-    async def acquire_by_response(
-        self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
-    ) -> LeasedThread | None:
-        with self._tracer.start_as_current_span("statestore.lease", attributes={"statestore.lease.by": "response"}):
-            return await self._inner.acquire_by_response(
-                owner=owner,
-                thread_id=thread_id,
-                response_id=response_id,
-                token=token,
-                now_ms=now_ms,
-                lease_until_ms=lease_until_ms,
-            )
-
-    async def acquire_by_session(
-        self, *, owner: str, session: str, token: str, now_ms: int, lease_until_ms: int
-    ) -> LeasedThread | None:
-        with self._tracer.start_as_current_span("statestore.lease", attributes={"statestore.lease.by": "session"}):
-            return await self._inner.acquire_by_session(
-                owner=owner, session=session, token=token, now_ms=now_ms, lease_until_ms=lease_until_ms
-            )
 
     async def begin_create(
         self, thread: NewThread, *, token: str, now_ms: int, lease_until_ms: int, bind_session: bool = True
@@ -111,25 +138,6 @@ class TracedRepository(ThreadStore):
             rows = await self._inner.load_context(thread_id, owner=owner)
             span.set_attribute("statestore.history.messages", len(rows))
             return rows
-
-    async def commit_turn(self, commit: TurnCommit) -> HeadAfter | bool:
-        usage = {
-            "gen_ai.usage.input_tokens": commit.usage.input_tokens,
-            "gen_ai.usage.output_tokens": commit.usage.output_tokens,
-        }
-        request = trace.get_current_span()
-        request.set_attributes(usage)
-        if commit.model is not None:
-            request.set_attribute("gen_ai.request.model", commit.model)
-        if commit.max_tokens is not None:
-            request.set_attribute("gen_ai.request.max_tokens", commit.max_tokens)
-        request.set_attribute("gen_ai.response.id", commit.head_message_id)
-        with self._tracer.start_as_current_span(
-            "statestore.commit", attributes={**usage, "statestore.thread.messages_added": len(commit.rows)}
-        ) as span:
-            committed = await self._inner.commit_turn(commit)
-            span.set_attribute("statestore.commit.stored", committed is not False)
-            return committed
 
     # Untraced: small statements off the common path, or inside a span already.
 
@@ -155,12 +163,6 @@ class TracedRepository(ThreadStore):
 
     async def read_by_session(self, *, owner: str, session: str, now_ms: int) -> LeasedThread | None:
         return await self._inner.read_by_session(owner=owner, session=session, now_ms=now_ms)
-
-    async def renew_lease(self, *, thread_id: str, token: str, lease_until_ms: int) -> bool:
-        return await self._inner.renew_lease(thread_id=thread_id, token=token, lease_until_ms=lease_until_ms)
-
-    async def release(self, *, thread_id: str, token: str) -> None:
-        await self._inner.release(thread_id=thread_id, token=token)
 
     async def abandon_create(self, *, thread_id: str, token: str) -> None:
         await self._inner.abandon_create(thread_id=thread_id, token=token)

@@ -255,6 +255,7 @@ async def _append(
     turns = turns_of(resources)
     rows = [stored(item) for item in items]
     await append_items(
+        turns.leased_log,
         turns.conversations,
         owner,
         _checked(conversation_id),

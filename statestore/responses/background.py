@@ -15,6 +15,7 @@ import orjson
 from statestore.auth import Principal
 from statestore.clock import Clock
 from statestore.content_keys import Scope
+from statestore.core.leased_log import CONVERSATIONS
 from statestore.core.policy_enforcement import TurnMeasures
 from statestore.responses.background_events import final_frame, with_status
 from statestore.responses.background_runs import BackgroundRunner
@@ -186,7 +187,7 @@ class BackgroundTurns:
         if ended is None:
             return False
         if ended.conversation_id is not None and ended.conversation_lease is not None:
-            await self.turns.conversations.release(ended.conversation_id, ended.conversation_lease)
+            await self.turns.leased_log.release(CONVERSATIONS, ended.conversation_id, ended.conversation_lease)
         try:
             last = await self.events.last(response_id)
             seq = last[0] + 1 if last is not None else 2

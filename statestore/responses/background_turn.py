@@ -15,6 +15,7 @@ import orjson
 
 from statestore.auth import Authenticator
 from statestore.clock import Clock
+from statestore.core.leased_log import CONVERSATIONS
 from statestore.errors import StatestoreError, StreamBrokenOff
 from statestore.metrics import BackgroundOutcome, Metrics
 from statestore.responses.backend import summarizer
@@ -270,4 +271,4 @@ class TurnRuns:
         if held.prepared is None and job.conversation_id is not None and job.conversation_lease is not None:
             # A turn taken over from a replica that stopped: nothing of this run holds the lease its admission took
             # on the conversation, which is free again now.
-            await self.turns.conversations.release(job.conversation_id, job.conversation_lease)
+            await self.turns.leased_log.release(CONVERSATIONS, job.conversation_id, job.conversation_lease)

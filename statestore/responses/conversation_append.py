@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import anyio
 
+from statestore.core.leased_log import CONVERSATIONS, LeasedLog
 from statestore.core.lost_commit import settle_lost_commit
 from statestore.core.policy_enforcement import PolicyRefusal, TurnMeasures, enforce
 from statestore.policy import Policy
@@ -31,6 +32,7 @@ APPEND_LEASE_MS = 30_000
 
 
 async def append_items(
+    leased_log: LeasedLog,
     conversations: ConversationStore,
     owner: str,
     conversation_id: str,
@@ -43,28 +45,27 @@ async def append_items(
     """Append `items`, or raise the refusal (404, 409: a turn holds the conversation; 400: over the policy's bounds)
     or ServiceUnavailable (the store unavailable; the 503 says whether the items were stored)."""
     turn = new_lease_token()
-    try:
-        position, *_ = await conversations.lease(
-            owner, conversation_id, token=turn, now_ms=now_ms, until_ms=now_ms + APPEND_LEASE_MS
-        )
-    except Locked:
-        raise conversation_locked() from None
-    except LookupError:
-        raise conversation_not_found(conversation_id) from None
+    taken = await leased_log.take_conversation(
+        owner=owner, conversation_id=conversation_id, token=turn, now_ms=now_ms, until_ms=now_ms + APPEND_LEASE_MS
+    )
+    if taken is None:
+        refusal = await conversations.refusal(owner, conversation_id, now_ms)
+        raise conversation_locked() if isinstance(refusal, Locked) else conversation_not_found(conversation_id)
+    position = taken[0]
     try:
         await _check_limits(conversations, owner, conversation_id, items, cache=cache, policy=policy, position=position)
     except BaseException:
-        await _give_back(conversations, conversation_id, turn)
+        await _give_back(leased_log, conversation_id, turn)
         raise
     try:
         stored = await conversations.commit_append(owner, conversation_id, items, token=turn, position=position)
     except UNSTORABLE_VALUE_ERRORS:
-        await _give_back(conversations, conversation_id, turn)
+        await _give_back(leased_log, conversation_id, turn)
         raise  # the request's fault (a 400): nothing was stored
     except DATABASE_ERRORS as exc:
 
         async def fence() -> None:
-            await conversations.release(conversation_id, turn)
+            await leased_log.release(CONVERSATIONS, conversation_id, turn)
 
         async def nothing(_: None) -> None:
             return None
@@ -79,7 +80,7 @@ async def append_items(
         )
         return
     except BaseException:
-        await _give_back(conversations, conversation_id, turn)
+        await _give_back(leased_log, conversation_id, turn)
         raise
     if not stored:  # the lease ran out and was taken over (or the conversation deleted): nothing stored
         raise conversation_locked()
@@ -124,7 +125,7 @@ def items_measures(
     )
 
 
-async def _give_back(conversations: ConversationStore, conversation_id: str, turn: str) -> None:
+async def _give_back(leased_log: LeasedLog, conversation_id: str, turn: str) -> None:
     """Free the conversation after an append that stored nothing; the lease runs out by itself if this fails."""
     with anyio.CancelScope(shield=True), contextlib.suppress(*DATABASE_ERRORS):
-        await conversations.release(conversation_id, turn)
+        await leased_log.release(CONVERSATIONS, conversation_id, turn)

@@ -11,6 +11,7 @@ from statestore.auth import Principal
 from statestore.clock import Clock
 from statestore.core import windows as windows_of_backend
 from statestore.core.lease_keeper import LeaseKeeper
+from statestore.core.leased_log import CONVERSATIONS, LeasedLog
 from statestore.core.lost_commit import settle_lost_commit
 from statestore.core.policy_enforcement import PolicyRefusal, TurnMeasures, enforce
 from statestore.core.windows import Windows
@@ -73,6 +74,7 @@ class ResponseTurns:
     def __init__(
         self,
         *,
+        leased_log: LeasedLog,
         responses: ResponseStore,
         conversations: ConversationStore,
         cache: HistoryCache,
@@ -92,6 +94,8 @@ class ResponseTurns:
         self.heads = heads
         self.seal = seal  # seals and opens compaction items; None: compaction is unavailable (compaction_seal.py)
         self.windows = windows  # what the backend states of its windows, for a policy's `auto` (docs/protocol.md §9)
+        # A conversation's lease and every turn's commit (core/leased_log.py), shared with the Messages door.
+        self.leased_log = leased_log
         self.responses = responses
         self.conversations = conversations
         self.cache = cache
@@ -201,9 +205,15 @@ class ResponseTurns:
             # The cached context is read while the lease is taken: its position is checked against the lease's after.
             reading = asyncio.ensure_future(self.cache.get(conversation_cache_key(conversation)))
             try:
-                position, *measured = await self.conversations.lease(
-                    principal.owner, conversation, token=token, now_ms=now, until_ms=now + self.lease_ms
+                taken = await self.leased_log.take_conversation(
+                    owner=principal.owner,
+                    conversation_id=conversation,
+                    token=token,
+                    now_ms=now,
+                    until_ms=now + self.lease_ms,
                 )
+                if taken is None:
+                    raise await self.conversations.refusal(principal.owner, conversation, now)
             except BaseException as exc:
                 reading.cancel()
                 if isinstance(exc, Locked):
@@ -211,6 +221,7 @@ class ResponseTurns:
                 if isinstance(exc, LookupError):
                     raise conversation_not_found(conversation) from None
                 raise
+            position, *measured = taken
             cached = await reading
             prepared.lease = token
             prepared.position = position
@@ -219,7 +230,9 @@ class ResponseTurns:
             prepared.cache_frames = cached.frames if cached is not None else 0
             # A reply that outlasts a third of the lease renews it, as a threaded turn does.
             prepared.keeper = LeaseKeeper(
-                lambda: self.conversations.renew(conversation, token, until_ms=self.clock() + self.lease_ms),
+                lambda: self.leased_log.renew(
+                    CONVERSATIONS, conversation, token, until_ms=self.clock() + self.lease_ms
+                ),
                 interval=self.lease_ms / 3000,
                 thread_id=conversation,
             )
@@ -390,7 +403,7 @@ class ResponseTurns:
         )
         self._stop_keeper(prepared)
         try:
-            committed = await self.responses.commit(new, conversation_lease=prepared.lease)
+            committed = await self.leased_log.commit_response(new, prepared.lease)
         except UNSTORABLE_VALUE_ERRORS:
             raise  # the request's fault (a 400), refused by the statement: nothing was stored
         except DATABASE_ERRORS as exc:
@@ -451,7 +464,7 @@ class ResponseTurns:
         async def fence() -> None:
             prepared.done = True  # whatever the settling finds, there is nothing left to give back
             if conversation is not None and lease is not None:
-                await self.conversations.release(conversation, lease)
+                await self.leased_log.release(CONVERSATIONS, conversation, lease)
 
         async def not_stored(_: None) -> None:
             self._count(prepared, "not_stored")
@@ -491,4 +504,4 @@ class ResponseTurns:
         self._count(prepared, "not_stored")
         if prepared.lease is not None and not prepared.done and prepared.turn.conversation_id is not None:
             prepared.done = True
-            await self.conversations.release(prepared.turn.conversation_id, prepared.lease)
+            await self.leased_log.release(CONVERSATIONS, prepared.turn.conversation_id, prepared.lease)

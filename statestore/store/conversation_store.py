@@ -2,20 +2,20 @@
 
 `next_position` is also the conversation's version: every change of its items moves it (a turn, an append, a
 deletion), so a cached context that records the position it was made at is current exactly when the position matches
-(responses/context.py). The lease, its renewal and release are the leased log's (store/leased_log.py); SQLAlchemy
-Core here, and on PostgreSQL the context read runs as an asyncpg prepared statement (store/response_statements.py).
+(responses/context.py). The lease, its renewal and release are the leased log's (core/leased_log.py); here, why a
+take was refused. SQLAlchemy Core here, and on PostgreSQL the context read runs as an asyncpg prepared statement
+(store/response_statements.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import Any
 
 from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.content_keys import ContentKeys, Scope
-from statestore.store.leased_log import CONVERSATIONS, LeasedLog, Release, Renew, TakeConversation
 from statestore.store.response_commit import AppendItems, append_on_sqlite, item_arrays, item_rows
 from statestore.store.response_records import ConversationRow, StoredItem
 from statestore.store.response_sealing import active, conversation_data, conversation_item_data, seal_items
@@ -31,13 +31,11 @@ class ConversationStore:
     def __init__(
         self,
         engine: AsyncEngine,
-        log: LeasedLog,
         pg: PgResponseStatements | None = None,
         content: ContentKeys | None = None,
     ) -> None:
         """`content`: the keys stored content is sealed under (store/response_sealing.py); None or off: in clear."""
         self.engine = engine
-        self.log = log
         self._pg = pg
         self._keys = active(content)
 
@@ -151,32 +149,19 @@ class ConversationStore:
             deleted = await conn.execute(delete(conversations).where(*self._mine(owner, conversation_id, now_ms)))
         return deleted.rowcount > 0
 
-    async def lease(
-        self, owner: str, conversation_id: str, *, token: str, now_ms: int, until_ms: int
-    ) -> tuple[int, int, int]:
-        """Take the conversation for one turn: its next position, and the backend's token count of its last turn
-        with the bytes it counted (0, 0 before any); raises Locked, or LookupError when there is no such
-        conversation."""
-        leased = await self.log.take_conversation(
-            TakeConversation(
-                conversation_id=conversation_id, owner=owner, now_ms=now_ms, token=token, until_ms=until_ms
-            )
-        )
-        if leased is None:
-            await self._refuse(owner, conversation_id, now_ms)
-        return leased
-
-    async def _refuse(self, owner: str, conversation_id: str, now_ms: int) -> NoReturn:
-        """Why the conversation could not be taken: Locked, or LookupError. Only on the refusal path."""
+    async def refusal(self, owner: str, conversation_id: str, now_ms: int) -> Locked | LookupError:
+        """Why the leased log could not take the conversation: Locked (another turn holds it), or LookupError (no such
+        conversation). Only on the refusal path."""
         async with self.engine.connect() as conn:
             exists = (
                 await conn.execute(select(conversations.c.id).where(*self._mine(owner, conversation_id, now_ms)))
             ).first()
-        raise Locked() if exists is not None else LookupError(conversation_id)
+        return Locked() if exists is not None else LookupError(conversation_id)
 
     async def context_state(self, owner: str, conversation_id: str, *, now_ms: int) -> tuple[int, int, int] | None:
-        """What `lease` returns, read without the lease (a token count takes nothing): the next position, and the
-        backend's token count of the last turn with the bytes it counted; None when there is no such conversation."""
+        """What the leased log's `take_conversation` returns, read without the lease (a token count takes nothing): the
+        next position, and the backend's token count of the last turn with the bytes it counted; None when there is no
+        such conversation."""
         query = select(
             conversations.c.next_position,
             func.coalesce(conversations.c.context_tokens, 0),
@@ -185,13 +170,6 @@ class ConversationStore:
         async with self.engine.connect() as conn:
             row = (await conn.execute(query)).first()
         return (row[0], row[1], row[2]) if row is not None else None
-
-    async def renew(self, conversation_id: str, token: str, *, until_ms: int) -> bool:
-        """Extend a turn's lease; False when it was lost."""
-        return await self.log.renew(CONVERSATIONS, Renew(log_id=conversation_id, token=token, until_ms=until_ms))
-
-    async def release(self, conversation_id: str, token: str) -> None:
-        await self.log.release(CONVERSATIONS, Release(log_id=conversation_id, token=token))
 
     async def context_items(self, owner: str, conversation_id: str) -> list[tuple[str, bytes]]:
         """The (kind, rendering) of every item, in order (responses/context.py joins them), read by one statement
@@ -211,9 +189,10 @@ class ConversationStore:
     async def commit_append(
         self, owner: str, conversation_id: str, items: Sequence[StoredItem], *, token: str, position: int
     ) -> bool:
-        """Append items taken for with `lease` (its `token` the append's turn id, `position` what it returned), the
-        lease given back with them; False, with nothing stored, when the lease is no longer the append's. Once stored
-        the lease is gone, so the same append carried out again (a commit replayed) stores nothing."""
+        """Append items taken for with the leased log's `take_conversation` (its `token` the append's turn id,
+        `position` what it returned), the lease given back with them; False, with nothing stored, when the lease is no
+        longer the append's. Once stored the lease is gone, so the same append carried out again (a commit replayed)
+        stores nothing."""
         if self._keys is not None:
             scope = await self._scope(owner, conversation_id, 0)
             if scope is None:  # deleted meanwhile

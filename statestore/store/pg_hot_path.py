@@ -1,4 +1,4 @@
-"""PostgreSQL's hot path below SQLAlchemy: the statements every turn runs (store/leased_log.py and its family), as
+"""PostgreSQL's hot path below SQLAlchemy: the statements every turn runs (store/lease_statements.py and its family), as
 asyncpg prepared statements, each bound from its typed parameter object (store/statement.py).
 
 SQLAlchemy Core keeps the schema, the migrations, SQLite and every cold path; these few statements are the ones a

@@ -1,5 +1,5 @@
-"""A Responses turn's commit (store/leased_log.py commits every kind of turn through here or thread_commit.py), and a
-conversation's append.
+"""A Responses turn's commit (the leased log, core/leased_log.py, commits every kind of turn through here or
+thread_commit.py, by store/lease_statements.py), and a conversation's append.
 
 A chained turn inserts its response and its items (response_items); a chain has no lease, since a response may be
 continued any number of times. A turn on a conversation moves the conversation's position, only if it still holds

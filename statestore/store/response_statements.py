@@ -1,6 +1,6 @@
 """The Responses front door's hot reads: the previous response, a chain's context, a conversation's items, run on
 PostgreSQL as asyncpg prepared statements on store/pg_hot_path.py's pools, each bound from its typed parameter
-object (store/statement.py). The conversation's lease is the leased log's (store/leased_log.py); a turn's commit and
+object (store/statement.py). The conversation's lease is the leased log's (core/leased_log.py); a turn's commit and
 an append are store/response_commit.py's. SQLAlchemy Core keeps SQLite and every cold path (store/response_store.py,
 conversation_store.py).
 """

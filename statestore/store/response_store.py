@@ -1,5 +1,5 @@
-"""The SQL of stored responses: commit a turn (through the leased log), read one, read a chain's stored items for a
-rebuild, delete.
+"""The SQL of stored responses: read one, read a chain's stored items for a rebuild, delete. A turn is committed
+through the leased log (core/leased_log.py, store/response_commit.py).
 
 A chained turn's items are in response_items; a turn on a conversation stores its items once, in conversation_items,
 and its response points at them (first position, input and output counts; revision 0008). SQLAlchemy Core here; on
@@ -17,8 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.content_keys import CLEAR, ContentKeys, ContentSealer
-from statestore.store.leased_log import LeasedLog
-from statestore.store.response_records import Columns, NewResponse, ResponseRow, read_row, stored_row
+from statestore.store.response_records import Columns, NewResponse, ResponseRow, read_row
 from statestore.store.response_runs import Row, Runs, decode, segments_of
 from statestore.store.response_sealing import (
     active,
@@ -26,7 +25,6 @@ from statestore.store.response_sealing import (
     response_data,
     response_item_data,
     scope_of,
-    seal_response,
 )
 from statestore.store.response_statements import (
     CHAIN_CONTEXT,
@@ -47,13 +45,11 @@ class ResponseStore:
     def __init__(
         self,
         engine: AsyncEngine,
-        log: LeasedLog,
         pg: PgResponseStatements | None = None,
         content: ContentKeys | None = None,
     ) -> None:
         """`content`: the keys stored content is sealed under (store/response_sealing.py); None or off: in clear."""
         self.engine = engine
-        self.log = log
         self._pg = pg
         self._keys = active(content)
 
@@ -169,13 +165,6 @@ class ResponseStore:
         data = [conversation_item_data(owner, row[3], row[2], "rendered") for row in rows]
         opened = await self._keys.open_many([row[1] for row in rows], data, row=f"responses:{response_id}")
         return [(row[0], value) for row, value in zip(rows, opened, strict=True)]
-
-    async def commit(self, new: NewResponse, *, conversation_lease: str | None = None) -> ResponseRow | None:
-        """Store a completed turn (store/response_commit.py) and return its row as a read of it would; None when it
-        was on a conversation whose lease this turn no longer held (nothing stored), as for every leased log."""
-        sealed = new if self._keys is None else seal_response(new, await self._keys.sealer(scope_of(new)))
-        stored = await self.log.commit_response(sealed, conversation_lease)
-        return stored_row(new, stored) if stored is not None else None
 
     async def user_id(self, owner: str, response_id: str, *, now_ms: int) -> str | None:
         """The response's `metadata.user_id` (None too when there is no such live response): what its erasure is by,

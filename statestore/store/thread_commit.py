@@ -1,5 +1,5 @@
 """A thread turn's commit: append its messages, move the head, add to the day's usage, give the lease back, all at
-once and only if the turn still holds the lease (store/leased_log.py). On PostgreSQL one prepared statement, one
+once and only if the turn still holds the lease (core/leased_log.py). On PostgreSQL one prepared statement, one
 round trip, one durable flush; on SQLite (and for a commit that rebinds a session name) a transaction of the same
 Core statements.
 

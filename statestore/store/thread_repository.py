@@ -1,6 +1,6 @@
-"""The threads' repository (the Messages door's threads and sessions): a turn's lease and commit through the leased
-log (store/leased_log.py), and around them the statements only a thread has: creating one, binding its session
-name, telling why a continue was refused, reading what a rebuild sends.
+"""The threads' repository (the Messages door's threads and sessions): the statements only a thread has, around the
+lease and commit a turn takes through the leased log (core/leased_log.py): creating one, binding its session name,
+telling why a continue was refused, reading what a rebuild sends.
 
 The authority for "who may continue" is the leased log's conditional update: the expected head, no live lease,
 not expired.
@@ -8,7 +8,7 @@ not expired.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Final
 
 from sqlalchemy import delete, exists, insert, literal_column, or_, select, union_all
@@ -17,21 +17,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.content_keys import ContentKeys
-from statestore.store.leased_log import (
-    LEASED_COLUMNS,
-    THREADS,
-    LeasedLog,
-    Release,
-    Renew,
-    TakeThreadByResponse,
-    TakeThreadBySession,
-    leased_thread,
-)
+from statestore.store.lease_statements import LEASED_COLUMNS, leased_thread
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.schema import sessions, thread_messages, threads
 from statestore.store.statement import CoreStatement, core_param
-from statestore.store.thread_sealing import context_data, field_data, open_rows, thread_scope
-from statestore.store.turn_records import ContinueRefusal, HeadAfter, LeasedThread, NewThread, TurnCommit
+from statestore.store.thread_sealing import context_data, field_data, open_rows, opened_thread, thread_scope
+from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread
 
 
 def _lease_is_free(now_ms: int) -> ColumnElement[bool]:
@@ -63,59 +54,23 @@ class ThreadRepository:
         single_statements: AsyncEngine | None = None,
         *,
         pg: PgHotPath | None = None,
-        log: LeasedLog | None = None,
         content: ContentKeys | None = None,
     ) -> None:
         """`single_statements`: an engine in AUTOCOMMIT for the statements that are atomic by themselves, so they run
         without BEGIN/COMMIT round trips (its own pool: switching a pooled connection's isolation level on every
-        checkout costs more than the statement). `pg`: PostgreSQL's hot statements on asyncpg. `log`: the leased log
-        the Responses door shares, else one on the same engines. `content`: the keys a thread's content is sealed and
-        opened through (store/thread_sealing.py); None, or not enabled, stores and reads it as it is."""
+        checkout costs more than the statement). `pg`: PostgreSQL's hot statements on asyncpg. `content`: the keys a
+        thread's content is sealed and opened through (store/thread_sealing.py); None, or not enabled, stores and
+        reads it as it is."""
         self.engine = engine
         self._is_postgres = engine.dialect.name == "postgresql"
         self._single = single_statements or engine.execution_options(isolation_level="AUTOCOMMIT")
         self._pg = pg
-        self.log = log or LeasedLog(engine, self._single, pg)
         self._content = content if content is not None and content.enabled else None
-
-    async def _opened(self, leased: LeasedThread | None) -> LeasedThread | None:
-        """The leased thread with its system and tools opened (one key lookup for both)."""
-        if leased is None or self._content is None:
-            return leased
-        values: list[bytes] = []
-        data: list[bytes] = []
-        if leased.system is not None:
-            values.append(leased.system)
-            data.append(field_data(leased.owner, leased.id, "system"))
-        if leased.tools is not None:
-            values.append(leased.tools)
-            data.append(field_data(leased.owner, leased.id, "tools"))
-        if not values:
-            return leased
-        opened = await open_rows(self._content, values, data, table="threads", thread_id=leased.id)
-        system = opened.pop(0) if leased.system is not None else None
-        tools = opened.pop(0) if leased.tools is not None else None
-        return replace(leased, system=system, tools=tools)
-
-    async def acquire_by_response(
-        self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
-    ) -> LeasedThread | None:
-        leased = await self.log.take_thread(
-            TakeThreadByResponse(
-                thread_id=thread_id,
-                owner=owner,
-                head_message_id=response_id,
-                now_ms=now_ms,
-                token=token,
-                until_ms=lease_until_ms,
-            )
-        )
-        return leased if self._content is None else await self._opened(leased)
 
     async def why_not_continuable(
         self, *, owner: str, thread_id: str, response_id: str, now_ms: int
     ) -> ContinueRefusal:
-        """Why `acquire_by_response` found nothing: only on the error path, so it may take a second query."""
+        """Why the leased log's `take_thread` found nothing: only on the error path, so it may take a second query."""
         async with self._single.connect() as conn:
             row = (
                 await conn.execute(
@@ -153,14 +108,6 @@ class ThreadRepository:
             backend_id = (await conn.execute(stmt)).scalar()
         return backend_id if isinstance(backend_id, str) else None
 
-    async def acquire_by_session(
-        self, *, owner: str, session: str, token: str, now_ms: int, lease_until_ms: int
-    ) -> LeasedThread | None:
-        leased = await self.log.take_thread(
-            TakeThreadBySession(owner=owner, session=session, now_ms=now_ms, token=token, until_ms=lease_until_ms)
-        )
-        return leased if self._content is None else await self._opened(leased)
-
     async def read_by_response(
         self, *, owner: str, thread_id: str, response_id: str, now_ms: int
     ) -> LeasedThread | None:
@@ -186,7 +133,10 @@ class ThreadRepository:
     async def _read(self, *chosen: ColumnElement[bool]) -> LeasedThread | None:
         async with self._single.connect() as conn:
             row = (await conn.execute(select(*LEASED_COLUMNS).where(*chosen))).first()
-        return await self._opened(leased_thread(row._mapping)) if row is not None else None
+        if row is None:
+            return None
+        read = leased_thread(row._mapping)
+        return read if self._content is None else await opened_thread(self._content, read)
 
     async def session_is_busy(self, *, owner: str, session: str, now_ms: int) -> bool:
         """Whether the session's thread is live but leased (or still being created) by another request."""
@@ -257,18 +207,6 @@ class ThreadRepository:
         )
         result = await conn.execute(stmt)
         return result.rowcount == 1
-
-    async def commit_turn(self, commit: TurnCommit) -> HeadAfter | bool:
-        """Append the turn's messages and move the head, atomically, if this request still holds the lease."""
-        return await self.log.commit_thread_turn(commit)
-
-    async def renew_lease(self, *, thread_id: str, token: str, lease_until_ms: int) -> bool:
-        """Extend a lease this request still holds (a long stream); False when it was lost."""
-        return await self.log.renew(THREADS, Renew(log_id=thread_id, token=token, until_ms=lease_until_ms))
-
-    async def release(self, *, thread_id: str, token: str) -> None:
-        """Give the head back after a continue that stored nothing, so the same id can be continued again."""
-        await self.log.release(THREADS, Release(log_id=thread_id, token=token))
 
     async def abandon_create(self, *, thread_id: str, token: str) -> None:
         """Drop a thread whose create stored nothing (its session binding goes with it)."""

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Literal
 
 from statestore.content_keys import ContentKeys, Scope, row_data
 from statestore.errors import UnopenableContent
+from statestore.store.turn_records import LeasedThread
 
 log = logging.getLogger(__name__)
 
@@ -59,3 +61,22 @@ async def open_rows(
                 )
                 raise
         raise
+
+
+async def opened_thread(content: ContentKeys, leased: LeasedThread) -> LeasedThread:
+    """A thread's row as read (leased, or read for a count) with its system and tools opened (one key lookup for
+    both)."""
+    values: list[bytes] = []
+    data: list[bytes] = []
+    if leased.system is not None:
+        values.append(leased.system)
+        data.append(field_data(leased.owner, leased.id, "system"))
+    if leased.tools is not None:
+        values.append(leased.tools)
+        data.append(field_data(leased.owner, leased.id, "tools"))
+    if not values:
+        return leased
+    opened = await open_rows(content, values, data, table="threads", thread_id=leased.id)
+    system = opened.pop(0) if leased.system is not None else None
+    tools = opened.pop(0) if leased.tools is not None else None
+    return replace(leased, system=system, tools=tools)

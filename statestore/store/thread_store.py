@@ -1,28 +1,22 @@
-"""What the threaded turn needs from its store (threads/service.py), as an interface: ThreadRepository
-(store/thread_repository.py) implements it, and so does the traced wrapper (statestore/traced.py), explicitly, so that
-mypy checks every method of a wrapper against the one it stands for."""
+"""What the threaded turn needs from its store (threads/service.py) beside the leased log (core/leased_log.py), as an
+interface: ThreadRepository (store/thread_repository.py) implements it, and so does the traced wrapper
+(statestore/traced.py), explicitly, so that mypy checks every method of a wrapper against the one it stands for."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from statestore.store.turn_records import ContinueRefusal, HeadAfter, LeasedThread, NewThread, TurnCommit
+from statestore.store.turn_records import ContinueRefusal, LeasedThread, NewThread
 
 
 class ThreadStore(Protocol):
-    async def acquire_by_response(
-        self, *, owner: str, thread_id: str, response_id: str, token: str, now_ms: int, lease_until_ms: int
-    ) -> LeasedThread | None: ...
-
     async def why_not_continuable(
         self, *, owner: str, thread_id: str, response_id: str, now_ms: int
-    ) -> ContinueRefusal: ...
+    ) -> ContinueRefusal:
+        """Why the leased log's take found nothing (or a claimed commit was refused)."""
+        ...
 
     async def backend_id_of(self, *, owner: str, thread_id: str, response_id: str, now_ms: int) -> str | None: ...
-
-    async def acquire_by_session(
-        self, *, owner: str, session: str, token: str, now_ms: int, lease_until_ms: int
-    ) -> LeasedThread | None: ...
 
     async def read_by_response(
         self, *, owner: str, thread_id: str, response_id: str, now_ms: int
@@ -39,14 +33,6 @@ class ThreadStore(Protocol):
     async def begin_create(
         self, thread: NewThread, *, token: str, now_ms: int, lease_until_ms: int, bind_session: bool = True
     ) -> bool: ...
-
-    async def commit_turn(self, commit: TurnCommit) -> HeadAfter | bool:
-        """The row as the commit left it (when the store returns it), or True, when stored; False when nothing was."""
-        ...
-
-    async def renew_lease(self, *, thread_id: str, token: str, lease_until_ms: int) -> bool: ...
-
-    async def release(self, *, thread_id: str, token: str) -> None: ...
 
     async def abandon_create(self, *, thread_id: str, token: str) -> None: ...
 

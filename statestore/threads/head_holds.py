@@ -13,6 +13,7 @@ from collections.abc import Callable
 import anyio
 
 from statestore.core.lease_keeper import LeaseKeeper
+from statestore.core.leased_log import THREADS, LeasedLog
 from statestore.core.lost_commit import settle_lost_commit
 from statestore.metrics import Metrics
 from statestore.records import record
@@ -43,6 +44,7 @@ class HeadHolds:
     def __init__(
         self,
         *,
+        leased_log: LeasedLog,
         repository: ThreadStore,
         cache: HistoryCache,
         claims: HeadClaims | None,
@@ -50,6 +52,7 @@ class HeadHolds:
         lease_ms: int,
         clock: Callable[[], int],
     ) -> None:
+        self.leased_log = leased_log
         self.repository = repository
         self.cache = cache
         self.claims = claims
@@ -110,13 +113,8 @@ class HeadHolds:
 
     async def _lease(self, thread_id: str, *, owner: str, head: str, token: str, now: int) -> LeasedThread | None:
         """The database's lease on `head`, for `token`; None when it is not free (or not there)."""
-        return await self.repository.acquire_by_response(
-            owner=owner,
-            thread_id=thread_id,
-            response_id=head,
-            token=token,
-            now_ms=now,
-            lease_until_ms=now + self.lease_ms,
+        return await self.leased_log.take_thread(
+            owner=owner, thread_id=thread_id, head=head, token=token, now_ms=now, until_ms=now + self.lease_ms
         )
 
     async def _refusal(self, owner: str, thread_id: str, response_id: str, now: int) -> Exception:
@@ -143,9 +141,7 @@ class HeadHolds:
                 # The lease is what guards this turn; the claim beside it only keeps claimed turns away.
                 with contextlib.suppress(*CLAIM_FAULTS):
                     await claims.renew(thread_id, claim.name, token, self.lease_ms)
-            return await self.repository.renew_lease(
-                thread_id=thread_id, token=token, lease_until_ms=self.clock() + self.lease_ms
-            )
+            return await self.leased_log.renew(THREADS, thread_id, token, until_ms=self.clock() + self.lease_ms)
 
         keeper = LeaseKeeper(renew, interval=self.lease_ms / 3000, thread_id=thread_id)
         keeper.start()
@@ -187,7 +183,7 @@ class HeadHolds:
         be given back once read. None to take: the head moved on. Raises the database's errors."""
         claim = prepared.claim
         if claim is None or claim.leased:
-            await self.repository.release(thread_id=prepared.thread_id, token=prepared.lease_token)
+            await self.leased_log.release(THREADS, prepared.thread_id, prepared.lease_token)
         if claim is None:
             return None
         now = self.clock()
@@ -207,7 +203,7 @@ class HeadHolds:
         if not (lease if lease is not None else claim is None or claim.leased):
             return
         try:
-            await self.repository.release(thread_id=thread_id, token=token)
+            await self.leased_log.release(THREADS, thread_id, token)
         except DATABASE_ERRORS as exc:
             log.warning("could not release a lease", extra={"thread_id": thread_id, "error": type(exc).__name__})
 

@@ -15,6 +15,7 @@ import orjson
 from statestore.auth import Principal
 from statestore.clock import wall_clock_ms
 from statestore.content_keys import CLEAR, ContentKeys, ContentSealer
+from statestore.core.leased_log import LeasedLog
 from statestore.core.windows import Windows
 from statestore.errors import (
     InvalidRequest,
@@ -50,6 +51,7 @@ class ThreadService:
     def __init__(
         self,
         *,
+        leased_log: LeasedLog,
         repository: ThreadStore,
         cache: HistoryCache,
         policies: PolicyStore,
@@ -62,7 +64,9 @@ class ThreadService:
         claims: HeadClaims | None = None,
         counter: MessagesCounter | None = None,
     ) -> None:
-        """`summaries`: where a `summarize` policy's summary requests go (docs/protocol.md §9); without it, such a
+        """`leased_log`: where a turn takes, renews, releases its thread's lease and commits (core/leased_log.py), the
+        log the Responses door's conversations share; `repository`: the statements only a thread has beside it.
+        `summaries`: where a `summarize` policy's summary requests go (docs/protocol.md §9); without it, such a
         policy truncates. `windows`: what the backend states of its windows, for a policy whose window is `auto`.
         `content`: the keys the cache entries are sealed with (the repository seals the rows); None or not enabled
         when encryption is off. `claims`: a continue by response id claims the head in Redis (store/thread_claims.py);
@@ -79,8 +83,15 @@ class ThreadService:
         self.policies = policies
         self.lease_ms = lease_seconds * 1000
         self.clock = clock
+        self.leased_log = leased_log
         self.heads = HeadHolds(
-            repository=repository, cache=cache, claims=claims, metrics=metrics, lease_ms=self.lease_ms, clock=clock
+            leased_log=leased_log,
+            repository=repository,
+            cache=cache,
+            claims=claims,
+            metrics=metrics,
+            lease_ms=self.lease_ms,
+            clock=clock,
         )
 
     async def begin(
@@ -153,8 +164,8 @@ class ThreadService:
             return await self._continue(held, token, turn, policy, now, summarize=summarize, response_id=response_id)
         if turn.mode == "session":
             assert turn.session is not None
-            leased = await self.repository.acquire_by_session(
-                owner=owner, session=turn.session, token=token, now_ms=now, lease_until_ms=now + self.lease_ms
+            leased = await self.leased_log.take_session(
+                owner=owner, session=turn.session, token=token, now_ms=now, until_ms=now + self.lease_ms
             )
             if leased is not None:
                 self.metrics.count_thread_head("lease")
@@ -381,7 +392,7 @@ class ThreadService:
         )
         committed: HeadAfter | bool
         try:
-            committed = await self.repository.commit_turn(commit)
+            committed = await self.leased_log.commit_thread_turn(commit)
         except DATABASE_ERRORS as exc:
             log.warning("could not commit a turn", extra={"thread_id": prepared.thread_id, "error": type(exc).__name__})
             committed = await self.heads.settle_lost_commit(prepared, exc)

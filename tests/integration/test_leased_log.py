@@ -1,7 +1,8 @@
-"""The leased log (statestore/store/leased_log.py) under both kinds of conversation, on a migrated SQLite file and
-on PostgreSQL (its prepared statements): a lease is taken once, a held log is not taken again until its lease runs
-out, and a turn whose lease ran out and was taken over finds it lost in the same way for a thread and for a
-conversation: renew and commit return False and store nothing."""
+"""The leased log (statestore/core/leased_log.py, its statements store/lease_statements.py) under both kinds of
+conversation, on a migrated SQLite file and on PostgreSQL (its prepared statements): a lease is taken once, a held
+log is not taken again until its lease runs out (why is asked apart), and a turn whose lease ran out and was taken
+over finds it lost in the same way for a thread and for a conversation: renew and commit return False and store
+nothing."""
 
 from __future__ import annotations
 
@@ -14,23 +15,16 @@ import pytest
 from sqlalchemy import func, select
 
 from statestore.config import Settings
-from statestore.store.conversation_store import ConversationStore
+from statestore.core.leased_log import CONVERSATIONS, THREADS, LeasedLog
+from statestore.store.conversation_store import ConversationStore, Locked
 from statestore.store.engine import create_engine
-from statestore.store.leased_log import (
-    CONVERSATIONS,
-    THREADS,
-    LeasedLog,
-    Release,
-    Renew,
-    TakeConversation,
-    TakeThreadByResponse,
-)
+from statestore.store.lease_statements import LeaseStatements
 from statestore.store.pg_hot_path import PgHotPath
-from statestore.store.response_records import NewResponse, StoredItem, stored_row
+from statestore.store.response_records import NewResponse, StoredItem
 from statestore.store.response_runs import decode
 from statestore.store.schema import responses
 from statestore.store.thread_repository import ThreadRepository
-from statestore.store.turn_records import NewThread, TurnCommit
+from statestore.store.turn_records import LeasedThread, NewThread, TurnCommit
 
 NOW = 1_000_000
 LEASE_MS = 30_000
@@ -56,9 +50,9 @@ async def stores(database_url: str) -> AsyncIterator[Stores]:
     engine = create_engine(settings)
     single = create_engine(settings, autocommit=True)
     pg = await PgHotPath.open(settings)
-    log = LeasedLog(engine, single, pg)
+    log = LeasedLog(LeaseStatements(engine, single, pg))
     try:
-        yield Stores(log, ThreadRepository(engine, single, pg=pg), ConversationStore(engine, log))
+        yield Stores(log, ThreadRepository(engine, single, pg=pg), ConversationStore(engine))
     finally:
         if pg is not None:
             await pg.aclose()
@@ -139,29 +133,37 @@ async def test_a_lost_lease_is_the_same_for_a_thread_and_a_conversation(stores: 
     )
     first, second = _token(), _token()
 
-    def take_thread(token: str, now_ms: int) -> TakeThreadByResponse:
-        return TakeThreadByResponse(
-            thread_id=thread_id, owner=owner, head_message_id=head, now_ms=now_ms, token=token, until_ms=now_ms + 10
+    async def take_thread(token: str, now_ms: int) -> LeasedThread | None:
+        return await stores.log.take_thread(
+            owner=owner, thread_id=thread_id, head=head, token=token, now_ms=now_ms, until_ms=now_ms + 10
         )
 
-    def take_conversation(token: str, now_ms: int) -> TakeConversation:
-        return TakeConversation(
-            conversation_id=conversation_id, owner=owner, now_ms=now_ms, token=token, until_ms=now_ms + 10
+    async def take_conversation(token: str, now_ms: int) -> tuple[int, int, int] | None:
+        return await stores.log.take_conversation(
+            owner=owner, conversation_id=conversation_id, token=token, now_ms=now_ms, until_ms=now_ms + 10
         )
 
-    leased = await stores.log.take_thread(take_thread(first, NOW))
+    leased = await take_thread(first, NOW)
     assert leased is not None and leased.head_position == 2
-    assert await stores.log.take_conversation(take_conversation(first, NOW)) == (0, 0, 0)
+    assert await take_conversation(first, NOW) == (0, 0, 0)
     # Held: neither is taken again while the lease runs.
-    assert await stores.log.take_thread(take_thread(second, NOW + 1)) is None
-    assert await stores.log.take_conversation(take_conversation(second, NOW + 1)) is None
-    assert await stores.log.renew(THREADS, Renew(log_id=thread_id, token=first, until_ms=NOW + 20))
-    assert await stores.log.renew(CONVERSATIONS, Renew(log_id=conversation_id, token=first, until_ms=NOW + 20))
+    assert await take_thread(second, NOW + 1) is None
+    assert await take_conversation(second, NOW + 1) is None
+    # Why is asked apart: held, or no such log.
+    assert (
+        await stores.threads.why_not_continuable(owner=owner, thread_id=thread_id, response_id=head, now_ms=NOW + 1)
+        == "in_flight"
+    )
+    assert isinstance(await stores.conversations.refusal(owner, conversation_id, NOW + 1), Locked)
+    missing = await stores.conversations.refusal(owner, f"conv_{_token()}", NOW + 1)
+    assert isinstance(missing, LookupError) and not isinstance(missing, Locked)
+    assert await stores.log.renew(THREADS, thread_id, first, until_ms=NOW + 20)
+    assert await stores.log.renew(CONVERSATIONS, conversation_id, first, until_ms=NOW + 20)
     # Run out and taken over: the first turn's lease is lost, in both, and its commit stores nothing.
-    assert await stores.log.take_thread(take_thread(second, NOW + 21)) is not None
-    assert await stores.log.take_conversation(take_conversation(second, NOW + 21)) == (0, 0, 0)
-    assert not await stores.log.renew(THREADS, Renew(log_id=thread_id, token=first, until_ms=NOW + 40))
-    assert not await stores.log.renew(CONVERSATIONS, Renew(log_id=conversation_id, token=first, until_ms=NOW + 40))
+    assert await take_thread(second, NOW + 21) is not None
+    assert await take_conversation(second, NOW + 21) == (0, 0, 0)
+    assert not await stores.log.renew(THREADS, thread_id, first, until_ms=NOW + 40)
+    assert not await stores.log.renew(CONVERSATIONS, conversation_id, first, until_ms=NOW + 40)
     assert not await stores.log.commit_thread_turn(_turn(thread_id, first, f"msg_{_token()}", start=2))
     assert not await stores.log.commit_response(_response(conversation_id, owner), first)
     assert await stores.conversations.context_items(owner, conversation_id) == []
@@ -169,8 +171,8 @@ async def test_a_lost_lease_is_the_same_for_a_thread_and_a_conversation(stores: 
     assert await stores.log.commit_thread_turn(_turn(thread_id, second, f"msg_{_token()}", start=2))
     assert await stores.log.commit_response(_response(conversation_id, owner), second)
     assert await stores.conversations.context_items(owner, conversation_id) == [("message", ITEM.rendered)]
-    await stores.log.release(THREADS, Release(log_id=thread_id, token=second))
-    await stores.log.release(CONVERSATIONS, Release(log_id=conversation_id, token=second))
+    await stores.log.release(THREADS, thread_id, second)
+    await stores.log.release(CONVERSATIONS, conversation_id, second)
     assert [position for position, _ in await stores.threads.load_context(thread_id, owner=owner)] == [0, 1, 2, 3]
 
 
@@ -178,12 +180,10 @@ async def test_a_released_lease_frees_the_log(stores: Stores) -> None:
     owner = f"owner-{_token()}"
     thread_id, head = await _thread(stores, owner)
     token = _token()
-    take = TakeThreadByResponse(
-        thread_id=thread_id, owner=owner, head_message_id=head, now_ms=NOW, token=token, until_ms=NOW + LEASE_MS
-    )
-    assert await stores.log.take_thread(take) is not None
-    await stores.log.release(THREADS, Release(log_id=thread_id, token=token))
-    assert await stores.log.take_thread(take) is not None
+    take = {"owner": owner, "thread_id": thread_id, "head": head, "token": token}
+    assert await stores.log.take_thread(**take, now_ms=NOW, until_ms=NOW + LEASE_MS) is not None
+    await stores.log.release(THREADS, thread_id, token)
+    assert await stores.log.take_thread(**take, now_ms=NOW, until_ms=NOW + LEASE_MS) is not None
 
 
 async def test_a_chained_commit_stores_nothing_once_its_parent_is_gone(stores: Stores) -> None:
@@ -191,13 +191,13 @@ async def test_a_chained_commit_stores_nothing_once_its_parent_is_gone(stores: S
     drop) is not stored; one whose parent stands is, and returns the runs the database placed its items in."""
     owner = f"owner-{_token()}"
     root = dataclasses.replace(_response("unused", owner), conversation_id=None)
-    placed = await stores.log.commit_response(root, None)
-    assert placed is not None and placed.runs is not None
-    parent = stored_row(root, placed)
+    parent = await stores.log.commit_response(root, None)
+    assert parent is not None and parent.context_runs is not None
     child = dataclasses.replace(_response("unused", owner), conversation_id=None, parent=parent)
     extended = await stores.log.commit_response(child, None)
     # the child's items extend its parent's run: one run still
-    assert extended is not None and extended.runs is not None and len(decode(extended.runs).runs) == 1
+    assert extended is not None and extended.context_runs is not None
+    assert len(decode(extended.context_runs).runs) == 1
     orphan_parent = dataclasses.replace(parent, id=f"resp_{_token()}")  # never stored, as if deleted
     orphan = dataclasses.replace(_response("unused", owner), conversation_id=None, parent=orphan_parent)
     assert await stores.log.commit_response(orphan, None) is None

@@ -14,6 +14,7 @@ import pytest
 
 from statestore.auth import Principal
 from statestore.config import Settings
+from statestore.core.leased_log import LeasedLog
 from statestore.errors import (
     InvalidRequest,
     RequestTooLarge,
@@ -26,6 +27,7 @@ from statestore.errors import (
 from statestore.metrics import Metrics
 from statestore.policy import Policy
 from statestore.store.engine import create_engine
+from statestore.store.lease_statements import LeaseStatements
 from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.thread_repository import ThreadRepository
@@ -102,6 +104,7 @@ async def service(database_url: str) -> AsyncIterator[ThreadService]:
     pg = await PgHotPath.open(settings)
     try:
         yield ThreadService(
+            leased_log=LeasedLog(LeaseStatements(engine, single, pg)),
             repository=ThreadRepository(engine, single, pg=pg),
             cache=MemoryHistoryCache(),
             policies=_StaticPolicies(policy()),
@@ -289,6 +292,7 @@ def _overtaking(service: ThreadService, monkeypatch: pytest.MonkeyPatch, previou
 
     monkeypatch.setattr(service.repository, "load_context", commit_first)
     return ThreadService(
+        leased_log=service.leased_log,
         repository=service.repository,
         cache=MemoryHistoryCache(),
         policies=_StaticPolicies(policy()),

@@ -161,7 +161,7 @@ def test_mypy_refuses_a_parameter_object_missing_a_field(tmp_path: Path) -> None
     source.write_text(
         textwrap.dedent(
             """
-            from statestore.store.leased_log import Renew
+            from statestore.store.lease_statements import Renew
 
             Renew(log_id="thr_1", token="t")
             Renew(log_id="thr_1", token="t", until_ms="soon")
@@ -194,12 +194,12 @@ WRITTEN_ONCE = {
     "statestore.store.response_commit.INSERT_RESPONSE",
     "statestore.store.response_commit.COMMIT_CONVERSATION_TURN",
     "statestore.store.response_commit.APPEND_ITEMS",
-    "statestore.store.leased_log.TAKE_THREAD_BY_RESPONSE",
-    "statestore.store.leased_log.TAKE_CONVERSATION",
-    "statestore.store.leased_log.THREADS.renew",
-    "statestore.store.leased_log.THREADS.release",
-    "statestore.store.leased_log.CONVERSATIONS.renew",
-    "statestore.store.leased_log.CONVERSATIONS.release",
+    "statestore.store.lease_statements.TAKE_THREAD_BY_RESPONSE",
+    "statestore.store.lease_statements.TAKE_CONVERSATION",
+    "statestore.store.lease_statements.THREADS.renew",
+    "statestore.store.lease_statements.THREADS.release",
+    "statestore.store.lease_statements.CONVERSATIONS.renew",
+    "statestore.store.lease_statements.CONVERSATIONS.release",
     "statestore.store.background_statements.ADMIT",
     "statestore.store.background_statements.END",
     "statestore.store.background_statements.KEEP_FOR_COMMIT",

@@ -16,7 +16,6 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.store.engine import create_engine
-from statestore.store.leased_log import LeasedLog
 from statestore.store.pg_hot_path import PgHotPath, asyncpg_dsn
 from statestore.store.pg_pool import LeanPool
 from statestore.store.response_records import ResponseRow
@@ -282,7 +281,7 @@ async def _pg_rebuild_reads(url: str, owner: str, head_id: str) -> tuple[int, in
     pg = _Recording(LeanPool(dsn, max_size=1, timeout=10, server_settings=settings))
     engine = create_engine(url)
     try:
-        store = ResponseStore(engine, LeasedLog(engine, engine, pg), PgResponseStatements(pg))
+        store = ResponseStore(engine, PgResponseStatements(pg))
         head = await store.get(owner, head_id, now_ms=0)
         assert head is not None
         pg.ran.clear()
@@ -307,7 +306,7 @@ async def _sqlite_rebuild_statements(url: str, owner: str, head_id: str) -> tupl
     """(statements, items sent) of the database rebuild of `head_id`'s chain on SQLite."""
     engine: AsyncEngine = create_engine(url)
     try:
-        store = ResponseStore(engine, LeasedLog(engine, engine, None))
+        store = ResponseStore(engine)
         head: ResponseRow | None = await store.get(owner, head_id, now_ms=0)
         assert head is not None
         ran: list[str] = []

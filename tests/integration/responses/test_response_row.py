@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import insert
 
 from statestore.store.engine import create_engine
-from statestore.store.leased_log import LeasedLog
 from statestore.store.pg_hot_path import PgHotPath, asyncpg_dsn
 from statestore.store.pg_pool import LeanPool
 from statestore.store.response_records import READ_COLUMNS, ResponseRow, read_row
@@ -55,12 +54,12 @@ async def _read(url: str, response_id: str) -> ResponseRow | None:
     pg: PgHotPath | None = None
     try:
         if url.startswith("sqlite"):
-            store = ResponseStore(engine, LeasedLog(engine, engine, None))
+            store = ResponseStore(engine)
         else:
             dsn = asyncpg_dsn(url)
             settings = {"application_name": "statestore-test"}
             pg = PgHotPath(LeanPool(dsn, max_size=1, timeout=10, server_settings=settings))
-            store = ResponseStore(engine, LeasedLog(engine, engine, pg), PgResponseStatements(pg))
+            store = ResponseStore(engine, PgResponseStatements(pg))
         return await store.get(OWNER, response_id, now_ms=NOW)
     finally:
         if pg is not None:

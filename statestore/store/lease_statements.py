@@ -1,12 +1,7 @@
-"""The leased log: one conversation's turns, appended by one request at a time. Every kind of conversation is one
-(a thread, with or without a session name; a Responses conversation); a response chain has no lease, since a
-response may be continued any number of times, and its commit is an insert (store/response_commit.py).
-
-A turn takes the log's lease with one conditional update (no live lease, the log not expired, for a thread also
-the expected head), renews it while a long reply runs, and either commits (the commit checks the token, so a turn
-whose lease ran out and was taken over stores nothing) or releases it. A lost lease is the same in every log:
-`renew` and `commit` return False, having changed nothing. A log that cannot be taken is None from `take_*`; why is
-asked apart, on the refusal path only.
+"""The leased log's statements and their execution: take, renew and release a conversation's lease, and commit its
+turn (store/thread_commit.py, store/response_commit.py), each step one statement (a commit, one transaction) that
+answers what it changed. What a lease is, and what a turn may rely on from each answer, is the log's
+(core/leased_log.py).
 
 Each statement written once, as SQLAlchemy Core: run through Core on SQLite, and on PostgreSQL compiled once for
 asyncpg and run as a prepared statement (store/pg_hot_path.py), each bound from the same typed parameter object
@@ -25,12 +20,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.dml import Update
 from sqlalchemy.sql.elements import ColumnElement
 
+from statestore.content_keys import ContentKeys
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_commit import commit_response
-from statestore.store.response_records import NewResponse, Stored
+from statestore.store.response_records import NewResponse, ResponseRow, stored_row
+from statestore.store.response_sealing import active, scope_of, seal_response
 from statestore.store.schema import conversations, sessions, threads
 from statestore.store.statement import CoreStatement, P, PgStatement, core_param
 from statestore.store.thread_commit import commit_thread_turn
+from statestore.store.thread_sealing import opened_thread
 from statestore.store.turn_records import HeadAfter, LeasedThread, TurnCommit
 
 # -- the parameters of each lease statement ------------------------------------------------------------------------
@@ -203,32 +201,37 @@ def leased_thread(m: Mapping[Any, Any]) -> LeasedThread:
     )
 
 
-class LeasedLog:
-    """Take, renew, release and commit, for every kind of log.
+class LeaseStatements:
+    """The leased log's steps, run: every kind of log's take, renew, release and commit.
 
     `engine`: transactions (a commit of several statements on SQLite). `single`: an engine in AUTOCOMMIT for the
     statements that are atomic by themselves, so they run without BEGIN/COMMIT round trips. `pg`: PostgreSQL's
-    prepared statements, used for every statement here when given."""
+    prepared statements, used for every statement here when given. `content`: the keys stored content is sealed under;
+    a leased thread's system and tools are opened, a Responses turn sealed, as every read and write of them is (None,
+    or not enabled: in clear)."""
 
-    def __init__(self, engine: AsyncEngine, single: AsyncEngine, pg: PgHotPath | None) -> None:
+    def __init__(
+        self, engine: AsyncEngine, single: AsyncEngine, pg: PgHotPath | None, content: ContentKeys | None = None
+    ) -> None:
         self._engine = engine
         self._single = single
         self._pg = pg
+        self._keys = active(content)
 
     async def take_thread(self, take: TakeThreadByResponse | TakeThreadBySession) -> LeasedThread | None:
-        """The thread, leased; None when it is not free (or not there: the caller asks why apart)."""
+        row: Any
         if self._pg is not None and isinstance(take, TakeThreadByResponse):
-            record = await self._pg.fetchrow(_TAKE_THREAD_BY_RESPONSE_PG, take)
-            return leased_thread(record) if record is not None else None
-        if isinstance(take, TakeThreadByResponse):
+            row = await self._pg.fetchrow(_TAKE_THREAD_BY_RESPONSE_PG, take)
+        elif isinstance(take, TakeThreadByResponse):
             row = await self._single_row(TAKE_THREAD_BY_RESPONSE, take)
         else:
             row = await self._single_row(TAKE_THREAD_BY_SESSION, take)
-        return leased_thread(row) if row is not None else None
+        if row is None:
+            return None
+        leased = leased_thread(row)
+        return leased if self._keys is None else await opened_thread(self._keys, leased)
 
     async def take_conversation(self, take: TakeConversation) -> tuple[int, int, int] | None:
-        """The conversation's next position, leased, with the backend's token count of its last turn and the bytes it
-        counted (0, 0 before any: docs/protocol.md §9's measured ratio); None when it is not free (or not there)."""
         row: Any
         if self._pg is not None:
             row = await self._pg.fetchrow(_TAKE_CONVERSATION_PG, take)
@@ -239,7 +242,6 @@ class LeasedLog:
         return int(row["next_position"]), int(row["context_tokens"]), int(row["context_bytes"])
 
     async def renew(self, log: LogTable, renew: Renew) -> bool:
-        """Extend a lease this turn still holds (a long reply); False when it was lost."""
         if self._pg is not None:
             return await self._pg.execute(log.renew_pg, renew) == "UPDATE 1"
         async with self._single.connect() as conn:
@@ -247,7 +249,6 @@ class LeasedLog:
         return renewed.rowcount == 1
 
     async def release(self, log: LogTable, release: Release) -> None:
-        """Give the lease back after a turn that stored nothing, so the log can be continued from where it was."""
         if self._pg is not None:
             await self._pg.execute(log.release_pg, release)
             return
@@ -255,15 +256,13 @@ class LeasedLog:
             await conn.execute(log.release.statement, log.release.values(release))
 
     async def commit_thread_turn(self, commit: TurnCommit) -> HeadAfter | bool:
-        """Append the turn's messages and move the head, atomically, if the turn still holds the lease (a claimed turn:
-        if the head is still the one it was sent with and no lease is live); False (nothing changed) otherwise. On
-        PostgreSQL the row as the commit left it."""
         return await commit_thread_turn(self._engine, self._pg, commit)
 
-    async def commit_response(self, new: NewResponse, token: str | None) -> Stored | None:
-        """Store a Responses turn: on a conversation only if the turn still holds the lease `token`, else None
-        (nothing changed); a chained turn has no lease and is always stored."""
-        return await commit_response(self._engine, self._pg, new, token)
+    async def commit_response(self, new: NewResponse, token: str | None) -> ResponseRow | None:
+        """The turn stored, as a read of it would return its row; None when nothing was."""
+        sealed = new if self._keys is None else seal_response(new, await self._keys.sealer(scope_of(new)))
+        stored = await commit_response(self._engine, self._pg, sealed, token)
+        return stored_row(new, stored) if stored is not None else None
 
     async def _single_row(self, statement: CoreStatement[P], params: P) -> RowMapping | None:
         async with self._single.connect() as conn:
