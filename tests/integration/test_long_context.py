@@ -24,6 +24,7 @@ from tests.support.long_context import (
     COMPACT_EDIT,
     MODEL,
     SUMMARY_MARKER,
+    TURN_BYTES,
     TURNS,
     WINDOW,
     Conversation,
@@ -48,7 +49,7 @@ def conversation(servers: Servers, backend: FakeBackend, api_key: str) -> Conver
     return Conversation(servers, api_key)
 
 
-# == the 3,000-turn conversations ======================================================================================
+# == the 1,000-turn conversations ======================================================================================
 
 
 @pytest.mark.timeout(900)
@@ -56,7 +57,7 @@ def conversation(servers: Servers, backend: FakeBackend, api_key: str) -> Conver
 def test_a_conversation_outlives_its_window_moving_the_base_in_one_step_down_to_the_target(
     strategy: str, servers: Servers, conversation: Conversation, fake_backend_process: FakeBackend
 ) -> None:
-    """§9: 3,000 turns against a 20,000-token window never fail and never send more than the window; between two
+    """§9: 1,000 turns against a 20,000-token window never fail and never send more than the window; between two
     moves every request's prefix is byte-identical to the previous one's; a Redis flush and a restart mid-way change
     nothing."""
     backend = fake_backend_process
@@ -68,11 +69,11 @@ def test_a_conversation_outlives_its_window_moving_the_base_in_one_step_down_to_
         servers.set_policy(managed(strategy))
     started = time.monotonic()
     for turn in range(TURNS):
-        if turn == 1000:
+        if turn == TURNS // 3:
             assert servers.flush_redis() > 0
-        if turn == 2000:
+        if turn == 2 * TURNS // 3:
             servers.restart()
-        conversation.send_fast(words(turn))
+        conversation.send_fast(words(turn, TURN_BYTES))
     elapsed = time.monotonic() - started
 
     log = backend.context_log()
