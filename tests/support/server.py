@@ -26,15 +26,18 @@ def free_port() -> int:
 
 def wait_until_up(url: str, process: subprocess.Popen[Any], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited with {process.returncode} before answering on {url}")
-        try:
-            if httpx.get(url, timeout=0.5).status_code < 500:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
+    # One client for every attempt: a new one loads the CA bundle (tens of milliseconds of CPU), and one per attempt
+    # had the test process burn about half the CPU the server needs to start, while it started.
+    with httpx.Client(timeout=0.5) as client:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited with {process.returncode} before answering on {url}")
+            try:
+                if client.get(url).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
     raise RuntimeError(f"server did not answer on {url} within {timeout}s")
 
 
