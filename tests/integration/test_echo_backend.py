@@ -271,13 +271,14 @@ def test_run_echo_backend_serves_on_the_given_port() -> None:
     process = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     try:
         deadline = time.monotonic() + 10
-        while True:
-            try:
-                response = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-                break
-            except httpx.TransportError:
-                assert process.poll() is None and time.monotonic() < deadline
-                time.sleep(0.02)
+        with httpx.Client(timeout=1) as client:  # one for every attempt: a new one loads the CA bundle each time
+            while True:
+                try:
+                    response = client.get(f"http://127.0.0.1:{port}/v1/models")
+                    break
+                except httpx.TransportError:
+                    assert process.poll() is None and time.monotonic() < deadline
+                    time.sleep(0.02)
         assert response.json()["data"][0]["id"] == "echo-1"
     finally:
         process.terminate()
