@@ -49,9 +49,9 @@ return apply_or_drop({
 """
 )
 
-# A commit's row and claim (a thread's: store/thread_claims.py; a chain head's row: store/response_heads.py), settled
-# by the same script as its history. KEYS[3]: the row, KEYS[4]: the claim. The row is kept only when the history was
-# written; the claim is freed only by its holder.
+# A commit's row and claim (a thread's: store/thread_claims.py; a chain head's row: store/response_heads.py; the row's
+# stored form: store/redis_rows.py), settled by the same script as its history. KEYS[3]: the row, KEYS[4]: the claim.
+# The row is kept only when the history was written; the claim is freed only by its holder.
 _SETTLE = """
 local function keep_row(row, ttl)
   if row ~= '' then

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import orjson
-
 from statestore.records import record
 from statestore.store.cache_entry import BRANCH_POINT, CachedHistory, CacheKey, response_key
+from statestore.store.redis_rows import decode_fields, encode_fields
 from statestore.store.resp import RedisClient
 from statestore.store.response_records import ResponseRow
 
-# A row's stored form: the format, then the fields as a JSON array. Another format is a miss.
-_ROW_FORMAT = b"1:"
+# The fields of a chain head's row, in their stored order (store/redis_rows.py).
+_ROW_WIDTH = 12
 
 
 @record
@@ -58,7 +57,7 @@ def encode_head(row: ResponseRow) -> bytes | None:
         head = row.context_head.decode() if row.context_head is not None else None
     except UnicodeDecodeError:
         return None
-    return _ROW_FORMAT + orjson.dumps(
+    return encode_fields(
         [
             row.id,
             row.owner,
@@ -78,7 +77,8 @@ def encode_head(row: ResponseRow) -> bytes | None:
 
 def decode_head(raw: bytes) -> ResponseRow | None:
     """The row kept; None for one this code cannot read. Its body is empty."""
-    if not raw.startswith(_ROW_FORMAT):
+    fields = decode_fields(raw, _ROW_WIDTH)
+    if fields is None:
         return None
     try:
         (
@@ -94,7 +94,7 @@ def decode_head(raw: bytes) -> ResponseRow | None:
             head_id,
             head,
             runs,
-        ) = orjson.loads(memoryview(raw)[len(_ROW_FORMAT) :])
+        ) = fields
         row = ResponseRow(
             id=response_id,
             root_id=root_id,

@@ -19,10 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-import orjson
-
 from statestore.records import record
 from statestore.store.cache_entry import CachedHistory
+from statestore.store.redis_rows import decode_fields, encode_fields
 from statestore.store.resp import RedisClient, Script
 from statestore.store.resp_reader import RespError
 from statestore.store.turn_records import HeadAfter, LeasedThread
@@ -38,8 +37,8 @@ _RELEASE = Script("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.ca
 # for a write on a transport a reset just closed.
 CLAIM_FAULTS = (RespError, OSError, RuntimeError)
 
-# A row's stored form: the format, then the fields as a JSON array. Another format is a miss.
-_ROW_FORMAT = b"1:"
+# The fields of a thread's row, in their stored order (store/redis_rows.py).
+_ROW_WIDTH = 20
 
 
 def claim_name(head: str, owner: str) -> str:
@@ -67,7 +66,7 @@ def encode_row(leased: LeasedThread, after: HeadAfter, head_message_id: str) -> 
         tools = leased.tools.decode() if leased.tools is not None else None
     except UnicodeDecodeError:
         return None
-    return _ROW_FORMAT + orjson.dumps(
+    return encode_fields(
         [
             head_message_id,
             after.expires_ms,
@@ -95,7 +94,8 @@ def encode_row(leased: LeasedThread, after: HeadAfter, head_message_id: str) -> 
 
 def decode_row(raw: bytes) -> tuple[str, int, LeasedThread] | None:
     """(head message id, expiry, the row) of a stored row; None for a row this code cannot read."""
-    if not raw.startswith(_ROW_FORMAT):
+    fields = decode_fields(raw, _ROW_WIDTH)
+    if fields is None:
         return None
     try:
         (
@@ -119,7 +119,7 @@ def decode_row(raw: bytes) -> tuple[str, int, LeasedThread] | None:
             base_bytes,
             head_bytes,
             context_tokens,
-        ) = orjson.loads(memoryview(raw)[len(_ROW_FORMAT) :])
+        ) = fields
         leased = LeasedThread(
             id=thread_id,
             session_id=session_id,
