@@ -8,7 +8,11 @@ client's latency per continue. The ratio head/base is what a change costs or sav
 doing at the time, since both arms suffer it alike.
 
     .venv/bin/python -m bench.ab --base HEAD~1 [--rounds 8] [--turns 150] [--history-kb 8] [--stream]
-        [--door messages|responses] [--repeat K] [--own-redis]
+        [--door messages|responses] [--branch] [--repeat K] [--own-redis]
+
+`--branch` (with `--door responses`) times branches instead: a chain of `--turns` responses is made first, uncounted,
+then one is continued from each response of it but its head, deepest first, so that each reads its context from the
+database, as a continue does when its chain's context is not in the cache.
 
 `--own-redis` gives each server a redis-server of its own and bills its CPU with the server's: the whole turn's CPU
 (statestore and Redis), as a change of Redis client is weighed.
@@ -106,6 +110,16 @@ def _continue_response(client: httpx.Client, url: str, previous: str, n: int, *,
     return response_id
 
 
+def branch_points(client: httpx.Client, url: str, root: str, turns: int, *, stream: bool = False) -> list[str]:
+    """`turns` responses whose chain's context is not in the cache, deepest first: a chain continued `turns` times
+    from `root`, but its head. Each continue moved its parent's cached context on to it, so a branch from any of them
+    reads its context from the database."""
+    chain = [root]
+    for n in range(turns):
+        chain.append(_continue_response(client, url, chain[-1], n, stream=stream))
+    return chain[-2::-1]
+
+
 def _round(
     client: httpx.Client,
     pids: list[int],
@@ -115,16 +129,21 @@ def _round(
     *,
     stream: bool,
     door: str,
+    branch: bool = False,
 ) -> tuple[float, float]:
     """(CPU µs per continue of the processes `pids`, median client latency ms) of one thread (or response chain) of
-    `turns` continues."""
+    `turns` continues; `branch`: of `turns` branches from a response chain made first, uncounted."""
     create, step = (_create, _continue) if door == "messages" else (_create_response, _continue_response)
     previous = create(client, url, history)
+    points = branch_points(client, url, previous, turns, stream=stream) if branch else []
     before = cpu_sample(pids)
     latencies = []
     for n in range(turns):
         started = time.perf_counter()
-        previous = step(client, url, previous, n, stream=stream)
+        if branch:
+            step(client, url, points[n], n, stream=stream)
+        else:
+            previous = step(client, url, previous, n, stream=stream)
         latencies.append(time.perf_counter() - started)
     cpu_ns = cpu_sample(pids).sched_ns - before.sched_ns
     return cpu_ns / turns / 1000, statistics.median(latencies) * 1000
@@ -142,6 +161,12 @@ def main(argv: list[str] | None = None) -> None:
         choices=("messages", "responses"),
         default="messages",
         help="threaded continues (default), or Responses continues with previous_response_id",
+    )
+    parser.add_argument(
+        "--branch",
+        action="store_true",
+        help="with --door responses: each continue a branch from a response whose context is not cached (read from "
+        "the database), below the head of a chain made first",
     )
     parser.add_argument(
         "--set",
@@ -169,6 +194,8 @@ def main(argv: list[str] | None = None) -> None:
         help="whole runs, each on fresh servers; the median of their ratios is the figure (default 1)",
     )
     args = parser.parse_args(argv)
+    if args.branch and args.door != "responses":
+        parser.error("--branch needs --door responses")
     ratios: list[tuple[float, float]] = []
     for run in range(args.repeat):
         cpu, latency = _run(args)
@@ -177,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         if run == 0:
             print(
                 f"{args.rounds} rounds x {args.turns} {'threaded' if args.door == 'messages' else 'Responses'} "
-                f"{'streamed' if args.stream else 'JSON'} continues per server, "
+                f"{'streamed' if args.stream else 'JSON'} {'branches' if args.branch else 'continues'} per server, "
                 f"interleaved; history {args.history_kb} KiB"
             )
         if args.repeat > 1:
@@ -248,12 +275,30 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, float], dict[str, float]]:
         results: dict[str, list[tuple[float, float]]] = {name: [] for name in services}
         with httpx.Client(timeout=30) as client:
             for pids, url in services.values():  # a warm-up round each, not counted
-                _round(client, pids, url, max(20, args.turns // 10), history, stream=args.stream, door=args.door)
+                _round(
+                    client,
+                    pids,
+                    url,
+                    max(20, args.turns // 10),
+                    history,
+                    stream=args.stream,
+                    door=args.door,
+                    branch=args.branch,
+                )
             for i in range(args.rounds):
                 order = list(services.items()) if i % 2 == 0 else list(reversed(services.items()))
                 for name, (pids, url) in order:
                     results[name].append(
-                        _round(client, pids, url, args.turns, history, stream=args.stream, door=args.door)
+                        _round(
+                            client,
+                            pids,
+                            url,
+                            args.turns,
+                            history,
+                            stream=args.stream,
+                            door=args.door,
+                            branch=args.branch,
+                        )
                     )
 
     cpu = {name: statistics.median(r[0] for r in rows) for name, rows in results.items()}

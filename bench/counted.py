@@ -19,7 +19,7 @@ import orjson
 from websockets.sync.client import connect
 from websockets.sync.connection import Connection
 
-from bench.ab import HEADERS, _continue, _continue_response, _create, _create_response
+from bench.ab import HEADERS, _continue, _continue_response, _create, _create_response, branch_points
 from bench.harness import DEFAULT_PG, DEFAULT_REDIS, _statestore_env, redis_prefix, scratch_database
 from bench.procs import REPO, Service, base_worktree, echo_backend, free_port, migrate, python
 
@@ -29,8 +29,8 @@ R = TypeVar("R")
 def arguments(
     prog: str, doc: str, argv: list[str] | None, *, turns: int, top: int, top_help: str, callgrind: bool = False
 ) -> argparse.Namespace:
-    """The options both counters take: `--base REV`, `--door`, `--turns`, `--history-kb`, `--top`; with `callgrind`,
-    bench.instructions' own too: `--floor` in place of `--base`, and `--cache`."""
+    """The options both counters take: `--base REV`, `--door`, `--branch`, `--turns`, `--history-kb`, `--top`; with
+    `callgrind`, bench.instructions' own too: `--floor` in place of `--base`, and `--cache`."""
     parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n", maxsplit=1)[0])
     sides = parser.add_mutually_exclusive_group(required=True)
     sides.add_argument("--base", help="the git revision to compare the working tree with")
@@ -46,6 +46,11 @@ def arguments(
         default="messages",
         help="threaded or Responses continues, or Responses continues over one WebSocket (WebSocket mode)",
     )
+    parser.add_argument(
+        "--branch",
+        action="store_true",
+        help="with --door responses: count branches from responses whose context is not cached (bench.ab's)",
+    )
     parser.add_argument("--turns", type=int, default=turns, help=f"continues counted per side (default {turns})")
     parser.add_argument("--history-kb", type=int, default=8, help="history of the thread, KiB (default 8: ≈ 2k)")
     parser.add_argument("--top", type=int, default=top, help=top_help)
@@ -55,7 +60,10 @@ def arguments(
             action="store_true",
             help="simulate the caches and branch predictors too, and estimate cycles (about twice as slow)",
         )
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.branch and args.door != "responses":
+        parser.error("--branch needs --door responses")
+    return args
 
 
 def both_sides(
@@ -144,7 +152,8 @@ def continue_counted(
     url: str, args: argparse.Namespace, *, warm: int, start: Callable[[], None], stop: Callable[[], None]
 ) -> None:
     """A thread (or response chain) continued `warm` times, so that every path is taken once and the pools are full;
-    then a new one continued `args.turns` times between `start()` and `stop()` of the counter."""
+    then a new one continued `args.turns` times between `start()` and `stop()` of the counter. `--branch`: branches
+    from responses whose context is not cached instead (bench.ab's), `warm` of them before the counted ones."""
     create = _create if args.door == "messages" else _create_response
     step: Step = _continue if args.door == "messages" else _continue_response
     history = args.history_kb * 1024
@@ -162,6 +171,15 @@ def continue_counted(
         previous = create(client, url, history)
         for n in range(warm):
             previous = step(client, url, previous, n)
+        if args.branch:
+            for n, point in enumerate(branch_points(client, url, previous, warm)):
+                step(client, url, point, n)
+            points = branch_points(client, url, create(client, url, history), args.turns)
+            start()
+            for n, point in enumerate(points):
+                step(client, url, point, n)
+            stop()
+            return
         previous = create(client, url, history)
         start()
         for n in range(args.turns):
