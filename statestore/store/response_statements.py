@@ -1,8 +1,8 @@
-"""The Responses front door's hot reads: the previous response, a chain's context, a conversation's items, run on
-PostgreSQL as asyncpg prepared statements on store/pg_hot_path.py's pools, each bound from its typed parameter
-object (store/statement.py). The conversation's lease is the leased log's (core/leased_log.py); a turn's commit and
-an append are store/response_commit.py's. SQLAlchemy Core keeps SQLite and every cold path (store/response_store.py,
-conversation_store.py).
+"""The Responses front door's hot reads: the previous response, a chain's context, a conversation's items, each
+written once as SQLAlchemy Core, run on PostgreSQL compiled for asyncpg as prepared statements on
+store/pg_hot_path.py's pools and on SQLite through Core, bound from its typed parameter object (store/statement.py).
+The conversation's lease is the leased log's (core/leased_log.py); a turn's commit and an append are
+store/response_commit.py's. The cold paths are Core (store/response_store.py, conversation_store.py).
 """
 
 from __future__ import annotations
@@ -11,12 +11,29 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 import asyncpg
-from sqlalchemy import LargeBinary, and_, case, cast, func, literal_column, null, select, union_all
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Integer,
+    LargeBinary,
+    and_,
+    case,
+    cast,
+    func,
+    literal_column,
+    null,
+    select,
+    union_all,
+)
+from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
 
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_commit import APPEND_ITEMS_PG, AppendItems
 from statestore.store.schema import conversation_items, conversations, response_items, responses
-from statestore.store.statement import CoreStatement, PgStatement, core_param
+from statestore.store.statement import CoreStatement, core_param
 
 
 @dataclass(slots=True, kw_only=True)
@@ -119,21 +136,58 @@ CHAIN_CONTEXT: Final = CoreStatement(
     durable=True,
 )
 _CHAIN_CONTEXT_PG: Final = CHAIN_CONTEXT.on_pg()
-# A chain's items read from its runs' prefixes (store/response_runs.py): one index range a run, in path order. The
-# lateral join keeps each run's read on the runs' index, whatever the planner thinks of the arrays.
-RUN_ITEMS: Final = PgStatement(
+
+
+# A chain's items read from its runs' prefixes (store/response_runs.py): one index range a run, in path order.
+# Written once: PostgreSQL runs it compiled (RUN_ITEMS.pg), SQLite through Core. The runs come as two lists, which
+# only their rows (RunRows) read per database: PostgreSQL as arrays, SQLite as JSON.
+class RunRows(FunctionElement[Any]):
+    """The runs as rows (run_id, run_end, ord), `ord` their order on the path, from the lists of their keys and ends.
+    Rendered as a subquery on each database (PostgreSQL pulls it up: the plan is the one of an unnest in FROM)."""
+
+    name = "run_rows"
+    inherit_cache = True
+
+
+# Each rendering holds nothing but the compiler's own placeholders of the two lists.
+@compiles(RunRows)
+def _run_rows_pg(element: RunRows, compiler: SQLCompiler, **kw: Any) -> str:
+    keys, ends = (compiler.process(clause, **kw) for clause in element.clauses)
+    return f"(SELECT * FROM unnest({keys}, {ends}) WITH ORDINALITY AS runs(run_id, run_end, ord))"  # noqa: S608
+
+
+@compiles(RunRows, "sqlite")
+def _run_rows_sqlite(element: RunRows, compiler: SQLCompiler, **kw: Any) -> str:
+    # Each end read by its run's index, not from a second json_each: a join of the two would let SQLite read a run
+    # ahead of the end that bounds it (by the index: the whole run, not its prefix).
+    keys, ends = (compiler.process(clause, **kw) for clause in element.clauses)
+    return (
+        f"(SELECT runs.value AS run_id, json_extract({ends}, '$[' || runs.key || ']') AS run_end, runs.key AS ord"  # noqa: S608
+        f" FROM json_each({keys}) AS runs)"
+    )
+
+
+_runs = (
+    RunRows(
+        core_param("keys", ARRAY(BigInteger).with_variant(JSON(), "sqlite")),
+        core_param("ends", ARRAY(Integer).with_variant(JSON(), "sqlite")),
+    )
+    .table_valued("run_id", "run_end", "ord")
+    .alias("p")
+)
+RUN_ITEMS: Final = CoreStatement(
     OfRuns,
-    """
-SELECT i.response_id, i.kind, i.rendered, i.position
-FROM unnest(:keys::bigint[], :ends::integer[]) WITH ORDINALITY AS p(run_id, run_end, ord)
-CROSS JOIN LATERAL (
-    SELECT response_id, kind, rendered, position, run_position FROM response_items
-    WHERE run_id = p.run_id AND run_position < p.run_end
-) AS i
-ORDER BY p.ord, i.run_position
-""",
+    select(response_items.c.response_id, response_items.c.kind, response_items.c.rendered, response_items.c.position)
+    .select_from(
+        _runs.join(
+            response_items,
+            and_(response_items.c.run_id == _runs.c.run_id, response_items.c.run_position < _runs.c.run_end),
+        )
+    )
+    .order_by(_runs.c.ord, response_items.c.run_position),
     durable=True,
 )
+_RUN_ITEMS_PG: Final = RUN_ITEMS.on_pg()
 
 
 def in_conversation(items: Any) -> Any:
@@ -178,7 +232,7 @@ class PgResponseStatements:
 
     async def run_items(self, keys: list[int], ends: list[int]) -> list[asyncpg.Record]:
         """(response id, kind, rendered, position) of the runs' prefixes, as RUN_ITEMS orders them."""
-        return await self._pg.fetch(RUN_ITEMS, OfRuns(keys=keys, ends=ends))
+        return await self._pg.fetch(_RUN_ITEMS_PG, OfRuns(keys=keys, ends=ends))
 
     async def pointed_items(self, response_id: str) -> list[asyncpg.Record]:
         """(kind, rendered, position, conversation id) of the items a response made on a conversation points at."""

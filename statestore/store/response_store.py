@@ -12,7 +12,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, literal, select, union_all
+from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -30,8 +30,10 @@ from statestore.store.response_statements import (
     CHAIN_CONTEXT,
     GET_RESPONSE,
     POINTED_ITEMS,
+    RUN_ITEMS,
     GetResponse,
     OfResponse,
+    OfRuns,
     PgResponseStatements,
     in_conversation,
 )
@@ -127,25 +129,12 @@ class ResponseStore:
         return [(*row[:at], value, *row[at + 1 :]) for row, value in zip(rows, opened, strict=True)]
 
     async def _run_items(self, runs: Runs) -> Sequence[Row]:
+        # One statement (response_statements.RUN_ITEMS): on PostgreSQL compiled for asyncpg, else through Core.
         if self._pg is not None:
             return await self._pg.run_items(runs.keys, runs.ends)
-        prefixes = [
-            select(
-                literal(order).label("run_order"),
-                response_items.c.run_position,
-                response_items.c.response_id,
-                response_items.c.kind,
-                response_items.c.rendered,
-                response_items.c.position,
-            ).where(response_items.c.run_id == key, response_items.c.run_position < end)
-            for order, (key, end) in enumerate(runs.runs)
-        ]
-        both = union_all(*prefixes).subquery()
-        query = select(both.c.response_id, both.c.kind, both.c.rendered, both.c.position).order_by(
-            both.c.run_order, both.c.run_position
-        )
+        of = OfRuns(keys=runs.keys, ends=runs.ends)
         async with self.engine.connect() as conn:
-            return (await conn.execute(query)).all()
+            return (await conn.execute(RUN_ITEMS.statement, RUN_ITEMS.values(of))).all()
 
     async def _chain_rows(self, head_id: str) -> list[Any]:
         of = OfResponse(response_id=head_id)
