@@ -157,11 +157,14 @@ async def profile_continues(
 
 # -- reading a profile --------------------------------------------------------------------------------------------
 
+# The first needle a file's path holds names its component. statestore's own Redis client (store/resp.py,
+# resp_reader.py, resp_cluster.py) is a component apart, as a library would be, ahead of the rest of statestore.
 _COMPONENTS = (
+    ("/statestore/store/resp.py", "Redis client"),
+    ("/statestore/store/resp_", "Redis client"),
     ("/statestore/", "statestore"),
     ("/sqlalchemy/", "SQLAlchemy"),
     ("/asyncpg/", "asyncpg"),
-    ("/redis/", "redis-py"),
     ("/httpx/", "httpx"),
     ("/httpcore/", "httpcore"),
     ("/h11/", "h11"),
