@@ -37,6 +37,7 @@ DRAINS: list[Callable[[], bool]] = []
 
 _TEXT = 0x81  # FIN and the text opcode: a whole message in one frame
 _BINARY = 0x82
+_SHORT_TEXT = tuple(bytes((_TEXT, length)) for length in range(126))  # the header of each text shorter than 126
 
 
 def _header(first: int, length: int) -> bytes:
@@ -58,6 +59,7 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         super().__init__(*args, **kwargs)
         self._unsent: list[bytes] = []  # frames sent by the app, not yet written
         self._flushing: asyncio.Handle | None = None
+        self._direct = False  # accepted, uncompressed: `write_text` may frame messages itself
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -69,19 +71,17 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
     def write_text(self, payload: bytes) -> bool:
         """A whole text message, `payload` its UTF-8, framed and queued for the next write; False (nothing queued)
         when it must go through `send` instead."""
-        conn = self.conn
+        # No fragmented message is ever open here: uvicorn sends each message whole.
         if (
-            self.disconnected
+            not self._direct
             or self.close_sent
-            or not self.handshake_complete
-            or self.initial_response is not None
+            or self.disconnected
             or not self.writable.is_set()
-            or conn.extensions
-            or conn.state is not State.OPEN
-            or conn.expect_continuation_frame
+            or self.conn.state is not State.OPEN
         ):
             return False
-        self._unsent += (_header(_TEXT, len(payload)), payload)
+        length = len(payload)
+        self._unsent += (_SHORT_TEXT[length] if length < 126 else _header(_TEXT, length), payload)
         if self._flushing is None:
             self._flushing = self.loop.call_soon(self.flush)
         return True
@@ -90,6 +90,8 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         if message["type"] != "websocket.send" or not self.handshake_complete or self.close_sent:
             self.flush()  # whatever uvicorn writes next goes after the frames before it
             await super().send(message)
+            if message["type"] == "websocket.accept":
+                self._direct = self.handshake_complete and self.initial_response is None and not self.conn.extensions
             return
         if self.initial_response is not None:
             await super().send(message)  # refused: uvicorn says what is wrong

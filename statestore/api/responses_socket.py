@@ -411,10 +411,11 @@ class Connection:
         logged as an HTTP request is (`_access_line`), under a request id of its own."""
         started = time.perf_counter()
         self.status = None
-        with _request_id(new_request_id()):
+        token = request_id_var.set(new_request_id())  # as `_request_id` does, without a generator per response
+        try:
+            return await self._respond(event, steers)
+        finally:
             try:
-                return await self._respond(event, steers)
-            finally:
                 # No status: the client left (or the connection failed) before the response ended.
                 status = self.status if self.status is not None else CLIENT_CLOSED_REQUEST
                 self.metrics.count_websocket_response(status)
@@ -425,9 +426,12 @@ class Connection:
                     complete=self.status is not None,
                     client_ip=self.client_ip,
                 )
+            finally:
+                request_id_var.reset(token)
 
     async def _respond(self, event: dict[str, Any], steers: list[Steer]) -> Job | None:
-        body = {name: value for name, value in event.items() if name != "type"}
+        body = dict(event)
+        del body["type"]  # "response.create": the event's, not the body's
         try:
             if body.get("background") is True:
                 raise BadRequest(
