@@ -67,8 +67,8 @@ class Resources:
     # keys every content byte is sealed and opened through (encryption off: a pass-through).
     keystore_engine: AsyncEngine
     content: ContentKeys
-    # The process's one Redis client (None without STATESTORE_REDIS_URL): one pool, one breaker, shared by the cache,
-    # claims, heads and the background events, each call bound by its own kind's timeout.
+    # The process's one Redis client (None without STATESTORE_REDIS_URL): one pool, one breaker (a Cluster's: per
+    # node), shared by the cache, claims, heads and the background events, each call bound by its own kind's timeout.
     redis: RedisClient | None
     cache: HistoryCache
     upstream: Upstream

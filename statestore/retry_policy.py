@@ -13,11 +13,13 @@ out closed (the server restarted, or closed it while idle) and sending it again 
   stored.
 
 Nothing else is retried: a timeout never (the server is slow or gone, and waiting twice doubles what a turn pays), and
-there is no back-off between attempts (the retry goes to a new connection, not to the same failure).
+there is no back-off between attempts (the retry goes to a new connection, not to the same failure). A Redis Cluster's
+answers that name where to send a command instead (MOVED, ASK: store/resp_cluster.py) are followed, not retried, up to
+CLUSTER_REDIRECTIONS times; TRYAGAIN (a multi-key command while its slot migrates) alone is sent again after a pause.
 
 A Redis that keeps failing is then skipped for a while (RedisBreaker, store/resp.py): the cache serves from
 the database, so an unreachable or black-holed Redis costs a process one timeout per back-off period, not one per
-operation.
+operation. On a Cluster each node has its breaker, so one failing master is skipped while the others serve.
 """
 
 from __future__ import annotations
@@ -29,3 +31,8 @@ STALE_CONNECTION_RETRIES = 1
 # row up to the maximum; the first call after the pause probes it, and a success ends the pause.
 REDIS_BACKOFF_S = 1.0
 REDIS_BACKOFF_MAX_S = 10.0
+
+# Redirections a Cluster command follows before its last reply is returned as it is, and the pause before a command
+# answered TRYAGAIN is sent again.
+CLUSTER_REDIRECTIONS = 5
+CLUSTER_TRY_AGAIN_S = 0.05

@@ -1,7 +1,7 @@
 """statestore's one Redis client (the history cache, claims, heads, background events): RESP2 over asyncio protocols,
 commands framed by hiredis, replies read by store/resp_reader.py. A process builds one (statestore/resources.py), so
-one pool and one breaker serve everything it keeps in Redis; each call may bound its own wait (`timeout_s`: the event
-log's is longer than the cache's, the client's own).
+one pool and one breaker (a Cluster's: per node) serve everything it keeps in Redis; each call may bound its own wait
+(`timeout_s`: the event log's is longer than the cache's, the client's own).
 
 Why not redis-py: every turn reads and appends its thread's history, and redis-py spends 60-90 us of CPU per
 command on its pool, locks, a task per write (`asyncio.wait_for`) and timeout contexts, against about 15 us for the

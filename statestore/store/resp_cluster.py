@@ -11,8 +11,11 @@ promoted after a failover is found.
 Every key statestore sends carries a hash tag (`<prefix>{<thread or response>}:…`), so the keys of one command, one
 pipeline of a turn or one script are in one slot, on one node. Scripts are run by EVALSHA and loaded with EVAL on the
 node that answers NOSCRIPT (store/resp.py's Script, unchanged). The breaker and the retry policy are the standalone
-client's (statestore/retry_policy.py): one breaker for the cluster, a command that failed on a connection found dead
-sent once more by the node's client.
+client's (statestore/retry_policy.py), held by each node's client: a command that failed on a connection found dead is
+sent once more by it, and a node that timed out or refused is skipped for a pause while the others serve their slots.
+One breaker for the whole cluster would fail every slot's cache operations for one black-holed node's sake, when a
+cluster spreads threads over masters precisely so that one failing master costs only its own; a whole cluster gone
+costs one timeout per node and pause instead of one.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from binascii import crc_hqx
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
+from statestore.retry_policy import CLUSTER_REDIRECTIONS, CLUSTER_TRY_AGAIN_S
 from statestore.store.resp import (
     COMMAND_TIMEOUT_S,
     OUTAGES,
@@ -41,10 +45,6 @@ from statestore.store.resp_reader import RedisConnectionError, RespError
 log = logging.getLogger(__name__)
 
 SLOTS = 16384
-
-# Redirections followed for one command before its last reply is returned as it is.
-_REDIRECTIONS = 5
-_TRY_AGAIN_S = 0.05
 
 # Commands that name no key: sent to any node (the node of slot 0).
 _KEYLESS = frozenset({"PING", "CLUSTER", "SCRIPT", "INFO", "ASKING"})
@@ -89,7 +89,8 @@ Node = tuple[str, int]
 
 
 class ClusterClient:
-    """RespClient's calls (pipeline, execute, blocking) on a Redis Cluster: `connections` connections per node."""
+    """RespClient's calls (pipeline, execute, blocking) on a Redis Cluster: `connections` connections per node, and a
+    breaker per node made by `breakers`."""
 
     def __init__(
         self,
@@ -97,7 +98,7 @@ class ClusterClient:
         *,
         timeout_s: float = COMMAND_TIMEOUT_S,
         connections: int = 4,
-        breaker: RedisBreaker | None = None,
+        breakers: Callable[[], RedisBreaker] = RedisBreaker,
     ) -> None:
         seed = parse_url(url)
         if seed.path is not None or seed.db:
@@ -106,7 +107,7 @@ class ClusterClient:
         self._seed = seed
         self._timeout_s = timeout_s
         self._connections = connections
-        self.breaker = breaker or RedisBreaker()
+        self._breakers = breakers
         self._nodes: dict[Node, RespClient] = {}
         self._slots: list[Node | None] | None = None  # None: not read yet, or to be read again before the next call
         self._refreshing: asyncio.Future[None] | None = None
@@ -115,9 +116,8 @@ class ClusterClient:
         client = self._nodes.get(node)
         if client is None:
             endpoint: Endpoint = replace(self._seed, host=node[0], port=node[1])
-            # The cluster's breaker decides; a node's own would skip a node a redirection just named.
             client = self._nodes[node] = RespClient(
-                endpoint, timeout_s=self._timeout_s, connections=self._connections, breaker=RedisBreaker(0.0, 0.0)
+                endpoint, timeout_s=self._timeout_s, connections=self._connections, breaker=self._breakers()
             )
         return client
 
@@ -183,9 +183,15 @@ class ClusterClient:
             raise RespError("CLUSTERDOWN Hash slot not served")
         return node
 
-    async def _send(self, node: Node, commands: Sequence[Sequence[Arg]], timeout_s: float | None) -> list[Any]:
+    async def _send(
+        self, node: Node, commands: Sequence[Sequence[Arg]], timeout_s: float | None, probe: bool = False
+    ) -> list[Any]:
         try:
-            return await self._node(node).pipeline(commands, timeout_s=timeout_s)
+            return await self._node(node).pipeline(commands, probe=probe, timeout_s=timeout_s)
+        except RedisSkipped:
+            # The node failed moments ago and the map was let go then: reading it again at each skip would add a round
+            # trip to every call of the pause, the other nodes' too.
+            raise
         except OUTAGES:
             self._slots = None  # a failover may have moved its slots: read the map before the next call
             raise
@@ -194,7 +200,7 @@ class ClusterClient:
         self, command: Sequence[Arg], reply: Any, timeout_s: float | None, wait_s: float | None = None
     ) -> Any:
         """The reply to `command` once its redirections are followed (`wait_s`: a blocking command's wait)."""
-        for _ in range(_REDIRECTIONS):
+        for _ in range(CLUSTER_REDIRECTIONS):
             if not isinstance(reply, RespError):
                 return reply
             kind, _, rest = str(reply).partition(" ")
@@ -207,7 +213,7 @@ class ClusterClient:
                         self._slots[int(slot)] = node
                     self._refresh_later()
             elif kind == "TRYAGAIN":
-                await asyncio.sleep(_TRY_AGAIN_S)
+                await asyncio.sleep(CLUSTER_TRY_AGAIN_S)
                 node = await self._route(command)
             else:
                 return reply
@@ -223,20 +229,24 @@ class ClusterClient:
             return await self._node(node).blocking(*command, wait_s=wait_s, timeout_s=timeout_s, asking=asking)
         except RespError as exc:
             return exc
+        except RedisSkipped:
+            raise
         except OUTAGES:
             self._slots = None
             raise
 
-    async def _routed(self, commands: Sequence[Sequence[Arg]], timeout_s: float | None) -> list[Any]:
+    async def _routed(self, commands: Sequence[Sequence[Arg]], timeout_s: float | None, probe: bool) -> list[Any]:
         groups: dict[Node, list[int]] = {}
         for i, command in enumerate(commands):
             groups.setdefault(await self._route(command), []).append(i)
         replies: list[Any] = [None] * len(commands)
         if len(groups) == 1:  # a turn's pipeline: one thread, one slot
             ((node, _),) = groups.items()
-            replies = await self._send(node, commands, timeout_s)
+            replies = await self._send(node, commands, timeout_s, probe)
         else:
-            sent = [self._send(node, [commands[i] for i in indexes], timeout_s) for node, indexes in groups.items()]
+            sent = [
+                self._send(node, [commands[i] for i in indexes], timeout_s, probe) for node, indexes in groups.items()
+            ]
             for indexes, answers in zip(groups.values(), await asyncio.gather(*sent), strict=True):
                 for i, answer in zip(indexes, answers, strict=True):
                     replies[i] = answer
@@ -250,16 +260,9 @@ class ClusterClient:
     async def pipeline(
         self, commands: Sequence[Sequence[Arg]], *, probe: bool = False, timeout_s: float | None = None
     ) -> list[Any]:
-        """As RespClient.pipeline; commands for several nodes go to each at once, their replies back in order."""
-        if not probe and self.breaker.skips():
-            raise RedisSkipped("redis failed moments ago: skipped for now")
-        try:
-            replies = await self._routed(commands, timeout_s)
-        except OUTAGES:
-            self.breaker.failed()
-            raise
-        self.breaker.succeeded()
-        return replies
+        """As RespClient.pipeline; commands for several nodes go to each at once, their replies back in order. Each
+        node's breaker judges the commands for it."""
+        return await self._routed(commands, timeout_s, probe)
 
     async def execute(self, *command: Arg, timeout_s: float | None = None) -> Any:
         (reply,) = await self.pipeline([command], timeout_s=timeout_s)
@@ -268,17 +271,10 @@ class ClusterClient:
         return reply
 
     async def blocking(self, *command: Arg, wait_s: float, timeout_s: float | None = None) -> Any:
-        """As RespClient.blocking, on the node of the command's key."""
-        if self.breaker.skips():
-            raise RedisSkipped("redis failed moments ago: skipped for now")
-        try:
-            node = await self._route(command)
-            first = await self._send_one(node, command, False, timeout_s, wait_s)
-            reply = await self._follow(command, first, timeout_s, wait_s)
-        except OUTAGES:
-            self.breaker.failed()
-            raise
-        self.breaker.succeeded()
+        """As RespClient.blocking, on the node of the command's key (and that node's breaker)."""
+        node = await self._route(command)
+        first = await self._send_one(node, command, False, timeout_s, wait_s)
+        reply = await self._follow(command, first, timeout_s, wait_s)
         if isinstance(reply, RespError):
             raise reply
         return reply

@@ -24,7 +24,7 @@ _ECHO_KEY = Script("return redis.call('GET', KEYS[1])")
 @pytest.fixture
 async def client(redis_cluster: RedisClusterProcesses) -> AsyncIterator[ClusterClient]:
     # The breaker off: a test's failures are its own to see, not skipped for a pause.
-    cluster = ClusterClient(redis_cluster.url.replace("?cluster=1", ""), breaker=RedisBreaker(0.0, 0.0))
+    cluster = ClusterClient(redis_cluster.url.replace("?cluster=1", ""), breakers=lambda: RedisBreaker(0.0, 0.0))
     yield cluster
     await cluster.aclose()
 
@@ -131,7 +131,7 @@ async def test_a_master_killed_is_replaced_by_its_replica(redis_cluster_with_rep
     """A master's slots fail as an outage while it is gone (the map is to be read again), then reach the replica the
     cluster promoted in its place."""
     cluster = redis_cluster_with_replica
-    client = ClusterClient(cluster.url.replace("?cluster=1", ""), breaker=RedisBreaker(0.0, 0.0))
+    client = ClusterClient(cluster.url.replace("?cluster=1", ""), breakers=lambda: RedisBreaker(0.0, 0.0))
     try:
         master = cluster.nodes[1]
         key = next(f"sstest:{{t{i}}}:h" for i in range(1000) if cluster.node_of_slot(key_slot(f"t{i}")) is master)
