@@ -9,6 +9,7 @@ import base64
 import contextlib
 import functools
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -78,16 +79,18 @@ class Cluster:
         for replica in self.replicas:
             if replica.process is None or replica.process.poll() is not None:
                 replica.start()
-        for replica in self.replicas:
-            wait_for(functools.partial(_ready, replica.url), within=60, what=f"replica on {replica.port} ready")
+        with httpx.Client(timeout=2) as http:
+            for replica in self.replicas:
+                ready = functools.partial(_ready, http, replica.url)
+                wait_for(ready, within=60, what=f"replica on {replica.port} ready")
 
     def logs(self) -> str:
         return "\n".join(f"--- replica {r.port}\n{r.log()[-3000:]}" for r in self.replicas)
 
 
-def _ready(url: str) -> bool:
+def _ready(http: httpx.Client, url: str) -> bool:
     with contextlib.suppress(httpx.HTTPError):
-        return httpx.get(url + "/readyz", timeout=2).status_code == 200
+        return http.get(url + "/readyz").status_code == 200
     return False
 
 
@@ -137,13 +140,14 @@ def running_cluster(
             pg.create_database(keystore_database)
             asyncio.run(create_keystore(keystore_url))
             settings["STATESTORE_KEYSTORE_URL"] = through(keystore_url, proxies["postgres"].port)
-        processes: list[ServerProcess] = []
         replica_pg: list[FaultProxy] = []
         for index in range(replicas):
             own = FaultProxy(network, f"postgres-{index}", proxies["postgres"].port)
             stack.callback(own.close)
             replica_pg.append(own)
-            process = ServerProcess(
+
+        def replica(own: FaultProxy) -> ServerProcess:
+            return ServerProcess(
                 database_url=through(pg.url, own.port),
                 upstream_url=f"http://127.0.0.1:{proxies['backend'].port}",
                 redis_url=through(redis.url, proxies["redis"].port),
@@ -151,8 +155,15 @@ def running_cluster(
                 # The Responses door (background responses) on the same backend, through the same proxy.
                 env={**settings, "STATESTORE_CHAT_UPSTREAM_URL": f"http://127.0.0.1:{proxies['backend'].port}"},
             )
+
+        # The replicas start side by side: each start is mostly a process importing its modules and waiting.
+        with ThreadPoolExecutor(replicas) as pool:
+            starting = [pool.submit(replica, own) for own in replica_pg]
+        processes = [future.result() for future in starting if future.exception() is None]
+        for process in processes:
             stack.callback(process.stop)
-            processes.append(process)
+        for future in starting:
+            future.result()  # the first replica that did not start, once the others are in the stack
         balancer = Balancer(network, lambda: [p.port for p in processes])
         stack.callback(balancer.close)
         yield Cluster(pg, redis, backend, network, proxies, processes, balancer, replica_pg, pg.url, settings)
