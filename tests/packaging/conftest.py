@@ -73,7 +73,9 @@ def installed(request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pyt
     """The wheel in a fresh venv, with its dependencies at the image's pins (deploy/constraints.txt), or at the lower
     bounds pyproject.toml declares: those bounds are what the code is tested with, not a guess."""
     environment = tmp_path_factory.mktemp("venv") / "venv"
-    venv.create(environment, with_pip=True)
+    # No pip of its own (ensurepip costs seconds of CPU): this venv's pip installs into it (`pip --python`), and
+    # without byte-compiling every dependency, which Python does itself for the modules a test imports.
+    venv.create(environment, with_pip=False)
     constraints = REPO / "deploy" / "constraints.txt"
     if request.param == "lower-bounds":
         constraints = environment.parent / "lower-bounds.txt"
@@ -81,12 +83,15 @@ def installed(request: pytest.FixtureRequest, wheel: Path, tmp_path_factory: pyt
     python = environment / "bin" / "python"
     run(
         [
-            str(python),
+            sys.executable,
             "-m",
             "pip",
+            "--python",
+            str(python),
             "install",
             "--quiet",
             "--disable-pip-version-check",
+            "--no-compile",
             "--only-binary=:all:",
             "--constraint",
             str(constraints),
