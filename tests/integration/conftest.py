@@ -10,6 +10,7 @@ from pathlib import Path
 import anthropic
 import pytest
 
+from tests.support import tls
 from tests.support.admin_api import ClockFile
 from tests.support.fake_backend import FakeBackend
 from tests.support.redis_keys import own_redis_prefix
@@ -80,7 +81,8 @@ def api_key() -> str:
 
 @pytest.fixture
 def client(pg_server: StatestoreServer, api_key: str) -> Iterator[anthropic.Anthropic]:
-    with anthropic.Anthropic(base_url=pg_server.url, api_key=api_key, max_retries=0) as sdk:
+    http = anthropic.DefaultHttpxClient(verify=tls.CONTEXT)
+    with anthropic.Anthropic(base_url=pg_server.url, api_key=api_key, max_retries=0, http_client=http) as sdk:
         yield sdk
 
 
@@ -90,7 +92,8 @@ def client(pg_server: StatestoreServer, api_key: str) -> Iterator[anthropic.Anth
 @pytest.fixture
 def server_client(server: StatestoreServer, api_key: str) -> Iterator[anthropic.Anthropic]:
     """The official SDK against `server`, so a test that takes it runs on both storage set-ups."""
-    with anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=0) as sdk:
+    http = anthropic.DefaultHttpxClient(verify=tls.CONTEXT)
+    with anthropic.Anthropic(base_url=server.url, api_key=api_key, max_retries=0, http_client=http) as sdk:
         yield sdk
 
 

@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from tests.conftest import migrated_scratch_pg_database
+from tests.support import tls
 from tests.support.server import OWNER_SECRET, REPO, StatestoreServer
 
 THREADS_BETA = "message-threads-2026-08-12"
@@ -137,7 +138,7 @@ class Api:
         if api_key is not None:
             headers.update({"authorization": f"Bearer {api_key}"} if bearer else {"x-api-key": api_key})
         self.api_key = api_key
-        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=20)
+        self.http = httpx.Client(base_url=base_url, headers=headers, timeout=20, verify=tls.CONTEXT)
 
     def __enter__(self) -> Api:
         return self
@@ -269,7 +270,10 @@ def erased_counts(state: dict[str, Any]) -> dict[str, int]:
 class AdminApi:
     def __init__(self, base_url: str, token: str = ADMIN_TOKEN) -> None:
         self.http = httpx.Client(
-            base_url=base_url + "/admin/v1", headers={"authorization": f"Bearer {token}"}, timeout=60
+            base_url=base_url + "/admin/v1",
+            headers={"authorization": f"Bearer {token}"},
+            timeout=60,
+            verify=tls.CONTEXT,
         )
 
     def __enter__(self) -> AdminApi:

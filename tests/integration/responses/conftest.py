@@ -16,6 +16,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
+from tests.support import tls
 from tests.support.fake_backend import FakeBackend, RecordedRequest
 from tests.support.redis_keys import own_redis_prefix
 from tests.support.server import OWNER_SECRET, StatestoreServer
@@ -91,13 +92,16 @@ def any_openai_client(request: pytest.FixtureRequest, api_key: str) -> Iterator[
     """The SDK against statestore on each storage set-up."""
     name = "responses_server" if request.param == "postgres" else "responses_sqlite_server"
     server: StatestoreServer = request.getfixturevalue(name)
-    with openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0) as client:
+    http = openai.DefaultHttpxClient(verify=tls.CONTEXT)
+    with openai.OpenAI(base_url=server.url + "/v1", api_key=api_key, max_retries=0, http_client=http) as client:
         yield client
 
 
 @pytest.fixture
 def openai_client(responses_server: StatestoreServer, api_key: str) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=responses_server.url + "/v1", api_key=api_key, max_retries=0) as client:
+    http = openai.DefaultHttpxClient(verify=tls.CONTEXT)
+    url = responses_server.url + "/v1"
+    with openai.OpenAI(base_url=url, api_key=api_key, max_retries=0, http_client=http) as client:
         yield client
 
 
