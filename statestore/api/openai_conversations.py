@@ -263,6 +263,7 @@ async def _append(
         cache=turns.cache,
         policy=policy,
         now_ms=resources.clock(),
+        lease_ms=turns.lease_ms,
     )
     # The append moved the position, so the cached context no longer matches; it goes all the same, unread.
     await resources.cache.delete(conversation_cache_key(conversation_id))

@@ -27,7 +27,9 @@ from statestore.store.engine import DATABASE_ERRORS, UNSTORABLE_VALUE_ERRORS
 from statestore.store.response_records import StoredItem
 from statestore.threads.ids import new_lease_token
 
-# An append holds the conversation for one statement; a replica that dies between the two frees it this soon.
+# An append holds the conversation for one statement; a replica that dies between the two frees it this soon, or as
+# soon as a turn's lease would (STATESTORE_LEASE_SECONDS) when that is shorter: an operator who shortens the lease
+# for a quick takeover gets it on an append too.
 APPEND_LEASE_MS = 30_000
 
 
@@ -41,12 +43,15 @@ async def append_items(
     cache: HistoryCache,
     policy: Policy,
     now_ms: int,
+    lease_ms: int,
 ) -> None:
     """Append `items`, or raise the refusal (404, 409: a turn holds the conversation; 400: over the policy's bounds)
-    or ServiceUnavailable (the store unavailable; the 503 says whether the items were stored)."""
+    or ServiceUnavailable (the store unavailable; the 503 says whether the items were stored). `lease_ms`: a turn's
+    lease, which bounds the append's."""
     turn = new_lease_token()
+    until_ms = now_ms + min(APPEND_LEASE_MS, lease_ms)
     taken = await leased_log.take_conversation(
-        owner=owner, conversation_id=conversation_id, token=turn, now_ms=now_ms, until_ms=now_ms + APPEND_LEASE_MS
+        owner=owner, conversation_id=conversation_id, token=turn, now_ms=now_ms, until_ms=until_ms
     )
     if taken is None:
         refusal = await conversations.refusal(owner, conversation_id, now_ms)

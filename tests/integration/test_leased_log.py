@@ -6,19 +6,25 @@ nothing."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.config import Settings
 from statestore.core.leased_log import CONVERSATIONS, THREADS, LeasedLog
+from statestore.policy import Policy
+from statestore.responses.conversation_append import append_items
 from statestore.store.conversation_store import ConversationStore, Locked
 from statestore.store.engine import create_engine
 from statestore.store.lease_statements import LeaseStatements
+from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.response_records import NewResponse, StoredItem
 from statestore.store.response_runs import decode
@@ -210,3 +216,72 @@ async def _response_count(stores: Stores, owner: str) -> int:
             await conn.execute(select(func.count()).select_from(responses).where(responses.c.owner == owner))
         ).scalar_one()
     return count
+
+
+class _StalledAppends(ConversationStore):
+    """A database that never answers an append's commit: the append holds its conversation meanwhile, as one whose
+    replica died there would."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        super().__init__(engine)
+        self.reached = asyncio.Event()
+
+    async def commit_append(
+        self, owner: str, conversation_id: str, items: Sequence[StoredItem], *, token: str, position: int
+    ) -> bool:
+        self.reached.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_an_append_holds_its_conversation_no_longer_than_a_turns_lease(stores: Stores) -> None:
+    """Before: an append held the conversation for 30 s whatever STATESTORE_LEASE_SECONDS said, so with a short lease
+    a retry after its replica died waited out the 30 s."""
+    owner, conversation_id, lease_ms = f"owner-{_token()}", f"conv_{_token()}", 2_000
+    await stores.conversations.create(
+        conversation_id=conversation_id,
+        owner=owner,
+        tenant_id=None,
+        metadata_user_id=None,
+        metadata=b"{}",
+        items=[],
+        now_ms=NOW,
+        expires_ms=NOW + 300_000,
+    )
+    stalled = _StalledAppends(stores.conversations.engine)
+    policy = Policy(
+        threads_enabled=True,
+        sessions_enabled=True,
+        default_ttl_seconds=300,
+        max_ttl_seconds=300,
+        max_thread_bytes=1 << 30,
+        max_messages=1_000,
+    )
+    append = asyncio.create_task(
+        append_items(
+            stores.log,
+            stalled,
+            owner,
+            conversation_id,
+            [ITEM],
+            cache=MemoryHistoryCache(),
+            policy=policy,
+            now_ms=NOW,
+            lease_ms=lease_ms,
+        )
+    )
+    try:
+        await asyncio.wait_for(stalled.reached.wait(), 10)
+        assert isinstance(await stores.conversations.refusal(owner, conversation_id, NOW + lease_ms - 1), Locked)
+        taken = await stores.log.take_conversation(
+            owner=owner,
+            conversation_id=conversation_id,
+            token=_token(),
+            now_ms=NOW + lease_ms,
+            until_ms=NOW + 3 * lease_ms,
+        )
+        assert taken == (0, 0, 0)  # free once a turn's lease is out, and nothing of the stalled append stored
+    finally:
+        append.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await append
