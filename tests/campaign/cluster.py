@@ -21,7 +21,7 @@ from statestore.store.migrate import upgrade
 from tests.campaign.commit_loss import through
 from tests.campaign.network import Balancer, FaultProxy, NetworkLoop
 from tests.reliability.proof_support import ADMIN_TOKEN
-from tests.reliability.support import PrivatePostgres, PrivateRedis, ServerProcess, wait_for
+from tests.reliability.support import PrivatePostgres, PrivateRedis, ServerProcess, query, wait_for
 from tests.support.fake_backend import FakeBackend
 
 # Short waits everywhere, so a fault turns into an error in seconds and a dead replica's lease runs out soon.
@@ -83,6 +83,10 @@ class Cluster:
             for replica in self.replicas:
                 ready = functools.partial(_ready, http, replica.url)
                 wait_for(ready, within=60, what=f"replica on {replica.port} ready")
+        # An erasure whose replica was killed is taken up by another once its lease runs out, and may delete threads
+        # a heal has just listed: healed is when none is left running.
+        running = "SELECT id FROM erasures WHERE status = 'running' LIMIT 1"
+        wait_for(lambda: not query(self.database_url, running), within=90, interval=0.5, what="every erasure finished")
 
     def logs(self) -> str:
         return "\n".join(f"--- replica {r.port}\n{r.log()[-3000:]}" for r in self.replicas)
