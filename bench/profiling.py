@@ -57,30 +57,19 @@ def serve(port: int) -> None:
     import uvicorn
 
     from statestore.app import create_server_app
+    from statestore.cli import uvicorn_options
     from statestore.config import Settings
-    from statestore.http_protocol import StatestoreHttpProtocol
-    from statestore.logs import configure_logging, uvicorn_log_config
-    from statestore.socket_protocol import StatestoreWebSocketProtocol
+    from statestore.logs import configure_logging
 
     settings = Settings()
     configure_logging(settings.log_level, settings.log_json)
-    # The protocols and WebSocket options `statestore serve` runs with (statestore/cli.py), so that a WebSocket's
-    # profile holds statestore's own writes.
+    # Served as `statestore serve` serves, so that a WebSocket's profile holds statestore's own writes.
     uvicorn.run(
         ProfileSwitch(create_server_app(settings)),
         host="127.0.0.1",
         port=port,
-        loop="uvloop",
-        http=StatestoreHttpProtocol,
-        ws=StatestoreWebSocketProtocol,
-        ws_max_size=settings.max_body_bytes,
-        ws_per_message_deflate=settings.socket_compression,
-        ws_ping_interval=settings.socket_ping_seconds,
-        ws_ping_timeout=settings.socket_ping_seconds,
         lifespan="on",
-        access_log=False,
-        log_config=uvicorn_log_config(),
-        server_header=False,
+        **uvicorn_options(settings),
     )
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from statestore import __version__
 from statestore.command_setup import load_settings, require_database, safe_url
@@ -25,12 +26,32 @@ async def _pending(settings: Settings) -> str | None:
         await engine.dispose()
 
 
+def uvicorn_options(settings: Settings) -> dict[str, Any]:
+    """The protocols and options statestore is served with under uvicorn: by `statestore serve`, and by the bench's
+    profiled server (bench/profiling.py), whose profile must hold statestore's own reads and writes."""
+    from statestore.http_protocol import StatestoreHttpProtocol
+    from statestore.logs import uvicorn_log_config
+    from statestore.socket_protocol import StatestoreWebSocketProtocol
+
+    return {
+        "loop": "uvloop" if sys.platform != "win32" else "asyncio",
+        "http": StatestoreHttpProtocol,
+        # WebSocket mode on /v1/responses (api/responses_socket.py): a message is limited as a body is.
+        "ws": StatestoreWebSocketProtocol,
+        "ws_max_size": settings.max_body_bytes,
+        "ws_per_message_deflate": settings.socket_compression,
+        "ws_ping_interval": settings.socket_ping_seconds,
+        "ws_ping_timeout": settings.socket_ping_seconds,
+        "access_log": False,
+        "log_config": uvicorn_log_config(),
+        "server_header": False,
+    }
+
+
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from statestore.http_protocol import StatestoreHttpProtocol
-    from statestore.logs import configure_logging, uvicorn_log_config
-    from statestore.socket_protocol import StatestoreWebSocketProtocol
+    from statestore.logs import configure_logging
 
     settings = load_settings()
     if (problem := settings.serving_problem()) is not None:
@@ -55,19 +76,9 @@ def cmd_serve(args: argparse.Namespace) -> None:
         host=args.host,
         port=args.port,
         workers=args.workers,
-        loop="uvloop" if sys.platform != "win32" else "asyncio",
-        http=StatestoreHttpProtocol,
-        # WebSocket mode on /v1/responses (api/responses_socket.py): a message is limited as a body is.
-        ws=StatestoreWebSocketProtocol,
-        ws_max_size=settings.max_body_bytes,
-        ws_per_message_deflate=settings.socket_compression,
-        ws_ping_interval=settings.socket_ping_seconds,
-        ws_ping_timeout=settings.socket_ping_seconds,
-        access_log=False,
-        log_config=uvicorn_log_config(),
         timeout_graceful_shutdown=args.graceful_timeout,
         proxy_headers=False,
-        server_header=False,
+        **uvicorn_options(settings),
     )
 
 
