@@ -123,9 +123,8 @@ def _response(conversation_id: str, owner: str) -> NewResponse:
     )
 
 
-async def test_a_lost_lease_is_the_same_for_a_thread_and_a_conversation(stores: Stores) -> None:
-    owner = f"owner-{_token()}"
-    thread_id, head = await _thread(stores, owner)
+async def _conversation(stores: Stores, owner: str) -> str:
+    """A stored conversation with no items: its id."""
     conversation_id = f"conv_{_token()}"
     await stores.conversations.create(
         conversation_id=conversation_id,
@@ -137,6 +136,13 @@ async def test_a_lost_lease_is_the_same_for_a_thread_and_a_conversation(stores: 
         now_ms=NOW,
         expires_ms=NOW + 300_000,
     )
+    return conversation_id
+
+
+async def test_a_lost_lease_is_the_same_for_a_thread_and_a_conversation(stores: Stores) -> None:
+    owner = f"owner-{_token()}"
+    thread_id, head = await _thread(stores, owner)
+    conversation_id = await _conversation(stores, owner)
     first, second = _token(), _token()
 
     async def take_thread(token: str, now_ms: int) -> LeasedThread | None:
@@ -237,17 +243,8 @@ class _StalledAppends(ConversationStore):
 async def test_an_append_holds_its_conversation_no_longer_than_a_turns_lease(stores: Stores) -> None:
     """Before: an append held the conversation for 30 s whatever STATESTORE_LEASE_SECONDS said, so with a short lease
     a retry after its replica died waited out the 30 s."""
-    owner, conversation_id, lease_ms = f"owner-{_token()}", f"conv_{_token()}", 2_000
-    await stores.conversations.create(
-        conversation_id=conversation_id,
-        owner=owner,
-        tenant_id=None,
-        metadata_user_id=None,
-        metadata=b"{}",
-        items=[],
-        now_ms=NOW,
-        expires_ms=NOW + 300_000,
-    )
+    owner, lease_ms = f"owner-{_token()}", 2_000
+    conversation_id = await _conversation(stores, owner)
     stalled = _StalledAppends(stores.conversations.engine)
     policy = Policy(
         threads_enabled=True,
