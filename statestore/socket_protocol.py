@@ -38,6 +38,7 @@ DRAINS: list[Callable[[], bool]] = []
 _TEXT = 0x81  # FIN and the text opcode: a whole message in one frame
 _BINARY = 0x82
 _SHORT_TEXT = tuple(bytes((_TEXT, length)) for length in range(126))  # the header of each text shorter than 126
+_MEDIUM = struct.Struct("!BBH").pack  # a header with a 16-bit length
 
 
 def _header(first: int, length: int) -> bytes:
@@ -45,7 +46,7 @@ def _header(first: int, length: int) -> bytes:
     if length < 126:
         return struct.pack("!BB", first, length)
     if length < 65536:
-        return struct.pack("!BBH", first, 126, length)
+        return _MEDIUM(first, 126, length)
     return struct.pack("!BBQ", first, 127, length)
 
 
@@ -59,7 +60,10 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         super().__init__(*args, **kwargs)
         self._unsent: list[bytes] = []  # frames sent by the app, not yet written
         self._flushing: asyncio.Handle | None = None
-        self._direct = False  # accepted, uncompressed: `write_text` may frame messages itself
+        self._plain = False  # accepted, uncompressed: `write_text` may frame messages itself
+        # ... and right now: open, not closing, the client there, the transport's buffer not full. Kept up to date
+        # where any of these changes (the methods below), so that a message written asks one question.
+        self._direct = False
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -72,16 +76,15 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         """A whole text message, `payload` its UTF-8, framed and queued for the next write; False (nothing queued)
         when it must go through `send` instead."""
         # No fragmented message is ever open here: uvicorn sends each message whole.
-        if (
-            not self._direct
-            or self.close_sent
-            or self.disconnected
-            or not self.writable.is_set()
-            or self.conn.state is not State.OPEN
-        ):
+        if not self._direct:
             return False
         length = len(payload)
-        self._unsent += (_SHORT_TEXT[length] if length < 126 else _header(_TEXT, length), payload)
+        if length < 126:
+            self._unsent += (_SHORT_TEXT[length], payload)
+        elif length < 65536:
+            self._unsent += (_MEDIUM(_TEXT, 126, length), payload)
+        else:
+            self._unsent += (_header(_TEXT, length), payload)
         if self._flushing is None:
             self._flushing = self.loop.call_soon(self.flush)
         return True
@@ -89,9 +92,12 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
     async def send(self, message: Any) -> None:  # an ASGI send event, as uvicorn's own method takes
         if message["type"] != "websocket.send" or not self.handshake_complete or self.close_sent:
             self.flush()  # whatever uvicorn writes next goes after the frames before it
-            await super().send(message)
-            if message["type"] == "websocket.accept":
-                self._direct = self.handshake_complete and self.initial_response is None and not self.conn.extensions
+            try:
+                await super().send(message)
+            finally:
+                if message["type"] == "websocket.accept":
+                    self._plain = self.handshake_complete and self.initial_response is None and not self.conn.extensions
+                self._recheck()
             return
         if self.initial_response is not None:
             await super().send(message)  # refused: uvicorn says what is wrong
@@ -118,6 +124,23 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         if self._flushing is None:
             self._flushing = self.loop.call_soon(self.flush)
 
+    def _recheck(self) -> None:
+        self._direct = (
+            self._plain
+            and not self.close_sent
+            and not self.disconnected
+            and self.writable.is_set()
+            and self.conn.state is State.OPEN
+        )
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._direct = False
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._recheck()
+
     def flush(self) -> None:
         """Write the frames the app sent since the last write, in one write."""
         if self._flushing is not None:
@@ -132,6 +155,7 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
     def data_received(self, data: bytes) -> None:
         self.flush()
         super().data_received(data)
+        self._recheck()  # a close from the client, or a frame websockets refused
 
     def send_keepalive_ping(self) -> None:
         self.flush()
@@ -140,8 +164,10 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
     def keepalive_timeout(self) -> None:
         self.flush()
         super().keepalive_timeout()
+        self._recheck()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._direct = False
         if self._flushing is not None:
             self._flushing.cancel()
             self._flushing = None
@@ -153,3 +179,4 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.handshake_complete and not self.close_sent and drain():
             return  # the app closes this connection (with 1001) once its running response is done
         super().shutdown()
+        self._recheck()

@@ -220,6 +220,8 @@ class Connection:
         self._send = send
         self.max_message_bytes = max_message_bytes
         self.deadline = deadline
+        self.expired = False  # the connection's time is up
+        self._reading = False  # the reader waits for the next message
         self.kept: KeptResponse | None = None  # the last store: false response made here
         # The last stored chain head made here: its row, its parent's context and its own segment (joined only when a
         # continue names it). "The chain's head at hand": a continue from it reads no context from Redis.
@@ -292,25 +294,44 @@ class Connection:
         """Read events until the client leaves ("gone"), the connection's time is up ("expired") or it is closed
         here ("closed")."""
         loop = asyncio.get_running_loop()
-        while True:
-            if self.deadline <= loop.time():
-                return "expired"
-            try:
-                async with asyncio.timeout_at(self.deadline):  # a timer, where wait_for made a task per message
+        if self.deadline <= loop.time():
+            return "expired"
+        reader = asyncio.current_task()
+        assert reader is not None
+        # One timer for the connection's life, where a timeout around each read cost a timer per message; it cuts
+        # short only a wait for the next message, never the handling of one.
+        expiry = loop.call_at(self.deadline, self._expire, reader)
+        try:
+            while True:
+                self._reading = True
+                try:
                     message = await self._receive()
-            except TimeoutError:
-                return "expired"
-            if message["type"] == "websocket.disconnect":
-                return "gone"
-            if self.closed or worker.done():
-                return "closed"
-            data = message.get("text")
-            if data is None:
-                data = message.get("bytes") or b""
-            if len(data) > self.max_message_bytes:
-                await self.close(MESSAGE_TOO_BIG)
-                return "gone"
-            await self._take(data)
+                except asyncio.CancelledError:
+                    if self.expired and reader.uncancel() == 0:
+                        return "expired"
+                    raise
+                finally:
+                    self._reading = False
+                if message["type"] == "websocket.disconnect":
+                    return "gone"
+                if self.closed or worker.done():
+                    return "closed"
+                data = message.get("text")
+                if data is None:
+                    data = message.get("bytes") or b""
+                if len(data) > self.max_message_bytes:
+                    await self.close(MESSAGE_TOO_BIG)
+                    return "gone"
+                await self._take(data)
+                if self.expired:
+                    return "expired"
+        finally:
+            expiry.cancel()
+
+    def _expire(self, reader: asyncio.Task[Any]) -> None:
+        self.expired = True
+        if self._reading:
+            reader.cancel()
 
     async def _take(self, data: str | bytes) -> None:
         try:

@@ -87,3 +87,42 @@ def test_direct_and_asgi_sends_leave_in_order_and_a_full_buffer_refuses_the_dire
     assert messages == [b'{"n":1}', b'{"n":2}', '{"n":3,"t":"caf\u00e9"}'.encode(), b'{"n":4}', b'{"n":5}']
     assert refused == [False, False, True, False]
     assert writes_before_resume == 1  # messages 1 to 3 in one write, nothing while the buffer was full
+
+
+def test_the_direct_writer_refuses_once_the_client_closes_or_leaves() -> None:
+    """The writer's one question (open, not closing, the client there) is kept up to date by the protocol's events:
+    a close frame from the client, the connection lost."""
+
+    async def scenario() -> list[bool]:
+        written: list[bool] = []
+        closed = asyncio.Event()
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            await receive()
+            await send({"type": "websocket.accept"})
+            write = scope["extensions"][TEXT_WRITER]["write"]
+            written.append(write(b'{"n":1}'))
+            await closed.wait()
+            written.append(write(b'{"n":2}'))  # the client's close frame arrived
+            await receive()
+            protocol.connection_lost(None)
+            written.append(write(b'{"n":3}'))
+
+        config = Config(app=app, ws_per_message_deflate=False, ws_ping_interval=None, lifespan="off")
+        config.load()
+        protocol = StatestoreWebSocketProtocol(config, ServerState(), {}, _loop=asyncio.get_running_loop())
+        transport = Transport()
+        protocol.connection_made(transport)
+        client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/v1/responses"))
+        client.send_request(client.connect())
+        protocol.data_received(b"".join(client.data_to_send()))
+        while not written:
+            await asyncio.sleep(0)
+        client.receive_data(transport.writes[0])  # the handshake's answer
+        client.send_close(1000)
+        protocol.data_received(b"".join(client.data_to_send()))
+        closed.set()
+        await asyncio.wait_for(asyncio.gather(*protocol.tasks), timeout=10)
+        return written
+
+    assert asyncio.run(scenario()) == [True, False, False]
