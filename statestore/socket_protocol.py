@@ -13,6 +13,17 @@ decode to `str` and an encode back, a coroutine); it returns False, queuing noth
 written that way now (compressed, closing, the transport's buffer full, the client gone), and the app then sends the
 message through ASGI, which waits or says why.
 
+Text messages the app takes as they arrive: the same extension's `listen` registers a taker (payload: bytes) -> bool
+that each whole text message is offered first, when nothing received before it waits in uvicorn's queue; a message it
+takes (True) is the app's at once, without a `websocket.receive` event (its queue, a wake of the task reading, and
+reading paused and resumed: two system calls); one it leaves (False) is queued as uvicorn queues any.
+
+Reads, once a taker listens on an uncompressed connection whose handshake came alone: the protocol splits what
+arrives into frames itself (RFC 6455 5.2), and a whole masked text frame of up to 64 KiB, none of a fragmented message
+open, is unmasked here and offered to the taker; every other frame (control frames, fragments, binary, larger ones,
+any the taker leaves, anything malformed) goes to websockets whole, which does with it all it ever did. websockets'
+parser (a generator through a stream reader, a Frame, uvicorn's dispatch) was most of what a message cost to read.
+
 Shutdown: uvicorn closes every open WebSocket at once with 1012; here the app is asked to drain instead: a connection
 takes no new response, its running one finishes within the background grace, then it closes with 1001 (going away),
 and uvicorn waits for that as it waits for any request."""
@@ -27,9 +38,11 @@ from typing import Any
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.exceptions import InvalidState
+from websockets.frames import Frame
 from websockets.protocol import State
 
-TEXT_WRITER = "statestore.websocket.text"  # the scope's extension: {"write": (payload: bytes) -> bool}
+# The scope's extension: {"write": (payload: bytes) -> bool, "listen": (taker: ((bytes) -> bool) | None) -> None}
+TEXT_WRITER = "statestore.websocket.text"
 # What drains the app's WebSockets, registered by the app (one per app in this process); each returns whether it
 # will close its connections itself.
 DRAINS: list[Callable[[], bool]] = []
@@ -39,6 +52,11 @@ _TEXT = 0x81  # FIN and the text opcode: a whole message in one frame
 _BINARY = 0x82
 _SHORT_TEXT = tuple(bytes((_TEXT, length)) for length in range(126))  # the header of each text shorter than 126
 _MEDIUM = struct.Struct("!BBH").pack  # a header with a 16-bit length
+_MASKED = 0x80
+_FIN = 0x80
+_OPCODE_CONTINUATION, _OPCODE_TEXT, _OPCODE_BINARY = 0, 1, 2
+_TAKEN_AT_MOST = 65536  # larger text frames are unmasked by websockets (in C), not by a big-integer XOR here
+_END_OF_REQUEST = b"\r\n\r\n"
 
 
 def _header(first: int, length: int) -> bytes:
@@ -48,6 +66,13 @@ def _header(first: int, length: int) -> bytes:
     if length < 65536:
         return _MEDIUM(first, 126, length)
     return struct.pack("!BBQ", first, 127, length)
+
+
+def _unmask(mask: bytes, payload: bytes) -> bytes:
+    """A client frame's payload XORed with its 4-byte mask (RFC 6455 5.3), as two integers."""
+    length = len(payload)
+    key = (mask * ((length >> 2) + 1))[:length]
+    return (int.from_bytes(payload, "little") ^ int.from_bytes(key, "little")).to_bytes(length, "little")
 
 
 def drain() -> bool:
@@ -64,13 +89,40 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         # ... and right now: open, not closing, the client there, the transport's buffer not full. Kept up to date
         # where any of these changes (the methods below), so that a message written asks one question.
         self._direct = False
+        self._taker: Callable[[bytes], bool] | None = None  # the app's, offered each whole text message first
+        # The handshake's request came in a read of its own, nothing after it: websockets holds no bytes yet.
+        self._alone = False
+        self._framing = False  # received frames are split here (data_received), not by websockets
+        self._partial = b""  # the start of a frame not yet whole
+        self._fragmented = False  # websockets has the first frames of a message, not yet its last
+        self._through = 0  # bytes still to come of a frame websockets is given as they arrive
+        self._taken_at_most = min(_TAKEN_AT_MOST, self.config.ws_max_size)
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
         # The app's task is created but has not run: the scope it will read still takes an extension.
         scope: Any = getattr(self, "scope", None)
         if scope is not None:
-            scope["extensions"][TEXT_WRITER] = {"write": self.write_text}
+            scope["extensions"][TEXT_WRITER] = {"write": self.write_text, "listen": self.listen}
+
+    def listen(self, taker: Callable[[bytes], bool] | None) -> None:
+        self._taker = taker
+        if taker is not None and self._alone and self._plain and not self.close_sent:
+            self._framing = True
+
+    def handle_text(self, event: Frame) -> None:
+        taker = self._taker
+        # A whole message (a first frame that is also the last), nothing before it waiting: the taker may have it,
+        # unless it was offered it already (`_split` gives websockets only frames the taker could not have).
+        if (
+            taker is None
+            or self._framing
+            or not event.fin
+            or self.close_sent
+            or not self.queue.empty()
+            or not taker(bytes(event.data))
+        ):
+            super().handle_text(event)
 
     def write_text(self, payload: bytes) -> bool:
         """A whole text message, `payload` its UTF-8, framed and queued for the next write; False (nothing queued)
@@ -154,8 +206,91 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
     # uvicorn's own writes (a pong, a close, a ping) go after the app's frames.
     def data_received(self, data: bytes) -> None:
         self.flush()
-        super().data_received(data)
+        if self._framing:
+            self._frames_received(data)
+        else:
+            shaking = not self.handshake_initiated
+            self._alone = False
+            super().data_received(data)
+            if shaking and self.handshake_initiated:
+                self._alone = data.endswith(_END_OF_REQUEST) and data.count(_END_OF_REQUEST) == 1
         self._recheck()  # a close from the client, or a frame websockets refused
+
+    def _frames_received(self, data: bytes) -> None:
+        if self._through:  # the rest of a frame too large to take, websockets' as it comes
+            passed = data[: self._through]
+            self._through -= len(passed)
+            super().data_received(passed)
+            if self._closing(data, len(passed)) or len(passed) == len(data):
+                return
+            data = data[len(passed) :]
+        self._split(self._partial + data if self._partial else data)
+
+    def _split(self, data: bytes) -> None:
+        """Received bytes, cut into whole frames: a whole text message the taker takes is the app's, any other frame is
+        websockets'; a frame not yet whole waits for the next read."""
+        start, size = 0, len(data)
+        while size - start >= 2:
+            first, second = data[start], data[start + 1]
+            length, at = second & 0x7F, start + 2
+            if length == 126:
+                length, at = int.from_bytes(data[at : at + 2], "big"), at + 2
+            elif length == 127:
+                length, at = int.from_bytes(data[at : at + 8], "big"), at + 8
+            if second & _MASKED:
+                at += 4
+            if at > size:
+                break  # a header not yet whole
+            end = at + length
+            if length > self._taken_at_most:
+                # Never taken: websockets has it as it comes (and fails it at once when over the limit).
+                self._frame_passed(first)
+                self._through = max(0, end - size)
+                super().data_received(data[start:end])
+                start = min(end, size)
+                if self._closing(data, start):
+                    return
+                continue
+            if end > size:
+                break
+            taker = self._taker
+            if (
+                first == _TEXT
+                and second & _MASKED
+                and length <= self._taken_at_most
+                and taker is not None
+                and not self.close_sent
+                and not self._fragmented
+                and self.queue.empty()
+                and taker(_unmask(data[at - 4 : at], data[at:end]))
+            ):
+                start = end
+                continue
+            self._frame_passed(first)
+            super().data_received(data[start:end])
+            start = end
+            if self._closing(data, start):
+                return
+        self._partial = data[start:]
+
+    def _frame_passed(self, first: int) -> None:
+        """Whether a message is left open, by the first byte of a frame given to websockets."""
+        opcode = first & 0x0F
+        if opcode in (_OPCODE_TEXT, _OPCODE_BINARY):
+            self._fragmented = not first & _FIN
+        elif opcode == _OPCODE_CONTINUATION and first & _FIN:
+            self._fragmented = False
+
+    def _closing(self, data: bytes, start: int) -> bool:
+        """websockets failed the connection, or the client closed it: the bytes left are websockets', as all after."""
+        if not self.transport.is_closing():
+            return False
+        self._framing = False
+        self._partial = b""
+        self._through = 0
+        if start < len(data):
+            super().data_received(data[start:])
+        return True
 
     def send_keepalive_ping(self) -> None:
         self.flush()

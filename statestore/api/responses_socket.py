@@ -109,8 +109,12 @@ class ResponsesSocket:
         self.open.add(connection)
         self.metrics.websocket_opened(PATH)
         try:
+            if writer:
+                writer["listen"](connection.heard)
             await connection.run()
         finally:
+            if writer:
+                writer["listen"](None)
             self.open.discard(connection)
             self.metrics.websocket_closed(PATH)
 
@@ -222,6 +226,7 @@ class Connection:
         self.deadline = deadline
         self.expired = False  # the connection's time is up
         self._reading = False  # the reader waits for the next message
+        self.worker: asyncio.Task[None] | None = None  # runs the responses, one after another
         self.kept: KeptResponse | None = None  # the last store: false response made here
         # The last stored chain head made here: its row, its parent's context and its own segment (joined only when a
         # continue names it). "The chain's head at hand": a continue from it reads no context from Redis.
@@ -241,7 +246,7 @@ class Connection:
         self.write_text: Callable[[bytes], bool] | None = None
 
     async def run(self) -> None:
-        worker = asyncio.create_task(self._work())
+        self.worker = worker = asyncio.create_task(self._work())
         ending = "gone"
         try:
             ending = await self._read(worker)
@@ -332,6 +337,30 @@ class Connection:
         self.expired = True
         if self._reading:
             reader.cancel()
+
+    def heard(self, data: bytes) -> bool:
+        """A whole text message as the server read it, before it is queued for `_read` (statestore/socket_protocol.py):
+        a `response.create` that the reader, waiting with nothing else to do, would only hand to the worker is handed
+        to it here (True); anything else (a steer, a bad event, one over the limit, a connection ending) is left to
+        `_read` (False), which does with it all it ever did."""
+        if (
+            not self._reading
+            or self.expired
+            or self.closed
+            or self.worker is None
+            or self.worker.done()
+            or len(data) > self.max_message_bytes
+        ):
+            return False
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return False
+        if type(event) is not dict or event.get("type") != "response.create":
+            return False
+        self.jobs.append((event, []))
+        self._wake.set()
+        return True
 
     async def _take(self, data: str | bytes) -> None:
         try:
@@ -496,9 +525,12 @@ class Connection:
         self.running = (target, numbered)
         events = turn_events(turns, prepared, upstream, numbered)
         completed = False
+        write = self.write_text
         try:
             async for frame in events:
-                await self.send_event(frame)
+                # As `send_event`, without a coroutine a frame when the server's writer takes it.
+                if self._sends_waiting or write is None or not write(frame):
+                    await self.send_event(frame)
             completed = True
         except _TURN_FAULTS as exc:
             await self._fail(_statestore_error(exc))
