@@ -211,16 +211,20 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         else:
             shaking = not self.handshake_initiated
             self._alone = False
-            super().data_received(data)
+            self._pass(data)
             if shaking and self.handshake_initiated:
                 self._alone = data.endswith(_END_OF_REQUEST) and data.count(_END_OF_REQUEST) == 1
+
+    def _pass(self, data: bytes) -> None:
+        """Bytes for websockets, and uvicorn's handling of what it makes of them."""
+        super().data_received(data)
         self._recheck()  # a close from the client, or a frame websockets refused
 
     def _frames_received(self, data: bytes) -> None:
         if self._through:  # the rest of a frame too large to take, websockets' as it comes
             passed = data[: self._through]
             self._through -= len(passed)
-            super().data_received(passed)
+            self._pass(passed)
             if self._closing(data, len(passed)) or len(passed) == len(data):
                 return
             data = data[len(passed) :]
@@ -246,7 +250,7 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
                 # Never taken: websockets has it as it comes (and fails it at once when over the limit).
                 self._frame_passed(first)
                 self._through = max(0, end - size)
-                super().data_received(data[start:end])
+                self._pass(data[start:end])
                 start = min(end, size)
                 if self._closing(data, start):
                     return
@@ -267,7 +271,7 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
                 start = end
                 continue
             self._frame_passed(first)
-            super().data_received(data[start:end])
+            self._pass(data[start:end])
             start = end
             if self._closing(data, start):
                 return
@@ -289,7 +293,7 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         self._partial = b""
         self._through = 0
         if start < len(data):
-            super().data_received(data[start:])
+            self._pass(data[start:])
         return True
 
     def send_keepalive_ping(self) -> None:
