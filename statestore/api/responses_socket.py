@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -445,7 +446,15 @@ class Connection:
                 if self.stopping:
                     return
                 event, steers = self.jobs.popleft()
-                successor = await self._create(event, steers)
+                # Each response.create counted and logged as an HTTP request is (`_access_line`), under a request id
+                # of its own; here, not in a coroutine around `_respond`, which every resumption would pass through.
+                started = time.perf_counter()
+                self.status = None
+                token = request_id_var.set(new_request_id())  # as `_request_id` does, without a generator
+                try:
+                    successor = await self._respond(event, steers)
+                finally:
+                    self._account(started, token)
                 if successor is not None:
                     self.jobs.appendleft(successor)
         except (OSError, asyncio.CancelledError):
@@ -456,30 +465,23 @@ class Connection:
         finally:
             self.stopped.set()
 
-    async def _create(self, event: dict[str, Any], steers: list[Steer]) -> Job | None:
-        """Run one `response.create`; the automatic successor its steering input asks for, if any. Counted and
-        logged as an HTTP request is (`_access_line`), under a request id of its own."""
-        started = time.perf_counter()
-        self.status = None
-        token = request_id_var.set(new_request_id())  # as `_request_id` does, without a generator per response
+    def _account(self, started: float, token: contextvars.Token[str | None]) -> None:
         try:
-            return await self._respond(event, steers)
+            # No status: the client left (or the connection failed) before the response ended.
+            status = self.status if self.status is not None else CLIENT_CLOSED_REQUEST
+            self.metrics.count_websocket_response(status)
+            _access_line(
+                event="response.create",
+                status=status,
+                started=started,
+                complete=self.status is not None,
+                client_ip=self.client_ip,
+            )
         finally:
-            try:
-                # No status: the client left (or the connection failed) before the response ended.
-                status = self.status if self.status is not None else CLIENT_CLOSED_REQUEST
-                self.metrics.count_websocket_response(status)
-                _access_line(
-                    event="response.create",
-                    status=status,
-                    started=started,
-                    complete=self.status is not None,
-                    client_ip=self.client_ip,
-                )
-            finally:
-                request_id_var.reset(token)
+            request_id_var.reset(token)
 
     async def _respond(self, event: dict[str, Any], steers: list[Steer]) -> Job | None:
+        """Run one `response.create`; the automatic successor its steering input asks for, if any."""
         body = dict(event)
         del body["type"]  # "response.create": the event's, not the body's
         try:
