@@ -190,5 +190,6 @@ def create_server_app(settings: Settings | None = None, *, tracer_provider: Trac
         max_body_bytes=settings.max_body_bytes,
         tracer=tracer,
         socket_max_seconds=settings.socket_max_seconds,
+        socket_held_bytes=settings.socket_held_bytes,
         socket_grace_seconds=settings.background_grace_seconds,
     )

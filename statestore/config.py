@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     # one is pinged (an unanswered ping closes it after as long again). A message is limited as a body is.
     socket_max_seconds: float = Field(default=3600.0, gt=0)
     socket_ping_seconds: float = Field(default=20.0, gt=0)
+    # The chain context those connections hold, together, in one process: each holds its last chain head's, so that a
+    # continue from it reads none from Redis (a head may be as large as a thread, 64 MiB by default). Past this, a
+    # connection holds none and its continue reads as over HTTP. A `store: false` response is held whatever this says.
+    socket_held_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     # permessage-deflate on those connections when a client offers it (the SDKs do): off, as the streamed HTTP door
     # sends its events uncompressed; on, every event is compressed (zlib), about a sixth more CPU a socket turn.
     socket_compression: bool = False

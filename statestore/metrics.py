@@ -13,13 +13,14 @@ reads it at import time, so it must be set before the server starts, not from th
 then writes its samples to files there through prometheus_client's own metrics, and `render()` merges
 the files of all workers, whichever worker serves `/metrics`. Empty the directory before each start, or
 counters carry over from the last run. There are no other gauges here, so nothing needs cleaning up when a
-worker exits, save one: `websocket_connections` adds up the live workers' files (`livesum`); a worker that stops
-closes its connections first, so its file holds 0.
+worker exits, save two: `websocket_connections` and `websocket_held_bytes` add up the live workers' files
+(`livesum`); a worker that stops closes its connections first, so its files hold 0.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
@@ -147,6 +148,13 @@ WEBSOCKET_RESPONSES = Declared(
     "error event's `status`; 499 when the client left first).",
     ("status",),
 )
+WEBSOCKET_HELD_BYTES = Declared(
+    "websocket_held_bytes",
+    "Bytes of chain context WebSocket connections hold, together, so that a continue from the head a connection made "
+    "last reads none from Redis (bounded by STATESTORE_SOCKET_HELD_BYTES), by route.",
+    ("route",),
+    gauge=True,
+)
 DECLARED = (
     HTTP_REQUESTS,
     HTTP_REQUEST_DURATION,
@@ -160,6 +168,7 @@ DECLARED = (
     RESPONSE_PARENTS,
     WEBSOCKET_CONNECTIONS,
     WEBSOCKET_RESPONSES,
+    WEBSOCKET_HELD_BYTES,
 )
 
 
@@ -201,6 +210,15 @@ class Metrics:
             )
         )
         self._websocket_responses = self._counter(WEBSOCKET_RESPONSES)
+        self._websocket_held_bytes = _Series(
+            Gauge(
+                WEBSOCKET_HELD_BYTES.name,
+                WEBSOCKET_HELD_BYTES.help,
+                WEBSOCKET_HELD_BYTES.labels,
+                registry=self.registry,
+                multiprocess_mode="livesum",
+            )
+        )
         self._initialise_fixed_series()
 
     def _counter(self, declared: Declared) -> _Series[Counter]:
@@ -264,12 +282,17 @@ class Metrics:
     def declare_websocket_route(self, route: str) -> None:
         """The open connections' series of a route that takes WebSockets, at 0 from the start."""
         self._websocket_connections.labels(route)
+        self._websocket_held_bytes.labels(route)
 
     def websocket_opened(self, route: str) -> None:
         self._websocket_connections.labels(route).inc()
 
     def websocket_closed(self, route: str) -> None:
         self._websocket_connections.labels(route).dec()
+
+    def websocket_held_bytes(self, route: str) -> Callable[[float], None]:
+        """What sets the route's `websocket_held_bytes` (it changes every socket turn: resolved once, by its caller)."""
+        return self._websocket_held_bytes.labels(route).set
 
     def count_websocket_response(self, status: int) -> None:
         self._websocket_responses.labels(str(status)).inc()

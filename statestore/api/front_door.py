@@ -57,6 +57,7 @@ class FrontDoor:
         max_body_bytes: int,
         tracer: Tracer | None = None,
         socket_max_seconds: float = 3600.0,
+        socket_held_bytes: int = 256 * 1024 * 1024,
         socket_grace_seconds: float = 10.0,
     ) -> None:
         self.app = app
@@ -66,6 +67,7 @@ class FrontDoor:
             metrics=metrics,
             max_message_bytes=max_body_bytes,
             max_seconds=socket_max_seconds,
+            held_bytes=socket_held_bytes,
             grace_seconds=socket_grace_seconds,
         )
         self._rest: ASGIApp = app  # every other request

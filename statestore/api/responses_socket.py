@@ -61,11 +61,19 @@ class ResponsesSocket:
     """The ASGI app of a WebSocket on /v1/responses."""
 
     def __init__(
-        self, app: FastAPI, *, metrics: Metrics, max_message_bytes: int, max_seconds: float, grace_seconds: float
+        self,
+        app: FastAPI,
+        *,
+        metrics: Metrics,
+        max_message_bytes: int,
+        max_seconds: float,
+        grace_seconds: float,
+        held_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.app = app
         self.metrics = metrics
         metrics.declare_websocket_route(PATH)
+        self.held = HeldContexts(held_bytes, metrics)
         self.max_message_bytes = max_message_bytes
         self.max_seconds = max_seconds
         self.grace_seconds = grace_seconds
@@ -102,7 +110,7 @@ class ResponsesSocket:
         deadline = asyncio.get_running_loop().time() + self.max_seconds
         client = scope.get("client")
         connection = Connection(
-            resources, headers, principal, receive, send, self.max_message_bytes, deadline, self.metrics
+            resources, headers, principal, receive, send, self.max_message_bytes, deadline, self.metrics, self.held
         )
         connection.client_ip = client[0] if client else None
         writer = scope.get("extensions", {}).get(socket_protocol.TEXT_WRITER)
@@ -116,6 +124,7 @@ class ResponsesSocket:
         finally:
             if writer:
                 writer["listen"](None)
+            connection.hold(None)
             self.open.discard(connection)
             self.metrics.websocket_closed(PATH)
 
@@ -129,6 +138,24 @@ class ResponsesSocket:
             await asyncio.wait([asyncio.ensure_future(c.stopped.wait()) for c in connections], timeout=grace_seconds)
         for connection in connections:
             await connection.close(GOING_AWAY)
+
+
+class HeldContexts:
+    """The chain context this process's connections hold, together, within a limit (STATESTORE_SOCKET_HELD_BYTES):
+    a head past it is not held, and the continue from it reads its context as one over HTTP does."""
+
+    def __init__(self, limit: int, metrics: Metrics) -> None:
+        self.limit = limit
+        self._report = metrics.websocket_held_bytes(PATH)
+        self.total = 0
+
+    def swap(self, given_back: int, taken: int) -> bool:
+        """`given_back` bytes no longer held; whether `taken` more may be."""
+        total = self.total - given_back
+        held = total + taken <= self.limit
+        self.total = total + taken if held else total
+        self._report(self.total)
+        return held
 
 
 def _access_line(*, event: str, status: int, started: float, complete: bool, client_ip: str | None) -> None:
@@ -214,6 +241,7 @@ class Connection:
         max_message_bytes: int,
         deadline: float,
         metrics: Metrics,
+        held: HeldContexts,
     ) -> None:
         self.resources = resources
         self.metrics = metrics
@@ -232,6 +260,8 @@ class Connection:
         # The last stored chain head made here: its row, its parent's context and its own segment (joined only when a
         # continue names it). "The chain's head at hand": a continue from it reads no context from Redis.
         self.head: tuple[ResponseRow, bytes, bytes] | None = None
+        self._held_contexts = held
+        self._head_bytes = 0  # of `head`, taken from `_held_contexts`
         self.jobs: collections.deque[Job] = collections.deque()
         self._wake = asyncio.Event()
         self.running: tuple[SteerTarget, SocketEvents] | None = None
@@ -553,7 +583,7 @@ class Connection:
             self.kept = keep(prepared, orjson.loads(final), final)  # replaces an older one
         elif prepared.stored is not None:
             row, segment = prepared.stored
-            self.head = (row, prepared.context, segment)
+            self.hold((row, prepared.context, segment))
         if not queued:
             return None
         required = steering.required_input(final)
@@ -567,6 +597,15 @@ class Connection:
         # The automatic successor: the response's own settings, continued with the queued input.
         inputs = _as_messages([s.raw for s in queued])
         return {**event, "previous_response_id": prepared.response_id, "input": inputs}, list(queued)
+
+    def hold(self, head: tuple[ResponseRow, bytes, bytes] | None) -> None:
+        """Hold `head` (the chain head this connection made last, its context and last segment) instead of the one
+        held before, if the process's limit leaves room for it; None: hold nothing."""
+        size = len(head[1]) + len(head[2]) if head is not None else 0
+        if self._held_contexts.swap(self._head_bytes, size):
+            self.head, self._head_bytes = head, size
+        else:
+            self.head, self._head_bytes = None, 0
 
     def _held(self, turn: TurnRequest) -> KeptResponse | None:
         """The chain head this connection made last, when `turn` continues it: Redis is still asked whether it serves

@@ -417,6 +417,49 @@ def test_each_response_create_is_an_access_line_and_open_sockets_a_metric(
     assert not [line for line in lines if "tangerine" in orjson.dumps(line).decode()]
 
 
+def _held_bytes(server: StatestoreServer) -> float:
+    metrics = httpx.get(server.url + "/metrics").text
+    return float(metrics.split('\nwebsocket_held_bytes{route="/v1/responses"} ', 1)[1].split()[0])
+
+
+def test_the_contexts_connections_hold_stay_within_the_process_limit(
+    responses_pg_url: str, redis_url: str, responses_redis_prefix: str, backend: FakeBackend, api_key: str
+) -> None:
+    """A connection holds the chain head it made last, with its context, while the process's connections together
+    stay within STATESTORE_SOCKET_HELD_BYTES: a head past it is not held, and the continue from it reads its context
+    as over HTTP, whole. What a connection held is given back when it closes."""
+    server = StatestoreServer(
+        database_url=responses_pg_url,
+        upstream_url=backend.url,
+        redis_url=redis_url,
+        redis_prefix=responses_redis_prefix,
+        env={"STATESTORE_CHAT_UPSTREAM_URL": backend.url, "STATESTORE_SOCKET_HELD_BYTES": "2000"},
+    )
+    headers = {"authorization": f"Bearer {api_key}"}
+    try:
+        assert _held_bytes(server) == 0
+        with websockets.sync.client.connect(ws_url(server), additional_headers=headers) as socket:
+            first = raw_turn(socket, model="echo-1", input="small")[-1]["response"]
+            assert 0 < _held_bytes(server) <= 2000
+            large = raw_turn(socket, model="echo-1", input="x" * 3000, previous_response_id=first["id"])[-1]
+            assert _held_bytes(server) == 0  # its context is past the limit
+            last = raw_turn(socket, model="echo-1", input="after", previous_response_id=large["response"]["id"])[-1]
+            assert last["type"] == "response.completed"
+            assert chat_requests(backend)[-1]["messages"] == [
+                {"role": "user", "content": "small"},
+                {"role": "assistant", "content": "echo: small"},
+                {"role": "user", "content": "x" * 3000},
+                {"role": "assistant", "content": "echo: " + "x" * 3000},
+                {"role": "user", "content": "after"},
+            ]
+        with websockets.sync.client.connect(ws_url(server), additional_headers=headers) as socket:
+            assert raw_turn(socket, model="echo-1", input="small")[-1]["type"] == "response.completed"
+            assert _held_bytes(server) > 0
+        _settled(lambda: _held_bytes(server), 0)
+    finally:
+        server.stop()
+
+
 def test_a_function_call_round_trip_over_a_socket(any_openai_client: openai.OpenAI, backend: FakeBackend) -> None:
     backend.script(
         chat_action(
