@@ -200,26 +200,17 @@ class Metrics:
         self._cache_lookups = self._counter(CACHE_LOOKUPS)
         self._thread_heads = self._counter(THREAD_HEADS)
         self._response_parents = self._counter(RESPONSE_PARENTS)
-        self._websocket_connections = _Series(
-            Gauge(
-                WEBSOCKET_CONNECTIONS.name,
-                WEBSOCKET_CONNECTIONS.help,
-                WEBSOCKET_CONNECTIONS.labels,
-                registry=self.registry,
-                multiprocess_mode="livesum",
-            )
-        )
+        self._websocket_connections = self._gauge(WEBSOCKET_CONNECTIONS)
         self._websocket_responses = self._counter(WEBSOCKET_RESPONSES)
-        self._websocket_held_bytes = _Series(
-            Gauge(
-                WEBSOCKET_HELD_BYTES.name,
-                WEBSOCKET_HELD_BYTES.help,
-                WEBSOCKET_HELD_BYTES.labels,
-                registry=self.registry,
-                multiprocess_mode="livesum",
-            )
-        )
+        self._websocket_held_bytes = self._gauge(WEBSOCKET_HELD_BYTES)
         self._initialise_fixed_series()
+
+    def _gauge(self, declared: Declared) -> _Series[Gauge]:
+        # Across workers, the live workers' values added up (a worker that stops has closed its connections).
+        metric = Gauge(
+            declared.name, declared.help, declared.labels, registry=self.registry, multiprocess_mode="livesum"
+        )
+        return _Series(metric)
 
     def _counter(self, declared: Declared) -> _Series[Counter]:
         return _Series(Counter(declared.name, declared.help, declared.labels, registry=self.registry))

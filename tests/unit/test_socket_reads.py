@@ -9,38 +9,11 @@ import asyncio
 from typing import Any
 
 import pytest
-from uvicorn.config import Config
-from uvicorn.server import ServerState
 from websockets.client import ClientProtocol
 from websockets.frames import Close, Frame, Opcode
-from websockets.uri import parse_uri
 
-from statestore.socket_protocol import TEXT_WRITER, StatestoreWebSocketProtocol
-
-
-class Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[bytes] = []
-        self.closing = False
-
-    def write(self, data: Any) -> None:
-        self.writes.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 8000) if name in ("sockname", "peername") else default
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
+from statestore.socket_protocol import TEXT_WRITER
+from tests.support.websocket_peer import serve
 
 
 class Peer:
@@ -67,15 +40,7 @@ class Peer:
                 self.seen.append(("received", data if data is not None else message["text"].encode()))
             self.done.set()
 
-        config = Config(
-            app=app, ws_per_message_deflate=False, ws_ping_interval=None, ws_max_size=max_size, lifespan="off"
-        )
-        config.load()
-        self.protocol = StatestoreWebSocketProtocol(config, ServerState(), {}, _loop=asyncio.get_running_loop())
-        self.transport = Transport()
-        self.protocol.connection_made(self.transport)
-        self.client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/v1/responses"), max_size=None)
-        self.client.send_request(self.client.connect())
+        self.protocol, self.transport, self.client = serve(app, max_size=max_size)
         self.request = b"".join(self.client.data_to_send())
         self.read = 0  # of the transport's writes, those the client has read
 

@@ -7,37 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.config import Config
-from uvicorn.server import ServerState
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
-from websockets.uri import parse_uri
 
-from statestore.socket_protocol import TEXT_WRITER, StatestoreWebSocketProtocol
-
-
-class Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.writes: list[bytes] = []
-
-    def write(self, data: Any) -> None:
-        self.writes.append(bytes(data))
-
-    def is_closing(self) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return ("127.0.0.1", 8000) if name in ("sockname", "peername") else default
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
+from statestore.socket_protocol import TEXT_WRITER
+from tests.support.websocket_peer import serve
 
 
 def _frames(client: ClientProtocol, written: bytes) -> list[bytes]:
@@ -69,13 +43,7 @@ def test_direct_and_asgi_sends_leave_in_order_and_a_full_buffer_refuses_the_dire
             refused.append(not write(b'{"n":5}'))
             await asyncio.sleep(0)
 
-        config = Config(app=app, ws_per_message_deflate=False, ws_ping_interval=None, lifespan="off")
-        config.load()
-        protocol = StatestoreWebSocketProtocol(config, ServerState(), {}, _loop=asyncio.get_running_loop())
-        transport = Transport()
-        protocol.connection_made(transport)
-        client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/v1/responses"))
-        client.send_request(client.connect())
+        protocol, transport, client = serve(app)
         protocol.data_received(b"".join(client.data_to_send()))
         await asyncio.wait_for(asyncio.gather(*protocol.tasks), timeout=10)
         client.receive_data(transport.writes[0])  # the handshake's answer
@@ -108,13 +76,7 @@ def test_the_direct_writer_refuses_once_the_client_closes_or_leaves() -> None:
             protocol.connection_lost(None)
             written.append(write(b'{"n":3}'))
 
-        config = Config(app=app, ws_per_message_deflate=False, ws_ping_interval=None, lifespan="off")
-        config.load()
-        protocol = StatestoreWebSocketProtocol(config, ServerState(), {}, _loop=asyncio.get_running_loop())
-        transport = Transport()
-        protocol.connection_made(transport)
-        client = ClientProtocol(parse_uri("ws://127.0.0.1:8000/v1/responses"))
-        client.send_request(client.connect())
+        protocol, transport, client = serve(app)
         protocol.data_received(b"".join(client.data_to_send()))
         while not written:
             await asyncio.sleep(0)
