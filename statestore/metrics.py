@@ -14,19 +14,22 @@ then writes its samples to files there through prometheus_client's own metrics, 
 the files of all workers, whichever worker serves `/metrics`. Empty the directory before each start, or
 counters carry over from the last run. There are no other gauges here, so nothing needs cleaning up when a
 worker exits, save two: `websocket_connections` and `websocket_held_bytes` add up the live workers' files
-(`livesum`); a worker that stops closes its connections first, so its files hold 0.
+(`livesum`). A worker that stops closes its connections first, so its files hold 0; one that was killed cannot, and
+each scrape drops the live gauges' files of processes that are gone (prometheus_client's `mark_process_dead`, which a
+supervisor would call: uvicorn's has no hook for it), so the connections of a killed worker are not counted on.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 ThreadTurnKind = Literal["create", "continue"]
 ThreadTurnOutcome = Literal["stored", "not_stored", "rejected"]
@@ -292,7 +295,23 @@ class Metrics:
         """The `/metrics` body and its content type (the classic text format, which every Prometheus reads)."""
         if self.multiprocess_dir is None:
             return generate_latest(self.registry), CONTENT_TYPE_PLAIN_0_0_4
+        _forget_the_dead(self.multiprocess_dir)
         # A fresh registry per scrape: the collector reads every worker's files at collect time.
         merged = CollectorRegistry()
         MultiProcessCollector(merged, path=self.multiprocess_dir)  # type: ignore[no-untyped-call]
         return generate_latest(merged), CONTENT_TYPE_PLAIN_0_0_4
+
+
+_LIVE_GAUGE_FILE = re.compile(r"gauge_live[a-z]+_(\d+)\.db")
+
+
+def _forget_the_dead(directory: str) -> None:
+    """Drop the live gauges' files of the processes in `directory` that are gone (killed workers)."""
+    pids = {int(found.group(1)) for name in os.listdir(directory) if (found := _LIVE_GAUGE_FILE.fullmatch(name))}
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+        except PermissionError:
+            pass  # alive, another user's

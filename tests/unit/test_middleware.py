@@ -434,6 +434,30 @@ def test_multiprocess_render_merges_workers(tmp_path: Path) -> None:
     assert 'cache_lookups_total{result="hit"} 2.0' in out
 
 
+def test_multiprocess_render_forgets_the_live_gauges_of_a_killed_worker(tmp_path: Path) -> None:
+    """A worker that dies with WebSocket connections open cannot close them: its connections and held bytes are not
+    counted on by the next scrape, while a live worker's are."""
+    script = (
+        "import os, sys\n"
+        "from statestore.metrics import Metrics\n"
+        "m = Metrics()\n"
+        "m.declare_websocket_route('/v1/responses')\n"
+        "if sys.argv[1] == 'die':\n"
+        "    m.websocket_opened('/v1/responses')\n"
+        "    m.websocket_held_bytes('/v1/responses')(1000)\n"
+        "    os._exit(0)\n"
+        "m.websocket_opened('/v1/responses')\n"
+        "sys.stdout.write(m.render()[0].decode())\n"
+    )
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", script, "die"], env=env, check=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", script, "render"], env=env, check=True, timeout=60, capture_output=True, text=True
+    ).stdout
+    assert 'websocket_connections{route="/v1/responses"} 1.0' in out  # the live one's only
+    assert 'websocket_held_bytes{route="/v1/responses"} 0.0' in out
+
+
 async def test_route_label_is_the_matched_template() -> None:
     metrics = Metrics()
     app = FastAPI()
