@@ -29,7 +29,7 @@ from statestore.metrics import Metrics
 from statestore.middleware import CLIENT_CLOSED_REQUEST, access_logger
 from statestore.resources import Resources
 from statestore.responses import steering
-from statestore.responses.errors import BackendError, BadRequest, as_openai
+from statestore.responses.errors import BackendError, BadRequest, RateLimited, as_openai
 from statestore.responses.items import join_segments
 from statestore.responses.kept import KeptResponse, keep
 from statestore.responses.request import TurnRequest, turn_of_event
@@ -45,6 +45,9 @@ PATH = "/v1/responses"
 GOING_AWAY = 1001
 MESSAGE_TOO_BIG = 1009
 INTERNAL_ERROR = 1011
+# response.create events waiting behind the running response on one connection; one more gets an `error` event (429),
+# so that a client cannot queue events (each up to a body's size) without end.
+QUEUED_AT_MOST = 16
 _FINISHED_REMEMBERED = 256  # responses this connection finished, told apart from unknown ones when steered late
 Headers = list[tuple[bytes, bytes]]
 # What ends one response with an `error` event, the connection still usable.
@@ -381,6 +384,7 @@ class Connection:
             or self.worker is None
             or self.worker.done()
             or len(data) > self.max_message_bytes
+            or len(self.jobs) >= QUEUED_AT_MOST
         ):
             return False
         try:
@@ -404,6 +408,15 @@ class Connection:
             return
         kind = event.get("type")
         if kind == "response.create":
+            if len(self.jobs) >= QUEUED_AT_MOST:
+                await self._refuse(
+                    RateLimited(
+                        f"Too many responses are queued on this connection (at most {QUEUED_AT_MOST} wait behind the "
+                        "running one); send the next when one has started.",
+                        code="too_many_queued_responses",
+                    )
+                )
+                return
             self.jobs.append((event, []))
             self._wake.set()
         elif kind == "response.steer":

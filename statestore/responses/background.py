@@ -20,7 +20,7 @@ from statestore.core.policy_enforcement import TurnMeasures
 from statestore.responses.background_events import final_frame, with_status
 from statestore.responses.background_runs import BackgroundRunner
 from statestore.responses.background_turn import Held
-from statestore.responses.errors import BadRequest, OpenAIError, response_not_found
+from statestore.responses.errors import BadRequest, RateLimited, response_not_found
 from statestore.responses.replay import queued_frames, replayed_frames
 from statestore.responses.request import TurnRequest
 from statestore.responses.response_object import completed
@@ -34,11 +34,6 @@ log = logging.getLogger(__name__)
 _KEPT_HEADERS = (b"authorization", b"x-api-key", b"statestore-ttl")
 FOLLOW_WAIT_MS = 1000
 CANCEL_WAIT_SECONDS = 5.0
-
-
-class RateLimited(OpenAIError):
-    status = 429
-    error_type = "rate_limit_error"
 
 
 class BackgroundTurns:

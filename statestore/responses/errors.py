@@ -49,6 +49,11 @@ class BadRequest(OpenAIError):
     pass
 
 
+class RateLimited(OpenAIError):
+    status = 429
+    error_type = "rate_limit_error"
+
+
 class NotFound(OpenAIError):
     status = 404
 

@@ -15,6 +15,7 @@ import pytest
 import websockets.sync.client
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from statestore.api.responses_socket import QUEUED_AT_MOST
 from tests.integration.responses.conftest import WEATHER, Rows, chat_requests, other_key
 from tests.integration.test_typescript_sdk import run_node
 from tests.support.fake_backend import FakeBackend, chat_action
@@ -415,6 +416,32 @@ def test_each_response_create_is_an_access_line_and_open_sockets_a_metric(
     assert all(line["route"] == "/v1/responses" and line["duration_ms"] > 0 for line in access)
     assert len({line["request_id"] for line in access}) == 4
     assert not [line for line in lines if "tangerine" in orjson.dumps(line).decode()]
+
+
+def test_past_the_queue_bound_a_response_create_gets_an_error_event(
+    responses_server: StatestoreServer, backend: FakeBackend, api_key: str
+) -> None:
+    """Responses on a connection run one after another, and at most QUEUED_AT_MOST response.create events wait
+    behind the running one: one more gets an `error` event (429, too_many_queued_responses) instead of being held
+    in memory; the queued ones all run, in order."""
+    backend.script({"kind": "echo", "path": "/v1/chat/completions", "stall_after_events": 1, "stall_seconds": 2})
+    headers = {"authorization": f"Bearer {api_key}"}
+    with websockets.sync.client.connect(ws_url(responses_server), additional_headers=headers) as socket:
+        socket.send(orjson.dumps({"type": "response.create", "model": "echo-1", "input": "running"}).decode())
+        assert orjson.loads(socket.recv(timeout=30))["type"] == "response.created"
+        for n in range(QUEUED_AT_MOST + 3):
+            socket.send(orjson.dumps({"type": "response.create", "model": "echo-1", "input": f"queued {n}"}).decode())
+        ends: list[dict[str, Any]] = []
+        while len(ends) < 1 + QUEUED_AT_MOST + 3:
+            event = orjson.loads(socket.recv(timeout=30))
+            if event["type"] in FINAL:
+                ends.append(event)
+    errors = [event for event in ends if event["type"] == "error"]
+    assert [(e["status"], e["error"]["code"], e["error"]["type"]) for e in errors] == [
+        (429, "too_many_queued_responses", "rate_limit_error")
+    ] * 3
+    completed = [event["response"]["output"][0]["content"][0]["text"] for event in ends if event["type"] != "error"]
+    assert completed == ["echo: running"] + [f"echo: queued {n}" for n in range(QUEUED_AT_MOST)]
 
 
 def _held_bytes(server: StatestoreServer) -> float:
