@@ -1,5 +1,6 @@
 """`statestore admin …` and `statestore purge`: the admin operations from a shell, calling the same AdminService as
-`/admin/v1`. Output is for people; `--json` prints the API's JSON for scripts."""
+`/admin/v1`. Output is for people; `--json` prints the API's JSON for scripts. Their command lines are
+statestore/admin_parser.py's; each names its operation here (OPERATIONS)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import getpass
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -16,21 +17,23 @@ import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
 from statestore.admin import AdminService, as_dict, day_label, erasure_fields, passthrough_warning, purged_fields
+from statestore.admin_parser import CLEAR
+from statestore.admin_setup import build_admin
 from statestore.config import Settings
 from statestore.errors import StatestoreError
-from statestore.policy_fields import AUTO, POLICY_FIELDS
-from statestore.resources import build_resources
+from statestore.storage_setup import open_storage
 from statestore.store.engine import create_engine
 from statestore.store.erasure_log import ErasureState
 
-Operation = Callable[[AdminService, argparse.Namespace], Awaitable[Any]]
+Operation = Callable[[AdminService, argparse.Namespace], Awaitable[tuple[Any, str]]]
 
 
 @asynccontextmanager
 async def admin_service(settings: Settings) -> AsyncIterator[AdminService]:
-    # The server's own wiring, with small pools and no policy cache (statestore/resources.py).
-    async with build_resources(settings, pool_size=2, serving=False) as resources:
-        yield resources.admin
+    # The server's own wiring of the admin (statestore/admin_setup.py), with small pools and no policy cache: none of
+    # the doors, backend clients and metrics the server builds around it (statestore/resources.py).
+    async with AsyncExitStack() as stack:
+        yield build_admin(settings, open_storage(settings, stack, pool_size=2), serving=False).admin
 
 
 def _actor(args: argparse.Namespace) -> str:
@@ -118,7 +121,7 @@ async def policy_set(admin: AdminService, args: argparse.Namespace) -> tuple[Any
     for name in values:
         given = getattr(args, name)
         if given is not None:
-            values[name] = None if given is _NONE else given
+            values[name] = None if given is CLEAR else given
     policy = await admin.put_policy(args.scope, values, actor=_actor(args))
     text = f"policy for {args.scope} set:\n" + "\n".join(f"  {k}: {v}" for k, v in as_dict(policy).items())
     return {"scope": args.scope, "policy": as_dict(policy)}, text
@@ -238,8 +241,33 @@ async def _database_problem(settings: Settings, error: BaseException) -> str:
     return f"the database refused the operation ({type(error).__name__}: {error})"
 
 
+# Each operation by the name its command line gives (statestore/admin_parser.py).
+OPERATIONS: dict[str, Operation] = {
+    operation.__name__: operation
+    for operation in (
+        tenants_list,
+        tenants_create,
+        tenants_show,
+        tenants_disable,
+        tenants_enable,
+        keys_list,
+        keys_create,
+        keys_revoke,
+        policy_show,
+        policy_set,
+        policy_delete,
+        audit,
+        erase,
+        erasure,
+        stats,
+        usage,
+        purge,
+    )
+}
+
+
 def run(settings: Settings, args: argparse.Namespace) -> None:
-    operation: Callable[[AdminService, argparse.Namespace], Awaitable[tuple[Any, str]]] = args.operation
+    operation = OPERATIONS[args.operation]
 
     async def main() -> tuple[Any, str]:
         async with admin_service(settings) as admin:
@@ -263,155 +291,10 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
 def _mode_warning(settings: Settings, args: argparse.Namespace) -> str | None:
     """Tenants, keys and tenant policies do nothing in passthrough mode: say so when one is created or set."""
     operation = args.operation
-    if operation is tenants_create:
+    if operation == "tenants_create":
         return passthrough_warning(settings.auth_mode, "tenants")
-    if operation is keys_create:
+    if operation == "keys_create":
         return passthrough_warning(settings.auth_mode, "API keys")
-    if operation is policy_set and args.scope != "default":
+    if operation == "policy_set" and args.scope != "default":
         return passthrough_warning(settings.auth_mode, "tenant policies")
     return None
-
-
-_NONE = object()
-
-
-def _or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    """A flag whose value `none` clears a nullable field (argparse's None means "not given")."""
-
-    def parse(value: str) -> Any:
-        return _NONE if value == "none" else kind(value)
-
-    parse.__name__ = getattr(kind, "__name__", "value")
-    return parse
-
-
-def _or_auto(kind: Callable[[str], Any]) -> Callable[[str], Any]:
-    """A number flag that also takes `auto` (a window the backend states)."""
-
-    def parse(value: str) -> Any:
-        return AUTO if value == AUTO else kind(value)
-
-    parse.__name__ = getattr(kind, "__name__", "value")
-    return parse
-
-
-def _switch(value: str) -> bool:
-    """A true/false option, strictly: a typo must not switch threads off."""
-    lowered = value.strip().lower()
-    if lowered in ("1", "true", "yes", "on"):
-        return True
-    if lowered in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, not {value!r}")
-
-
-def add_commands(commands: Any) -> None:
-    """Register `admin …` and `purge` on the top-level subparsers."""
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--json", action="store_true", help="print JSON instead of text")
-    common.add_argument("--actor", help="name recorded in the audit log (default cli:<login>)")
-
-    purge_cmd = commands.add_parser(
-        "purge",
-        parents=[common],
-        help="delete expired threads, responses and conversations now",
-        description="Delete every expired thread's, response tree's and conversation's rows and cache entries now "
-        "(the server also does this every STATESTORE_PURGE_INTERVAL_SECONDS).",
-    )
-    purge_cmd.set_defaults(func=None, operation=purge)
-
-    admin = commands.add_parser(
-        "admin",
-        help="tenants, API keys, retention policies, audit, erasure",
-        description="Administer statestore directly on its database (the same operations as /admin/v1).",
-    )
-    groups = admin.add_subparsers(dest="group", required=True, metavar="GROUP")
-
-    tenants = groups.add_parser("tenants", help="tenants").add_subparsers(dest="action", required=True)
-    tenants.add_parser("list", parents=[common], help="list tenants").set_defaults(operation=tenants_list)
-    p = tenants.add_parser("create", parents=[common], help="create a tenant")
-    p.add_argument("name")
-    p.set_defaults(operation=tenants_create)
-    for name, op, text in (
-        ("show", tenants_show, "show a tenant and its usage"),
-        ("disable", tenants_disable, "refuse a tenant's keys"),
-        ("enable", tenants_enable, "accept a tenant's keys again"),
-    ):
-        p = tenants.add_parser(name, parents=[common], help=text)
-        p.add_argument("tenant", help="tenant id or name")
-        p.set_defaults(operation=op)
-
-    keys = groups.add_parser("keys", help="statestore API keys (keys mode)").add_subparsers(
-        dest="action", required=True
-    )
-    p = keys.add_parser("list", parents=[common], help="list a tenant's keys (never the secrets)")
-    p.add_argument("tenant", help="tenant id or name")
-    p.set_defaults(operation=keys_list)
-    p = keys.add_parser("create", parents=[common], help="create a key; the secret is shown once")
-    p.add_argument("tenant", help="tenant id or name")
-    p.add_argument("--label", help="a note to recognise the key by")
-    p.set_defaults(operation=keys_create)
-    p = keys.add_parser("revoke", parents=[common], help="revoke a key")
-    p.add_argument("key_id")
-    p.set_defaults(operation=keys_revoke)
-
-    policy = groups.add_parser("policy", help="retention policies").add_subparsers(dest="action", required=True)
-    p = policy.add_parser("show", parents=[common], help="the policy in force for 'default' or a tenant")
-    p.add_argument("scope", help="'default' or a tenant id or name")
-    p.set_defaults(operation=policy_show)
-    p = policy.add_parser("set", parents=[common], help="change fields of a policy (others keep their values)")
-    p.add_argument("scope", help="'default' or a tenant id or name")
-    for field in POLICY_FIELDS:
-        flag = "--" + field.name.replace("_", "-")
-        if field.kind == "bool":
-            p.add_argument(flag, type=_switch, metavar="true|false", help=field.help)
-        elif field.kind == "choice":
-            p.add_argument(flag, choices=field.choices, help=field.help)
-        else:
-            kind: Callable[[str], Any] = {"int": int, "ratio": float, "text": str}[field.kind]
-            metavar = "TEXT" if field.kind == "text" else "N"
-            if field.auto:
-                kind, metavar = _or_auto(kind), f"{metavar}|{AUTO}"
-            if field.nullable:
-                kind, metavar = _or_none(kind), f"{metavar}|none"
-            p.add_argument(flag, type=kind, metavar=metavar, help=field.help)
-    p.set_defaults(operation=policy_set)
-    p = policy.add_parser("delete", parents=[common], help="drop a tenant's override (it follows the default)")
-    p.add_argument("scope")
-    p.set_defaults(operation=policy_delete)
-
-    p = groups.add_parser("audit", parents=[common], help="recent admin changes, newest first")
-    p.add_argument("--limit", type=int, default=50)
-    p.add_argument("--by", help="only entries by this actor (an admin token's name, or cli:<login>)")
-    p.add_argument("--action", help="only this action, or its prefix: policy, policy.put, key, tenant, erase")
-    p.add_argument("--tenant", help="only entries about this tenant (id or name): it, its policy, keys, erasures")
-    p.set_defaults(operation=audit)
-    p = groups.add_parser(
-        "erase", parents=[common], help="erase every thread, response and conversation of a tenant and/or a user_id"
-    )
-    p.add_argument("--tenant", help="tenant id or name")
-    p.add_argument("--user-id", help="the metadata.user_id the threads, responses or conversations were created with")
-    p.set_defaults(operation=erase)
-    p = groups.add_parser(
-        "erasure", parents=[common], help="an erasure's state (running, done, failed) and, once done, what it erased"
-    )
-    p.add_argument("id", help="the erasure's id (erasure_…), as `erase` or POST /admin/v1/erase gave it")
-    p.set_defaults(operation=erasure)
-    p = groups.add_parser(
-        "stats", parents=[common], help="live, expired, purged and erased counts of both doors; the purger's last run"
-    )
-    p.add_argument("--tenant", help="tenant id or name")
-    p.set_defaults(operation=stats)
-    p = groups.add_parser(
-        "usage", parents=[common], help="turns and bytes stored per UTC day, in all and by door, counted at commit"
-    )
-    p.add_argument("--days", type=int, default=30)
-    p.set_defaults(operation=usage)
-    p = groups.add_parser(
-        "purge", parents=[common], help="delete expired threads, responses and conversations now (`statestore purge`)"
-    )
-    p.set_defaults(operation=purge)
-
-    from statestore.encryption.commands import add_commands as add_encryption_commands  # noqa: PLC0415
-
-    add_encryption_commands(groups, common)

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from statestore import __version__
-from statestore.command_setup import load_settings, require_database, safe_url
-from statestore.config import Settings
+from statestore.admin_parser import add_commands as add_admin_commands
+
+if TYPE_CHECKING:
+    from statestore.config import Settings
 
 
 async def _pending(settings: Settings) -> str | None:
@@ -49,8 +50,11 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
+    import asyncio
+
     import uvicorn
 
+    from statestore.command_setup import load_settings, require_database
     from statestore.logs import configure_logging
 
     settings = load_settings()
@@ -83,8 +87,11 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace) -> None:
+    import asyncio
+
     from sqlalchemy.engine import make_url
 
+    from statestore.command_setup import load_settings, safe_url
     from statestore.store.engine import missing_sqlite_database
     from statestore.store.migrate import upgrade
 
@@ -180,9 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     echo.set_defaults(func=cmd_echo_backend)
 
-    from statestore.admin_cli import add_commands
-
-    add_commands(commands)
+    add_admin_commands(commands)
     return parser
 
 
@@ -190,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if getattr(args, "operation", None) is not None:
         from statestore.admin_cli import run
+        from statestore.command_setup import load_settings, require_database
 
         settings = load_settings()
         require_database(settings)

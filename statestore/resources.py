@@ -1,5 +1,6 @@
-"""What a process builds once, and tears down once: the engines, the cache, the upstream client, and the services on
-them. One builder for the server's lifespan and for `statestore admin`, so both run the same wiring."""
+"""What the server builds once, and tears down once: the engines, the cache, the upstream clients, and the services on
+them. The storage underneath (statestore/storage_setup.py) and the admin's services (statestore/admin_setup.py) are
+built by the same functions `statestore admin` calls, so both run the same wiring."""
 
 from __future__ import annotations
 
@@ -11,45 +12,38 @@ from typing import TYPE_CHECKING
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.admin import AdminService
-from statestore.auth import AdminTokens, Authenticator, KeysAuthenticator, PassthroughAuthenticator
-from statestore.clock import Clock, clock_from
+from statestore.admin_setup import build_admin
+from statestore.auth import AdminTokens, Authenticator
+from statestore.clock import Clock
 from statestore.config import Settings
 from statestore.content_keys import ContentKeys
 from statestore.core.idempotency import Idempotency
 from statestore.core.leased_log import LeasedLog
 from statestore.core.windows import Windows
-from statestore.encryption.setup import content_keys
-from statestore.erasure_runs import ErasureRuns
 from statestore.metrics import Metrics
-from statestore.policy import Policy
 from statestore.responses.background import BackgroundTurns
 from statestore.responses.background_runs import BackgroundRunner
 from statestore.responses.compaction_seal import compaction_seal
 from statestore.responses.turns import ResponseTurns
 from statestore.retention import Retention
-from statestore.store.admin_repository import AdminRepository
+from statestore.storage_setup import open_storage
 from statestore.store.background_store import BackgroundStore
 from statestore.store.cache import HistoryCache
-from statestore.store.cache_setup import create_cache, response_heads, thread_claims
+from statestore.store.cache_setup import response_heads, thread_claims
 from statestore.store.console_guard import ConsoleGuard
 from statestore.store.conversation_store import ConversationStore
 from statestore.store.engine import create_engine
-from statestore.store.erasure_log import ErasureLog
 from statestore.store.event_log import create_event_log
-from statestore.store.idempotency_store import IdempotencyStore
 from statestore.store.lease_statements import LeaseStatements
 from statestore.store.pg_hot_path import PgHotPath
 from statestore.store.resp import RedisClient
-from statestore.store.resp_cluster import redis_client
 from statestore.store.response_statements import PgResponseStatements
 from statestore.store.response_store import ResponseStore
-from statestore.store.retention_queries import RetentionQueries
 from statestore.store.sealed_events import sealed_event_log
 from statestore.store.thread_claims import HeadClaims
 from statestore.store.thread_reads import ThreadQueries
 from statestore.store.thread_repository import ThreadRepository
 from statestore.store.thread_store import ThreadStore
-from statestore.threads.policy_store import PolicyStore
 from statestore.threads.service import ThreadService
 from statestore.threads.summary import BackendSummaries
 from statestore.upstream.client import Upstream, UpstreamClient
@@ -97,18 +91,6 @@ class Resources:
         return (await self.authenticator.authenticate(headers)).upstream_credential
 
 
-def build_authenticator(settings: Settings, admin: AdminRepository) -> Authenticator:
-    if settings.auth_mode == "keys":
-        return KeysAuthenticator(
-            admin,
-            upstream_key=settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None,
-            tenant_upstream_keys={k: v.get_secret_value() for k, v in settings.tenant_upstream_keys.items()},
-            cache_seconds=settings.key_cache_seconds,
-        )
-    secret = settings.owner_secret.get_secret_value().encode() if settings.owner_secret else b""
-    return PassthroughAuthenticator(secret)
-
-
 @asynccontextmanager
 async def build_resources(
     settings: Settings,
@@ -118,37 +100,19 @@ async def build_resources(
     serving: bool = True,
     tracer: Tracer | None = None,
 ) -> AsyncIterator[Resources]:
-    """Everything wired, closed in reverse order on exit. `serving=False` (the admin CLI): small pools, and the
-    policy cache off so each command reads what is stored now."""
+    """Everything wired, closed in reverse order on exit. `serving=False`: no prepared statements' pool, and the
+    policy cache off so each call reads what is stored now."""
     metrics = metrics or Metrics()
     async with AsyncExitStack() as stack:
-        postgres = settings.database_url.startswith("postgresql")
-        # The connection budget (docs/deployment.md): on PostgreSQL the hot statements' pool holds N connections
-        # (store/pg_hot_path.py), this engine the cold paths' N // 2, single statements and transactions alike, less
-        # the one of a key store of its own.
-        own_keystore = 1 if settings.keystore_url else 0
-        cold_size = pool_size or (max(1, settings.database_pool_size // 2 - own_keystore) if postgres else None)
-        engine = create_engine(settings, pool_size=cold_size)
-        stack.push_async_callback(engine.dispose)
-        if postgres:
+        storage = open_storage(settings, stack, pool_size=pool_size)
+        engine, content, cache, clock = storage.engine, storage.content, storage.cache, storage.clock
+        if settings.database_url.startswith("postgresql"):
             # Cold on PostgreSQL: the same pool, AUTOCOMMIT set on each checkout (a flag of the driver's adapter).
             single_statements = engine.execution_options(isolation_level="AUTOCOMMIT")
         else:
             # SQLite's leases run here: an engine of its own, so a checkout does not switch isolation levels.
             single_statements = create_engine(settings, autocommit=True, pool_size=pool_size)
             stack.push_async_callback(single_statements.dispose)
-        clock = clock_from(settings.clock_offset_file)
-        keystore_engine = engine
-        if settings.keystore_url:
-            # Keys are read once and cached (store/keystore.py): one connection serves them.
-            keystore_engine = create_engine(settings.keystore_url, pool_size=own_keystore)
-            stack.push_async_callback(keystore_engine.dispose)
-        content = content_keys(settings, keystore_engine, clock)
-        redis = redis_client(settings.redis_url) if settings.redis_url else None
-        if redis is not None:
-            stack.push_async_callback(redis.aclose)  # after all that use it
-        cache = create_cache(redis, settings.redis_prefix, content)
-        stack.push_async_callback(cache.aclose)
         upstream: Upstream = UpstreamClient(
             settings.upstream_url,
             connect_timeout=settings.upstream_connect_timeout,
@@ -193,27 +157,12 @@ async def build_resources(
             thread_cache = TracedCache(cache, tracer)
             upstream = TracedUpstream(upstream, tracer)
             chat_upstream = TracedUpstream(chat_upstream, tracer, system="openai")
-        admin_repository = AdminRepository(engine)
-        policies = PolicyStore(
-            admin_repository,
-            fallback=Policy.from_settings(settings),
-            cache_seconds=settings.policy_cache_seconds if serving else 0,
-        )
-        authenticator = build_authenticator(settings, admin_repository)
+        admin = build_admin(settings, storage, serving=serving)
+        policies, authenticator = admin.policies, admin.authenticator
 
         async def idempotency_ttl(tenant_id: str | None) -> int:
             return (await policies.for_tenant(tenant_id)).idempotency_ttl_seconds
 
-        idempotency_store = IdempotencyStore(engine, content)
-        retention = Retention(
-            queries=RetentionQueries(engine),
-            admin=admin_repository,
-            cache=cache,
-            clock=clock,
-            batch_size=settings.purge_batch_size,
-            content=content,
-            idempotency=idempotency_store,
-        )
         responses = (
             ResponseTurns(
                 leased_log=leased_log,
@@ -234,7 +183,7 @@ async def build_resources(
         )
         background = None
         if responses is not None:
-            kept = create_event_log(redis, settings.redis_prefix, cap=settings.background_events_max)
+            kept = create_event_log(storage.redis, settings.redis_prefix, cap=settings.background_events_max)
             stack.push_async_callback(kept.aclose)
             events = sealed_event_log(kept, content)
             background_store = BackgroundStore(engine, single_statements, pg_hot_path, content)
@@ -259,9 +208,9 @@ async def build_resources(
         yield Resources(
             settings=settings,
             engine=engine,
-            keystore_engine=keystore_engine,
+            keystore_engine=storage.keystore_engine,
             content=content,
-            redis=redis,
+            redis=storage.redis,
             cache=cache,
             upstream=upstream,
             threads=ThreadService(
@@ -281,24 +230,15 @@ async def build_resources(
             authenticator=authenticator,
             admin_tokens=AdminTokens(settings.admin_token_table()),
             console_guard=ConsoleGuard(engine),
-            admin=AdminService(
-                repository=admin_repository,
-                policies=policies,
-                retention=retention,
-                authenticator=authenticator,
-                clock=clock,
-                erasures=ErasureRuns(
-                    ErasureLog(admin_repository.engine), retention, clock=clock, lease_seconds=settings.lease_seconds
-                ),
-            ),
+            admin=admin.admin,
             queries=ThreadQueries(engine, content),
-            retention=retention,
+            retention=admin.retention,
             clock=clock,
             metrics=metrics,
             chat_upstream=chat_upstream,
             responses=responses,
             background=background,
             idempotency=Idempotency(
-                idempotency_store, clock=clock, claim_seconds=settings.lease_seconds, ttl_for=idempotency_ttl
+                admin.idempotency_store, clock=clock, claim_seconds=settings.lease_seconds, ttl_for=idempotency_ttl
             ),
         )
