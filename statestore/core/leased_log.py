@@ -9,10 +9,13 @@ nothing) or releases it. A lost lease is the same in every log: `renew` and `com
 Responses turn), having changed nothing. A log that cannot be taken is None from `take_*`; why is asked apart, on
 the refusal path only (ThreadStore.why_not_continuable, ConversationStore.refusal), so the take stays one statement.
 
-Both doors' turns go through one log; the statements, and running each of them, are store/lease_statements.py.
+Both doors' turns, and a conversation's appends of items, go through one log; the statements, and running each of
+them, are store/lease_statements.py.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from statestore.store.lease_statements import (
     CONVERSATIONS,
@@ -25,7 +28,8 @@ from statestore.store.lease_statements import (
     TakeThreadByResponse,
     TakeThreadBySession,
 )
-from statestore.store.response_records import NewResponse, ResponseRow
+from statestore.store.response_commit import AppendItems
+from statestore.store.response_records import NewResponse, ResponseRow, StoredItem
 from statestore.store.turn_records import HeadAfter, LeasedThread, TurnCommit
 
 # Which log a renewal or a release is of.
@@ -86,3 +90,9 @@ class LeasedLog:
         """Store a Responses turn and return its row as a read of it would: on a conversation only if the turn still
         holds the lease `token`, else None (nothing changed); a chained turn has no lease and is always stored."""
         return await self._statements.commit_response(new, token)
+
+    async def commit_append(self, append: AppendItems, items: Sequence[StoredItem]) -> bool:
+        """Append items to a conversation without a turn (`POST /v1/conversations/{id}/items`, its lease taken with
+        `take_conversation`), the lease given back with them, if the append still holds it; False (nothing changed)
+        otherwise. Once stored the lease is gone, so the same append carried out again stores nothing."""
+        return await self._statements.commit_append(append, items)

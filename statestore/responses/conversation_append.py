@@ -63,7 +63,8 @@ async def append_items(
         await _give_back(leased_log, conversation_id, turn)
         raise
     try:
-        stored = await conversations.commit_append(owner, conversation_id, items, token=turn, position=position)
+        append = await conversations.append_of(owner, conversation_id, items, token=turn, position=position)
+        stored = append is not None and await leased_log.commit_append(*append)
     except UNSTORABLE_VALUE_ERRORS:
         await _give_back(leased_log, conversation_id, turn)
         raise  # the request's fault (a 400): nothing was stored

@@ -16,7 +16,7 @@ from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, u
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.content_keys import ContentKeys, Scope
-from statestore.store.response_commit import AppendItems, append_on_sqlite, item_arrays, item_rows
+from statestore.store.response_commit import AppendItems, item_arrays, item_rows
 from statestore.store.response_records import ConversationRow, StoredItem
 from statestore.store.response_sealing import active, conversation_data, conversation_item_data, seal_items
 from statestore.store.response_statements import LOAD_CONVERSATION, OfConversation, PgResponseStatements
@@ -186,17 +186,16 @@ class ConversationStore:
         opened = await self._opened_items(owner, conversation_id, rows, at=1, column="rendered")
         return [(row[0], value) for row, value in zip(rows, opened, strict=True)]
 
-    async def commit_append(
+    async def append_of(
         self, owner: str, conversation_id: str, items: Sequence[StoredItem], *, token: str, position: int
-    ) -> bool:
-        """Append items taken for with the leased log's `take_conversation` (its `token` the append's turn id,
-        `position` what it returned), the lease given back with them; False, with nothing stored, when the lease is no
-        longer the append's. Once stored the lease is gone, so the same append carried out again (a commit replayed)
-        stores nothing."""
+    ) -> tuple[AppendItems, Sequence[StoredItem]] | None:
+        """An append of `items` as the leased log commits it (core/leased_log.py `commit_append`), sealed as they will
+        be stored: `token` the append's turn id, `position` what `take_conversation` returned. None when the
+        conversation was deleted meanwhile (sealing reads its scope)."""
         if self._keys is not None:
             scope = await self._scope(owner, conversation_id, 0)
-            if scope is None:  # deleted meanwhile
-                return False
+            if scope is None:
+                return None
             sealer = await self._keys.sealer(scope)
             items = seal_items(sealer, items, owner, conversation_id, position, conversation=True)
         item_ids, bodies, kinds, rendered = item_arrays(items)
@@ -209,9 +208,7 @@ class ConversationStore:
             kinds=kinds,
             rendered=rendered,
         )
-        if self._pg is not None:
-            return await self._pg.append_items(append)
-        return await append_on_sqlite(self.engine, append, items)
+        return append, items
 
     async def holds_append(self, conversation_id: str, *, position: int, item_id: str) -> bool:
         """Whether an append whose items begin at `position` with `item_id` was stored: after its commit's answer was

@@ -1,6 +1,6 @@
 """The leased log's statements and their execution: take, renew and release a conversation's lease, and commit its
-turn (store/thread_commit.py, store/response_commit.py), each step one statement (a commit, one transaction) that
-answers what it changed. What a lease is, and what a turn may rely on from each answer, is the log's
+turn or an append of items (store/thread_commit.py, store/response_commit.py), each step one statement (a commit, one
+transaction) that answers what it changed. What a lease is, and what a turn may rely on from each answer, is the log's
 (core/leased_log.py).
 
 Each statement written once, as SQLAlchemy Core: run through Core on SQLite, and on PostgreSQL compiled once for
@@ -10,7 +10,7 @@ asyncpg and run as a prepared statement (store/pg_hot_path.py), each bound from 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -22,8 +22,8 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from statestore.content_keys import ContentKeys
 from statestore.store.pg_hot_path import PgHotPath
-from statestore.store.response_commit import commit_response
-from statestore.store.response_records import NewResponse, ResponseRow, stored_row
+from statestore.store.response_commit import AppendItems, commit_append, commit_response
+from statestore.store.response_records import NewResponse, ResponseRow, StoredItem, stored_row
 from statestore.store.response_sealing import active, scope_of, seal_response
 from statestore.store.schema import conversations, sessions, threads
 from statestore.store.statement import CoreStatement, P, PgStatement, core_param
@@ -263,6 +263,9 @@ class LeaseStatements:
         sealed = new if self._keys is None else seal_response(new, await self._keys.sealer(scope_of(new)))
         stored = await commit_response(self._engine, self._pg, sealed, token)
         return stored_row(new, stored) if stored is not None else None
+
+    async def commit_append(self, append: AppendItems, items: Sequence[StoredItem]) -> bool:
+        return await commit_append(self._engine, self._pg, append, items)
 
     async def _single_row(self, statement: CoreStatement[P], params: P) -> RowMapping | None:
         async with self._single.connect() as conn:

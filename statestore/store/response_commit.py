@@ -449,9 +449,13 @@ async def commit_response(
     return Stored() if start is not None else None
 
 
-async def append_on_sqlite(engine: AsyncEngine, append: AppendItems, items: Sequence[StoredItem]) -> bool:
-    """APPEND_ITEMS's steps on SQLite: `items` (`append` their arrays) appended while the append holds the lease;
-    False, nothing stored, when not (PostgreSQL runs APPEND_ITEMS_PG: store/response_statements.py)."""
+async def commit_append(
+    engine: AsyncEngine, pg: PgHotPath | None, append: AppendItems, items: Sequence[StoredItem]
+) -> bool:
+    """Append `items` (`append` their arrays, sealed as stored) while the append holds the conversation's lease, the
+    lease released with them; False, nothing stored, when it no longer does (APPEND_ITEMS)."""
+    if pg is not None:
+        return await pg.fetchval(APPEND_ITEMS_PG, append) is not None
     return await _on_conversation_sqlite(engine, append, items, add_response=False) is not None
 
 

@@ -31,7 +31,6 @@ from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.functions import FunctionElement
 
 from statestore.store.pg_hot_path import PgHotPath
-from statestore.store.response_commit import APPEND_ITEMS_PG, AppendItems
 from statestore.store.schema import conversation_items, conversations, response_items, responses
 from statestore.store.statement import CoreStatement, core_param
 
@@ -241,7 +240,3 @@ class PgResponseStatements:
     async def conversation_items(self, conversation_id: str) -> list[asyncpg.Record]:
         """(kind, rendered, position) of a conversation's items, in order."""
         return await self._pg.fetch(_LOAD_CONVERSATION_PG, OfConversation(conversation_id=conversation_id))
-
-    async def append_items(self, append: AppendItems) -> bool:
-        """Whether the items were appended (APPEND_ITEMS); False when the lease was no longer held."""
-        return await self._pg.fetchval(APPEND_ITEMS_PG, append) is not None

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import pytest
 from sqlalchemy import func, select
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from statestore.config import Settings
 from statestore.core.leased_log import CONVERSATIONS, THREADS, LeasedLog
@@ -26,6 +25,7 @@ from statestore.store.engine import create_engine
 from statestore.store.lease_statements import LeaseStatements
 from statestore.store.memory_cache import MemoryHistoryCache
 from statestore.store.pg_hot_path import PgHotPath
+from statestore.store.response_commit import AppendItems
 from statestore.store.response_records import NewResponse, StoredItem
 from statestore.store.response_runs import decode
 from statestore.store.schema import responses
@@ -42,6 +42,7 @@ class Stores:
     log: LeasedLog
     threads: ThreadRepository
     conversations: ConversationStore
+    statements: LeaseStatements
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -56,9 +57,11 @@ async def stores(database_url: str) -> AsyncIterator[Stores]:
     engine = create_engine(settings)
     single = create_engine(settings, autocommit=True)
     pg = await PgHotPath.open(settings)
-    log = LeasedLog(LeaseStatements(engine, single, pg))
+    statements = LeaseStatements(engine, single, pg)
     try:
-        yield Stores(log, ThreadRepository(engine, single, pg=pg), ConversationStore(engine))
+        yield Stores(
+            LeasedLog(statements), ThreadRepository(engine, single, pg=pg), ConversationStore(engine), statements
+        )
     finally:
         if pg is not None:
             await pg.aclose()
@@ -224,17 +227,15 @@ async def _response_count(stores: Stores, owner: str) -> int:
     return count
 
 
-class _StalledAppends(ConversationStore):
+class _StalledAppends(LeasedLog):
     """A database that never answers an append's commit: the append holds its conversation meanwhile, as one whose
     replica died there would."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        super().__init__(engine)
+    def __init__(self, statements: LeaseStatements) -> None:
+        super().__init__(statements)
         self.reached = asyncio.Event()
 
-    async def commit_append(
-        self, owner: str, conversation_id: str, items: Sequence[StoredItem], *, token: str, position: int
-    ) -> bool:
+    async def commit_append(self, append: AppendItems, items: Sequence[StoredItem]) -> bool:
         self.reached.set()
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
@@ -245,7 +246,7 @@ async def test_an_append_holds_its_conversation_no_longer_than_a_turns_lease(sto
     a retry after its replica died waited out the 30 s."""
     owner, lease_ms = f"owner-{_token()}", 2_000
     conversation_id = await _conversation(stores, owner)
-    stalled = _StalledAppends(stores.conversations.engine)
+    stalled = _StalledAppends(stores.statements)
     policy = Policy(
         threads_enabled=True,
         sessions_enabled=True,
@@ -256,8 +257,8 @@ async def test_an_append_holds_its_conversation_no_longer_than_a_turns_lease(sto
     )
     append = asyncio.create_task(
         append_items(
-            stores.log,
             stalled,
+            stores.conversations,
             owner,
             conversation_id,
             [ITEM],
