@@ -378,7 +378,8 @@ class AdminService:
 
 
 def erasure_fields(state: ErasureState) -> dict[str, Any]:
-    """An erasure as the admin API and `statestore admin erase --json` report it: the counts once it is done."""
+    """An erasure as the admin API and `statestore admin erase --json` report it: the counts once it is done, its
+    runs, and when a failed one is run again."""
     erased = state.erased
     return {
         "id": state.id,
@@ -390,6 +391,8 @@ def erasure_fields(state: ErasureState) -> dict[str, Any]:
         "erased_threads": erased.threads if erased is not None else None,
         "erased_responses": erased.responses if erased is not None else None,
         "erased_conversations": erased.conversations if erased is not None else None,
+        "attempts": state.attempts,
+        "retry_at": iso_time(state.retry_at_ms),
     }
 
 

@@ -16,7 +16,15 @@ from typing import Any
 import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
-from statestore.admin import AdminService, as_dict, day_label, erasure_fields, passthrough_warning, purged_fields
+from statestore.admin import (
+    AdminService,
+    as_dict,
+    day_label,
+    erasure_fields,
+    iso_time,
+    passthrough_warning,
+    purged_fields,
+)
 from statestore.admin_parser import CLEAR
 from statestore.admin_setup import build_admin
 from statestore.config import Settings
@@ -153,8 +161,13 @@ async def erasure(admin: AdminService, args: argparse.Namespace) -> tuple[Any, s
 
 
 def _erasure_said(state: ErasureState) -> str:
+    runs = f"{state.attempts} attempt" + ("s" if state.attempts != 1 else "")
+    if state.status == "failed" and state.retry_at_ms is not None:
+        return f"failed after {runs}, to be retried from {iso_time(state.retry_at_ms)} (by any server)"
+    if state.status == "failed":
+        return f"failed for good after {runs} (send it again: erasing is idempotent)"
     if state.erased is None:
-        return state.status + (" (send it again: erasing is idempotent)" if state.status == "failed" else "")
+        return state.status + (f" (attempt {state.attempts})" if state.attempts > 1 else "")
     erased = state.erased
     said = f"{erased.threads} threads, {erased.responses} responses and {erased.conversations} conversations"
     return f"done: erased {said} (database rows and cache entries)"

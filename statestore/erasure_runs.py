@@ -5,7 +5,12 @@ of the lease (STATESTORE_LEASE_SECONDS) while the erasure runs, recording what i
 starts and every third of the lease after, for running erasures whose claim ran out (their process was killed, or
 lost the database for a lease) and takes each up. Erasing is idempotent: run again, an erasure deletes what is left,
 and waits out what replicas remember of its data keys as if it had destroyed them itself (the process that stopped may
-have destroyed them moments before). So an erasure answered `running` always ends `done` or `failed`."""
+have destroyed them moments before). So an erasure answered `running` always ends `done` or `failed`.
+
+An erasure that stops on an error (the database away a moment, a replica's Redis down) is `failed`, and run again by
+the same look once its retry is due: a lease after its first run, then twice as long after each further failure
+(capped at RETRY_DELAY_CAP_MS), for MAX_ATTEMPTS runs in all, each taken up as above. After the last it stays
+`failed`, logged at error level, for an operator to send it again."""
 
 from __future__ import annotations
 
@@ -24,6 +29,16 @@ log = logging.getLogger(__name__)
 NOTHING = Erasure(threads=0, responses=0, conversations=0)
 # A server takes up at most this many erasures per look; more wait for its next look, or another replica's.
 TAKE_UP_AT_ONCE = 8
+# Runs of a failing erasure, the first included, before it stays failed. Not a setting: the delays scale with
+# STATESTORE_LEASE_SECONDS, and with the default lease the retries span about an hour (2, 4, 8, 16, 32 minutes), the
+# length of a database failover or a maintenance window; an erasure failing for longer needs a person anyway.
+MAX_ATTEMPTS = 6
+RETRY_DELAY_CAP_MS = 3_600_000
+
+
+def retry_delay_ms(lease_ms: int, attempts: int) -> int:
+    """How long a failed erasure waits after its `attempts`-th run: a lease, doubled for each further run, capped."""
+    return min(lease_ms << max(attempts - 1, 0), RETRY_DELAY_CAP_MS)
 
 
 def _sum(before: Erasure, now: Erasure | ErasureProgress) -> Erasure:
@@ -72,12 +87,7 @@ class ErasureRuns:
                 resumed=resumed,
             )
         except Exception as exc:
-            # Its type only: an error may quote a stored value. Sent again, an erasure takes up what is left.
-            log.error("erasure failed", extra={"erasure": state.id, "error": type(exc).__name__})
-            try:
-                await self.records.fail(state.id, token=self.token, now_ms=self.clock())
-            except Exception as recording:
-                log.error("erasure failure not recorded", extra={"error": type(recording).__name__})
+            await self._failed(state, exc, _sum(so_far, progress))
             raise
         finally:
             keeper.cancel()
@@ -97,7 +107,25 @@ class ErasureRuns:
             created_ms=state.created_ms,
             finished_ms=finished,
             erased=total,
+            attempts=state.attempts,
         )
+
+    async def _failed(self, state: ErasureState, exc: Exception, so_far: Erasure) -> None:
+        """Record the erasure failed, with when it is run again, or never after its last attempt."""
+        now = self.clock()
+        # Its type only: an error may quote a stored value. Run again, an erasure takes up what is left.
+        failure = {"erasure": state.id, "error": type(exc).__name__, "attempts": state.attempts}
+        retry_at: int | None = None
+        if state.attempts >= MAX_ATTEMPTS:
+            log.error("erasure failed for good", extra=failure)
+        else:
+            delay = retry_delay_ms(self.lease_ms, state.attempts)
+            retry_at = now + delay
+            log.warning("erasure failed, to be retried", extra={**failure, "retry_in_s": delay / 1000})
+        try:
+            await self.records.fail(state.id, token=self.token, now_ms=now, so_far=so_far, retry_at_ms=retry_at)
+        except Exception as recording:  # its claim runs out, and it is taken up as a stopped erasure
+            log.error("erasure failure not recorded", extra={"erasure": state.id, "error": type(recording).__name__})
 
     async def _keep(self, erasure_id: str, so_far: Erasure, progress: ErasureProgress) -> None:
         interval = self.lease_ms / 3000
@@ -135,12 +163,13 @@ class ErasureRuns:
             await asyncio.sleep(interval)
 
     async def take_up(self) -> int:
-        """Claim the running erasures whose claim ran out and run each here; how many."""
+        """Claim the running erasures whose claim ran out, and the failed ones whose retry is due, and run each here;
+        how many."""
         now = self.clock()
         unclaimed_since = now - self.lease_ms
         found = await self.records.claimable(now_ms=now, unclaimed_since_ms=unclaimed_since, limit=TAKE_UP_AT_ONCE)
         taken = 0
-        for erasure_id in found:
+        for erasure_id, status in found:
             if erasure_id in self._running:  # its claim ran out while it runs here (the database was away)
                 continue
             claimed = await self.records.claim(
@@ -149,11 +178,16 @@ class ErasureRuns:
                 now_ms=now,
                 until_ms=now + self.lease_ms,
                 unclaimed_since_ms=unclaimed_since,
+                retry=status == "failed",
             )
             if claimed is None:  # another replica took it up first
                 continue
             state, so_far = claimed
-            log.info("erasure taken up", extra={"erasure": state.id})
+            if status == "failed":
+                log.info("erasure retried", extra={"erasure": state.id, "attempts": state.attempts})
+            else:
+                log.info("erasure taken up", extra={"erasure": state.id})
+            # Resumed either way: the run that failed may have destroyed data keys replicas still remember.
             self.start(state, so_far=so_far, resumed=True)
             taken += 1
         return taken

@@ -225,8 +225,10 @@ class Purged(BaseModel):
 class Erasure(BaseModel):
     """An erasure of a tenant's and/or a user's threads, responses and conversations, live or expired (database rows
     and cache entries). `running` until nothing it erases is readable anywhere, then `done` with what it deleted;
-    `failed` if it stopped on an error (send it again: erasing is idempotent). One whose replica stopped is taken up
-    by another within about a lease (STATESTORE_LEASE_SECONDS), and its counts are both runs'."""
+    `failed` if it stopped on an error: run again by the servers at `retry_at` (a lease after its first run, twice as
+    long after each further failure, 6 runs in all), and failed for good, `retry_at` null, after the last (send it
+    again: erasing is idempotent). One whose replica stopped is taken up by another within about a lease
+    (STATESTORE_LEASE_SECONDS), and its counts are all its runs'."""
 
     id: str
     status: Literal["running", "done", "failed"]
@@ -240,6 +242,13 @@ class Erasure(BaseModel):
         "matching response brought into any conversation)"
     )
     erased_conversations: int | None = Field(description="once done")
+    attempts: int = Field(
+        description="its runs so far, the first included (a run taken up after its replica stopped is the same one)"
+    )
+    retry_at: str | None = Field(
+        description="failed and to be run again from then on, by any server; null once running, done, or failed "
+        "for good"
+    )
 
 
 class DoorUsage(BaseModel):

@@ -1,13 +1,14 @@
 """The erasures an admin started (table `erasures`): each `running` until it is done or failed, readable from any
 replica while it runs elsewhere. A running erasure is claimed by the process running it, which renews the claim (and
 records what it erased so far) while it runs; one whose claim ran out is claimed by another replica, compare-and-set
-on the claim, and run again from where it stopped (statestore/erasure_runs.py)."""
+on the claim, and run again from where it stopped (statestore/erasure_runs.py). A failed erasure with a retry due
+(`retry_at_ms`) is claimed the same way, as a new attempt."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from sqlalchemy import and_, insert, or_, select, update
+from sqlalchemy import Select, and_, insert, literal_column, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.sql.elements import ColumnElement
@@ -17,6 +18,12 @@ from statestore.store.retention_queries import Erasure
 from statestore.store.schema import erasures
 
 ErasureStatus = Literal["running", "done", "failed"]
+
+# The sweep's statuses as literals, not bound parameters: so that PostgreSQL (under a generic plan too) and SQLite see
+# that the sweep's query implies the partial index's predicate, `status IN ('running', 'failed')` (revision 0021).
+_SWEPT = erasures.c.status.in_([literal_column("'running'"), literal_column("'failed'")])
+_RUNNING = erasures.c.status == literal_column("'running'")
+_FAILED = erasures.c.status == literal_column("'failed'")
 
 
 @record
@@ -29,6 +36,8 @@ class ErasureState:
     created_ms: int
     finished_ms: int | None = None
     erased: Erasure | None = None  # once done
+    attempts: int = 1  # runs begun, the first included; a run taken up after its process stopped is the same attempt
+    retry_at_ms: int | None = None  # failed, and to be run again from then on
 
 
 class ErasureLog:
@@ -46,6 +55,7 @@ class ErasureLog:
                     user_id=state.user_id,
                     status=state.status,
                     created_ms=state.created_ms,
+                    attempts=state.attempts,
                     claim_token=token,
                     claim_expires_ms=until_ms,
                 )
@@ -81,35 +91,68 @@ class ErasureLog:
     def _unclaimed(now_ms: int, unclaimed_since_ms: int) -> ColumnElement[bool]:
         # No claim at all: begun by a replica older than claims; taken up once it is older than a lease.
         return and_(
-            erasures.c.status == "running",
+            _RUNNING,
             or_(
                 erasures.c.claim_expires_ms <= now_ms,
                 and_(erasures.c.claim_expires_ms.is_(None), erasures.c.created_ms <= unclaimed_since_ms),
             ),
         )
 
-    async def claimable(self, *, now_ms: int, unclaimed_since_ms: int, limit: int) -> list[str]:
-        """Running erasures whose claim ran out (their process stopped renewing it), oldest first."""
-        query = (
-            select(erasures.c.id)
-            .where(self._unclaimed(now_ms, unclaimed_since_ms))
+    @staticmethod
+    def _due(now_ms: int) -> ColumnElement[bool]:
+        return and_(_FAILED, erasures.c.retry_at_ms <= now_ms)
+
+    @classmethod
+    def sweep(cls, *, now_ms: int, unclaimed_since_ms: int, limit: int) -> Select[Any]:
+        """claimable()'s query: read through the partial index of running and failed erasures, however many are done."""
+        return (
+            select(erasures.c.id, erasures.c.status)
+            .where(_SWEPT, or_(cls._unclaimed(now_ms, unclaimed_since_ms), cls._due(now_ms)))
             .order_by(erasures.c.created_ms)
             .limit(limit)
         )
+
+    async def claimable(self, *, now_ms: int, unclaimed_since_ms: int, limit: int) -> list[tuple[str, ErasureStatus]]:
+        """Running erasures whose claim ran out (their process stopped renewing it) and failed ones whose retry is
+        due, oldest first, each with its status."""
+        query = self.sweep(now_ms=now_ms, unclaimed_since_ms=unclaimed_since_ms, limit=limit)
         async with self.engine.connect() as conn:
-            return [row[0] for row in (await conn.execute(query)).all()]
+            return [(row[0], row[1]) for row in (await conn.execute(query)).all()]
 
     async def claim(
-        self, erasure_id: str, *, token: str, now_ms: int, until_ms: int, unclaimed_since_ms: int
+        self,
+        erasure_id: str,
+        *,
+        token: str,
+        now_ms: int,
+        until_ms: int,
+        unclaimed_since_ms: int,
+        retry: bool = False,
     ) -> tuple[ErasureState, Erasure] | None:
-        """Take up a running erasure whose claim ran out: the erasure, and what the runs before erased (their last
-        record of it); None when another replica claimed it first, or it ended."""
-        async with self.engine.begin() as conn:
-            taken = await conn.execute(
+        """Take up a running erasure whose claim ran out or, `retry`, a failed one whose retry is due (`running`
+        again, its next attempt): the erasure, and what the runs before erased (their last record of it); None when
+        another replica claimed it first, or it ended."""
+        if retry:
+            taking = (
+                update(erasures)
+                .where(erasures.c.id == erasure_id, self._due(now_ms))
+                .values(
+                    status="running",
+                    attempts=erasures.c.attempts + 1,
+                    retry_at_ms=None,
+                    finished_ms=None,
+                    claim_token=token,
+                    claim_expires_ms=until_ms,
+                )
+            )
+        else:
+            taking = (
                 update(erasures)
                 .where(erasures.c.id == erasure_id, self._unclaimed(now_ms, unclaimed_since_ms))
                 .values(claim_token=token, claim_expires_ms=until_ms)
             )
+        async with self.engine.begin() as conn:
+            taken = await conn.execute(taking)
             if taken.rowcount != 1:
                 return None
             row = (await conn.execute(select(erasures).where(erasures.c.id == erasure_id))).mappings().one()
@@ -136,13 +179,23 @@ class ErasureLog:
             )
             return done.rowcount == 1
 
-    async def fail(self, erasure_id: str, *, token: str, now_ms: int) -> None:
-        """Mark the erasure failed, unless another run holds it now (or it ended): that run decides how it ends."""
+    async def fail(self, erasure_id: str, *, token: str, now_ms: int, so_far: Erasure, retry_at_ms: int | None) -> None:
+        """Mark the erasure failed, with what it erased so far and when it is retried (None: never), unless another
+        run holds it now (or it ended): that run decides how it ends."""
         async with self.engine.begin() as conn:
             await conn.execute(
                 update(erasures)
                 .where(erasures.c.id == erasure_id, erasures.c.status == "running", erasures.c.claim_token == token)
-                .values(status="failed", finished_ms=now_ms, claim_token=None, claim_expires_ms=None)
+                .values(
+                    status="failed",
+                    finished_ms=now_ms,
+                    retry_at_ms=retry_at_ms,
+                    threads=so_far.threads,
+                    responses=so_far.responses,
+                    conversations=so_far.conversations,
+                    claim_token=None,
+                    claim_expires_ms=None,
+                )
             )
 
     async def get(self, erasure_id: str) -> ErasureState | None:
@@ -164,4 +217,6 @@ def _state(row: RowMapping) -> ErasureState:
         created_ms=row["created_ms"],
         finished_ms=row["finished_ms"],
         erased=erased,
+        attempts=row["attempts"],
+        retry_at_ms=row["retry_at_ms"],
     )

@@ -397,6 +397,8 @@ idempotency_keys = Table(
 # and/or user is gone and its data keys are destroyed everywhere (`done`), or `failed`; what it erased, once done.
 # A running erasure is claimed by the process running it (revision 0020), until `claim_expires_ms` unless renewed:
 # past it, another replica takes the erasure up. `threads`, `responses`, `conversations` hold what it erased so far.
+# A failed erasure is run again from `retry_at_ms` (revision 0021), NULL once it is failed for good; `attempts` counts
+# its runs. The servers' sweep reads only running and failed rows, oldest first: the partial index holds just those.
 erasures = Table(
     "erasures",
     metadata,
@@ -412,4 +414,7 @@ erasures = Table(
     Column("conversations", Integer, nullable=True),
     Column("claim_token", String(32), nullable=True),
     Column("claim_expires_ms", BigInteger, nullable=True),
+    Column("attempts", Integer, nullable=False, server_default="1"),
+    Column("retry_at_ms", BigInteger, nullable=True),
+    _partial("created_ms", where="status IN ('running', 'failed')"),
 )

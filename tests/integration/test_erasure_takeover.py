@@ -174,9 +174,9 @@ async def test_a_stopped_erasure_is_claimed_once_and_finished_with_what_both_run
         assert await first.take_up() == 0
         now[0] += 1500  # the killed run's claim ran out, and the unclaimed erasure is older than a lease
         taken = await asyncio.gather(first.take_up(), second.take_up())
-        assert sorted(taken) == [0, 2]  # each erasure claimed by one replica only
-        taker = first if taken[0] == 2 else second
-        await asyncio.gather(*taker._running.values())
+        # Each erasure claimed by one replica only (both by one, or one each, as the two looks interleave).
+        assert sum(taken) == 2
+        await asyncio.gather(*first._running.values(), *second._running.values())
         done = await records.get(killed.id)
         assert done is not None and done.status == "done" and done.erased == Erasure(2, 1, 0)
         older = await records.get(old.id)

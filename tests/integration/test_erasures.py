@@ -82,6 +82,7 @@ def test_an_erasure_answers_at_once_and_is_done_when_nothing_of_it_can_be_read(
         assert answer.headers["location"] == f"/admin/v1/erasures/{started['id']}"
         assert started["user_id"] == user_id and started["tenant_id"] is None
         assert started["erased_threads"] is None and started["finished_at"] is None
+        assert (started["attempts"], started["retry_at"]) == (1, None)
 
         state = started
         while state["status"] == "running":
@@ -93,6 +94,7 @@ def test_an_erasure_answers_at_once_and_is_done_when_nothing_of_it_can_be_read(
         assert time.monotonic() - started_at >= REMEMBER_SECONDS
         assert (state["erased_threads"], state["erased_responses"], state["erased_conversations"]) == (1, 1, 0)
         assert state["finished_at"] is not None and state["created_at"] == started["created_at"]
+        assert (state["attempts"], state["retry_at"]) == (1, None)
 
         # Done: nothing of it is readable, by any door; the rest is untouched.
         error_of(api.thread(erased_thread), 404, "not_found_error")
