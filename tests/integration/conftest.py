@@ -107,6 +107,20 @@ async def private_pg_url(postgres_admin_url: str) -> AsyncIterator[str]:
         yield url
 
 
+@pytest.fixture(params=["postgres", "sqlite"])
+async def scratch_database_url(
+    request: pytest.FixtureRequest, postgres_admin_url: str, migrated_sqlite_url: str
+) -> AsyncIterator[str]:
+    """A migrated database of the test's own on PostgreSQL, and the session's migrated SQLite file."""
+    from tests.conftest import migrated_scratch_pg_database
+
+    if request.param == "postgres":
+        async with migrated_scratch_pg_database(postgres_admin_url) as url:
+            yield url
+    else:
+        yield migrated_sqlite_url
+
+
 def _dedicated_server(
     database_url: str, redis_url: str, prefix: str, backend: FakeBackend, env: dict[str, str]
 ) -> StatestoreServer:

@@ -26,7 +26,6 @@ from statestore.store.erasure_log import ErasureLog, ErasureState
 from statestore.store.retention_queries import Erasure
 from statestore.store.schema import erasures, threads
 from statestore.threads.ids import new_thread_id
-from tests.conftest import migrated_scratch_pg_database
 from tests.support.admin_api import cli, cli_env, cli_json, cli_ok, unique
 from tests.support.server import OWNER_SECRET
 
@@ -34,21 +33,10 @@ LEASE_SECONDS = 2  # the first retry 2 s after the failure, then 4, 8, 16, 32 s 
 START_MS = 1_900_000_000_000
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-async def database_url(
-    request: pytest.FixtureRequest, postgres_admin_url: str, migrated_sqlite_url: str
-) -> AsyncIterator[str]:
-    if request.param == "postgres":
-        async with migrated_scratch_pg_database(postgres_admin_url) as url:
-            yield url
-    else:
-        yield migrated_sqlite_url
-
-
 @pytest.fixture
-async def built(database_url: str) -> AsyncIterator[Resources]:
+async def built(scratch_database_url: str) -> AsyncIterator[Resources]:
     # Two threads a batch: the first batch is deleted before the injected error.
-    settings = Settings(database_url=database_url, owner_secret=OWNER_SECRET, purge_batch_size=2)
+    settings = Settings(database_url=scratch_database_url, owner_secret=OWNER_SECRET, purge_batch_size=2)
     async with build_resources(settings, serving=False) as resources:
         yield resources
 
@@ -91,7 +79,7 @@ async def finish_runs(runs: ErasureRuns) -> None:
 
 
 async def test_an_erasure_failing_on_a_transient_error_is_done_by_itself(
-    built: Resources, database_url: str, monkeypatch: pytest.MonkeyPatch
+    built: Resources, scratch_database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     now = [START_MS]
     records = ErasureLog(built.engine)
@@ -123,7 +111,7 @@ async def test_an_erasure_failing_on_a_transient_error_is_done_by_itself(
     # The admin API's fields and `statestore admin erasure ID` say it is failed and will be retried, and when.
     fields = erasure_fields(failed)
     assert (fields["status"], fields["attempts"], fields["retry_at"]) == ("failed", 1, "2030-03-17T17:46:42.000Z")
-    env = cli_env(database_url, owner_secret=OWNER_SECRET)
+    env = cli_env(scratch_database_url, owner_secret=OWNER_SECRET)
     assert cli_json(cli(env, "admin", "erasure", state.id, "--json")) == fields
     assert cli_ok(cli(env, "admin", "erasure", state.id)) == (
         f"{state.id}: failed after 1 attempt, to be retried from 2030-03-17T17:46:42.000Z (by any server)\n"

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 
 import anthropic
@@ -25,7 +25,6 @@ from statestore.store.erasure_log import ErasureLog, ErasureState
 from statestore.store.retention_queries import Erasure
 from statestore.store.schema import erasures
 from statestore.threads.ids import thread_of_response
-from tests.conftest import migrated_scratch_pg_database
 from tests.support.admin_api import ADMIN_TOKENS, MODEL, AdminApi, Api, error_of, json_of, unique, user
 from tests.support.fake_backend import FakeBackend
 from tests.support.server import OWNER_SECRET, StatestoreServer
@@ -132,28 +131,21 @@ def test_an_erasure_whose_replica_is_killed_is_finished_by_another(
             second.stop()
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-async def database_url(
-    request: pytest.FixtureRequest, postgres_admin_url: str, migrated_sqlite_url: str
-) -> AsyncIterator[str]:
-    if request.param == "postgres":
-        async with migrated_scratch_pg_database(postgres_admin_url) as url:
-            yield url
-    else:
-        yield migrated_sqlite_url
-
-
 def running(name: str, now_ms: int) -> ErasureState:
     return ErasureState(
         id=f"erasure_{name}", actor="ops", tenant_id=None, user_id=unique("user"), status="running", created_ms=now_ms
     )
 
 
-async def test_a_stopped_erasure_is_claimed_once_and_finished_with_what_both_runs_erased(database_url: str) -> None:
+async def test_a_stopped_erasure_is_claimed_once_and_finished_with_what_both_runs_erased(
+    scratch_database_url: str,
+) -> None:
     """The claim in the row, on the database itself: a live claim is left alone, a claim that ran out is taken by one
     replica only, an erasure begun before claims existed (none) waits a lease, and the erasure taken up ends `done`
     with what the stopped run had recorded and what the new one erased."""
-    async with build_resources(Settings(database_url=database_url, owner_secret=OWNER_SECRET), serving=False) as built:
+    async with build_resources(
+        Settings(database_url=scratch_database_url, owner_secret=OWNER_SECRET), serving=False
+    ) as built:
         now = [1_900_000_000_000]
         records = ErasureLog(built.engine)
         stopped, first, second = (

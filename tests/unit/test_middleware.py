@@ -417,6 +417,14 @@ def test_domain_counters_start_at_zero_and_count() -> None:
     )
 
 
+def _two_workers(directory: Path, script: str, first: str, second: str) -> str:
+    """`script` run as two worker processes one after the other, sharing a metrics directory; the second's output."""
+    env = {"PROMETHEUS_MULTIPROC_DIR": str(directory), "PATH": "/usr/bin:/bin"}
+    subprocess.run([sys.executable, "-c", script, first], env=env, check=True, timeout=60)
+    run = [sys.executable, "-c", script, second]
+    return subprocess.run(run, env=env, check=True, timeout=60, capture_output=True, text=True).stdout
+
+
 def test_multiprocess_render_merges_workers(tmp_path: Path) -> None:
     script = (
         "import sys\n"
@@ -426,12 +434,7 @@ def test_multiprocess_render_merges_workers(tmp_path: Path) -> None:
         "if sys.argv[1] == 'render':\n"
         "    sys.stdout.write(m.render()[0].decode())\n"
     )
-    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    subprocess.run([sys.executable, "-c", script, "count"], env=env, check=True, timeout=60)
-    out = subprocess.run(
-        [sys.executable, "-c", script, "render"], env=env, check=True, timeout=60, capture_output=True, text=True
-    ).stdout
-    assert 'cache_lookups_total{result="hit"} 2.0' in out
+    assert 'cache_lookups_total{result="hit"} 2.0' in _two_workers(tmp_path, script, "count", "render")
 
 
 def test_multiprocess_render_forgets_the_live_gauges_of_a_killed_worker(tmp_path: Path) -> None:
@@ -449,11 +452,7 @@ def test_multiprocess_render_forgets_the_live_gauges_of_a_killed_worker(tmp_path
         "m.websocket_opened('/v1/responses')\n"
         "sys.stdout.write(m.render()[0].decode())\n"
     )
-    env = {"PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    subprocess.run([sys.executable, "-c", script, "die"], env=env, check=True, timeout=60)
-    out = subprocess.run(
-        [sys.executable, "-c", script, "render"], env=env, check=True, timeout=60, capture_output=True, text=True
-    ).stdout
+    out = _two_workers(tmp_path, script, "die", "render")
     assert 'websocket_connections{route="/v1/responses"} 1.0' in out  # the live one's only
     assert 'websocket_held_bytes{route="/v1/responses"} 0.0' in out
 
