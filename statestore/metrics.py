@@ -154,7 +154,7 @@ WEBSOCKET_RESPONSES = Declared(
 WEBSOCKET_HELD_BYTES = Declared(
     "websocket_held_bytes",
     "Bytes of chain context WebSocket connections hold, together, so that a continue from the head a connection made "
-    "last reads none from Redis (bounded by STATESTORE_SOCKET_HELD_BYTES), by route.",
+    "last reads none from Redis (bounded by STATESTORE_SOCKET_HELD_BYTES), by route; updated in 64 KiB steps.",
     ("route",),
     gauge=True,
 )

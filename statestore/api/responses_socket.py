@@ -143,6 +143,9 @@ class ResponsesSocket:
             await connection.close(GOING_AWAY)
 
 
+_REPORTED_STEP = 64 * 1024
+
+
 class HeldContexts:
     """The chain context this process's connections hold, together, within a limit (STATESTORE_SOCKET_HELD_BYTES):
     a head past it is not held, and the continue from it reads its context as one over HTTP does."""
@@ -151,13 +154,19 @@ class HeldContexts:
         self.limit = limit
         self._report = metrics.websocket_held_bytes(PATH)
         self.total = 0
+        self._step = 0  # the total's 64 KiB step when last reported
 
     def swap(self, given_back: int, taken: int) -> bool:
         """`given_back` bytes no longer held; whether `taken` more may be."""
         total = self.total - given_back
         held = total + taken <= self.limit
-        self.total = total + taken if held else total
-        self._report(self.total)
+        self.total = total = total + taken if held else total
+        # The gauge in 64 KiB steps (0 exactly): every socket turn moves the total, and a gauge's set is most of what
+        # this accounting would cost it.
+        step = (total + _REPORTED_STEP - 1) // _REPORTED_STEP
+        if step != self._step:
+            self._step = step
+            self._report(total)
         return held
 
 
