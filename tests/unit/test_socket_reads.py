@@ -81,10 +81,10 @@ def _frames(client: ClientProtocol, *frames: Frame) -> bytes:
 SENT = [b"take:1", b"keep:2", b"take:3 caf\xc3\xa9", b"x" * 300, b"take:5" + b"y" * 70000, b"take:6" + b"z" * 200]
 
 
-def _conversation(client: ClientProtocol) -> bytes:
-    """The messages of SENT with a ping between, one as a binary message and one in two fragments."""
-    return _frames(
-        client,
+def _conversation(client: ClientProtocol) -> list[bytes]:
+    """The messages of SENT with a ping between, one as a binary message and one in two fragments: each frame's
+    bytes."""
+    frames = [
         Frame(Opcode.TEXT, SENT[0]),
         Frame(Opcode.PING, b"are you there"),
         Frame(Opcode.TEXT, SENT[1]),
@@ -93,15 +93,21 @@ def _conversation(client: ClientProtocol) -> bytes:
         Frame(Opcode.BINARY, SENT[3]),
         Frame(Opcode.TEXT, SENT[4]),
         Frame(Opcode.TEXT, SENT[5]),
-    )
+    ]
+    return [_frames(client, frame) for frame in frames]
 
 
-@pytest.mark.parametrize("chunk", [1, 2, 3, 7, 126, 1000, 1 << 20])
+@pytest.mark.parametrize("chunk", [0, 1, 2, 3, 7, 126, 1000, 1 << 20])  # 0: a read a frame
 def test_every_message_reaches_the_app_once_and_in_order_however_the_bytes_arrive(chunk: int) -> None:
     async def scenario() -> tuple[list[tuple[str, bytes]], list[Frame]]:
         peer = Peer()
         await peer.open()
-        await peer.feed(_conversation(peer.client), chunk)
+        frames = _conversation(peer.client)
+        if chunk:
+            await peer.feed(b"".join(frames), chunk)
+        else:
+            for frame in frames:
+                await peer.feed(frame, len(frame))
         return peer.seen, peer.client_reads()
 
     seen, answered = asyncio.run(scenario())
