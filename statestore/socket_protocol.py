@@ -158,13 +158,12 @@ class StatestoreWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.disconnected:
             raise ClientDisconnected
         data = message.get("bytes")
-        first = _BINARY if data is not None else _TEXT
         payload = data if data is not None else (message.get("text") or "").encode()
-        conn = self.conn
-        if not conn.extensions and conn.state is State.OPEN and not conn.expect_continuation_frame:
+        if self._direct:
             # The frame as websockets would serialize it, without its copies through a Frame and a buffer.
-            self._unsent += (_header(first, len(payload)), payload)
+            self._unsent += (_header(_BINARY if data is not None else _TEXT, len(payload)), payload)
         else:  # compressed (permessage-deflate), or closing: websockets frames it, or says why not
+            conn = self.conn
             try:
                 if data is not None:
                     conn.send_binary(payload)
